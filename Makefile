@@ -1,0 +1,34 @@
+# Gangline — every target installs what it needs itself.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+.PHONY: help venv lint typecheck check test test-unit schemas infra-up infra-down bench-core
+
+help:
+	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
+	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
+	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
+	@echo "make schemas    regenerate schemas/ from the event models"
+	@echo "make check      ruff + mypy"
+	@echo "make bench-core benchmark the scheduling core"
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(BIN)/ruff check libs services tests
+	$(BIN)/ruff format --check libs services tests
+
+typecheck: venv
+	$(BIN)/mypy
+
+check: lint typecheck
