@@ -32,3 +32,27 @@ typecheck: venv
 	$(BIN)/mypy
 
 check: lint typecheck
+
+schemas: venv
+	$(PY) -m gangline.events.schemagen schemas
+
+# --- real infrastructure and tests (deploy/local/*.sh; ports: GANGLINE_KAFKA_PORT, GANGLINE_PG_PORT) ---
+.PHONY: db-migrate
+
+infra-up: venv
+	deploy/local/kafka.sh up
+	deploy/local/postgres.sh up
+
+infra-down:
+	deploy/local/kafka.sh down; kafka=$$?; deploy/local/postgres.sh down && exit $$kafka
+
+db-migrate: venv
+	$(PY) -m gangline.store.migrate
+
+# The whole suite against a real broker and database; stops what it started, fails when no test ran.
+test: venv
+	deploy/local/run-tests.sh
+
+# Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
+test-unit: venv
+	$(BIN)/pytest -m "not kafka and not postgres"

@@ -1,0 +1,350 @@
+"""Job events: requests on jobs.requests, the job's lifecycle on jobs.events. Subject: the job id."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, Field, model_validator
+
+from gangline.events.base import MODEL_CONFIG, Event, UtcDatetime
+from gangline.events.types import (
+    ENV_NAME_PATTERN,
+    AllocationIdField,
+    Code,
+    GpuIdField,
+    JobIdField,
+    Label,
+    MiBField,
+    MilliGpuField,
+    NodeIdField,
+    QueueNameField,
+    Seconds,
+    SecondsField,
+    Sentence,
+    TopologyLevel,
+    TopologyMode,
+)
+
+MAX_PRIORITY = 1_000_000
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
+
+
+class Topology(BaseModel):
+    """Keep all ranks inside one ``level`` of the topology, as a hard constraint or a preference."""
+
+    model_config = MODEL_CONFIG
+
+    level: TopologyLevel
+    mode: TopologyMode = "required"
+
+
+class JobSpec(BaseModel):
+    """What a job asks for: W workers x G GPUs each, and how it may be placed and preempted.
+
+    GPUs are whole unless the job asks for a slice: with ``mig_profile`` or ``gpu_fraction_milli`` each
+    worker gets one MIG slice / one shared slot of a GPU, and ``gpus_per_worker`` must be 0.
+    Elastic jobs give ``min_workers``/``max_workers`` around ``workers`` (the size it asks for now).
+    """
+
+    model_config = MODEL_CONFIG
+
+    queue: QueueNameField
+    workers: Annotated[int, Field(ge=1, le=100_000)]
+    gpus_per_worker: Annotated[int, Field(ge=0, le=1024)]
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    """Higher wins; urgent work may preempt lower-priority or over-quota work."""
+    gpu_type: Label | None = None
+    """A GPU model name as nodes register it (e.g. "H100-SXM5-80GB"); None takes any."""
+    gpu_memory_mib: MiBField | None = None
+    """Least memory per GPU (or per slice / shared slot)."""
+    mig_profile: Annotated[str, Field(pattern=r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$")] | None = None
+    """A MIG profile such as "1g.10gb" or "3g.40gb"."""
+    gpu_fraction_milli: MilliGpuField | None = None
+    """A shared slot of one GPU, in thousandths (250 = a quarter)."""
+    topology: Topology | None = None
+    preemptible: bool = False
+    checkpoint_grace_s: Annotated[int, Field(ge=0, le=86_400)] = 30
+    """How long the job has to checkpoint once asked, before its GPUs are taken."""
+    command: tuple[Annotated[str, Field(max_length=4096)], ...] = ()
+    """argv of each worker; empty when the agent's default entry point is used."""
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(default_factory=dict)
+    duration_hint_s: Annotated[int, Field(ge=1)] | None = None
+    """The producer's estimate of run time, used by backfill; never enforced."""
+    min_workers: Annotated[int, Field(ge=1)] | None = None
+    max_workers: Annotated[int, Field(ge=1)] | None = None
+    submitted_by: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        sliced = self.mig_profile is not None or self.gpu_fraction_milli is not None
+        if self.mig_profile is not None and self.gpu_fraction_milli is not None:
+            raise ValueError("give mig_profile or gpu_fraction_milli, not both")
+        if sliced and self.gpus_per_worker != 0:
+            raise ValueError(
+                f"gpus_per_worker must be 0 when a MIG profile or GPU fraction is asked for "
+                f"(got {self.gpus_per_worker}); each worker gets one slice"
+            )
+        if not sliced and self.gpus_per_worker == 0:
+            raise ValueError(
+                "gpus_per_worker must be >= 1 unless mig_profile or gpu_fraction_milli is given (got 0)"
+            )
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must be <= workers ({self.workers})")
+        if self.max_workers is not None and self.max_workers < self.workers:
+            raise ValueError(f"max_workers ({self.max_workers}) must be >= workers ({self.workers})")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        """Whole GPUs the gang holds when placed at ``workers`` (0 for sliced jobs)."""
+        return self.workers * self.gpus_per_worker
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None or self.max_workers is not None
+
+
+class JobRequested(JobSpec, Event):
+    """A producer asks for a job to run. Validated again by admission, which answers admitted or rejected."""
+
+    TYPE = "job.requested"
+    VERSION = 1
+
+    job_id: JobIdField
+
+    def subject(self) -> str:
+        return self.job_id
+
+    def spec(self) -> JobSpec:
+        """The request without its id, as admission passes it on."""
+        return JobSpec.model_validate(self.model_dump(exclude={"job_id"}))
+
+
+class JobCancelRequested(Event):
+    """A producer asks to stop a job, queued or running."""
+
+    TYPE = "job.cancel_requested"
+    VERSION = 1
+
+    job_id: JobIdField
+    reason: Sentence | None = None
+    requested_by: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    def subject(self) -> str:
+        return self.job_id
+
+
+class _JobEvent(Event):
+    job_id: JobIdField
+
+    def subject(self) -> str:
+        return self.job_id
+
+
+class JobAdmitted(_JobEvent):
+    """Admission accepted the request; carries the spec so later services need only jobs.events."""
+
+    TYPE = "job.admitted"
+    VERSION = 1
+
+    spec: JobSpec
+
+
+class JobRejected(Event):
+    """A request that will never run: invalid, unreadable, or refused by policy. The producer reads this.
+
+    ``job_id`` is None when the message was too broken to read it.
+    """
+
+    TYPE = "job.rejected"
+    VERSION = 1
+
+    job_id: JobIdField | None = None
+    code: Code
+    """e.g. malformed_message, unknown_event_type, schema_violation, unknown_queue, duplicate_job."""
+    reason: Sentence
+
+    def subject(self) -> str:
+        return self.job_id if self.job_id is not None else UNKNOWN_JOB
+
+
+UNKNOWN_JOB = "unknown"
+"""The subject (and Kafka key) of a rejection whose job id could not be read."""
+
+
+class JobQueued(_JobEvent):
+    """The job waits in its queue for a scheduling cycle."""
+
+    TYPE = "job.queued"
+    VERSION = 1
+
+    queue: QueueNameField
+
+
+class PendingReason(BaseModel):
+    """One constraint that keeps a job from being placed, and what would unblock it.
+
+    ``code`` is one of: quota, gang_size, topology, fragmentation, health, priority, gpu_type, memory,
+    reservation (others may be added); ``constraint`` names the rule or plugin that said no.
+    """
+
+    model_config = MODEL_CONFIG
+
+    code: Code
+    constraint: Annotated[str, Field(min_length=1, max_length=128)]
+    message: Sentence
+    details: dict[Annotated[str, Field(min_length=1, max_length=64)], int | str | bool] = Field(
+        default_factory=dict
+    )
+    """Figures behind the message, e.g. {"needed_gpus": 8, "largest_free_domain": 6}."""
+    unblock: Sentence | None = None
+    """What would let the job run, e.g. "wait for 2 GPUs in one NVLink domain or relax topology"."""
+
+
+class JobPending(_JobEvent):
+    """The job could not be placed in this scheduling cycle, and why (at least one reason)."""
+
+    TYPE = "job.pending"
+    VERSION = 1
+
+    cycle: Annotated[int, Field(ge=0)] | None = None
+    reasons: Annotated[tuple[PendingReason, ...], Field(min_length=1)]
+
+
+class DecisionReason(BaseModel):
+    """One plugin's word on a placement decision."""
+
+    model_config = MODEL_CONFIG
+
+    plugin: Annotated[str, Field(min_length=1, max_length=128)]
+    message: Sentence
+    score: int | None = None
+
+
+class JobPlaced(_JobEvent):
+    """The scheduler chose where every rank goes; the grant itself is allocation.granted."""
+
+    TYPE = "job.placed"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    nodes: Annotated[tuple[NodeIdField, ...], Field(min_length=1)]
+    cycle: Annotated[int, Field(ge=0)] | None = None
+    score: int | None = None
+    reasons: tuple[DecisionReason, ...] = ()
+
+
+class JobStarted(_JobEvent):
+    """Every rank of the gang is running."""
+
+    TYPE = "job.started"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    attempt: Annotated[int, Field(ge=1)] = 1
+
+
+class JobPreempting(_JobEvent):
+    """The job must give its GPUs back: it is asked to checkpoint and has until ``deadline``."""
+
+    TYPE = "job.preempting"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    deadline: UtcDatetime
+    reason: Sentence
+    preemptor_job_id: JobIdField | None = None
+
+
+class JobCheckpointed(_JobEvent):
+    """The agent confirms the job wrote a checkpoint (after job.preempting, or on its own schedule)."""
+
+    TYPE = "job.checkpointed"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    node: NodeIdField
+    checkpoint: Annotated[str, Field(min_length=1, max_length=4096)]
+    """Where the checkpoint is (a path or URI the job resumes from)."""
+    step: Annotated[int, Field(ge=0)] | None = None
+
+
+class JobPreempted(_JobEvent):
+    """The job's GPUs were taken back; ``checkpointed`` says whether it checkpointed before the deadline."""
+
+    TYPE = "job.preempted"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    checkpointed: bool
+    lost_gpu_seconds: SecondsField = Seconds(0)
+    """GPU-seconds of work done since the last checkpoint, thrown away."""
+
+
+class JobRequeued(_JobEvent):
+    """The job goes back to its queue to run again, from ``resume_from`` when a checkpoint exists."""
+
+    TYPE = "job.requeued"
+    VERSION = 1
+
+    reason: Literal["preempted", "node_failed", "gpu_failed", "worker_failed", "resized"]
+    attempt: Annotated[int, Field(ge=2)]
+    """The attempt number the job will run as next."""
+    resume_from: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class JobCompleted(_JobEvent):
+    """Every rank exited 0."""
+
+    TYPE = "job.completed"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    gpu_seconds: SecondsField | None = None
+
+
+class JobFailed(_JobEvent):
+    """The job ended without success and will not be retried."""
+
+    TYPE = "job.failed"
+    VERSION = 1
+
+    allocation_id: AllocationIdField | None = None
+    code: Code
+    """e.g. worker_exit, restarts_exhausted, cancelled_while_running, node_failed."""
+    reason: Sentence
+    exit_code: int | None = None
+
+
+class WorkerExited(_JobEvent):
+    """One rank's process ended, as its agent saw it; the job's fate is decided from these."""
+
+    TYPE = "worker.exited"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    rank: Annotated[int, Field(ge=0)]
+    node: NodeIdField
+    exit_code: int | None = None
+    signal: Annotated[int, Field(ge=1, le=64)] | None = None
+    restarts: Annotated[int, Field(ge=0)] = 0
+    gpus: tuple[GpuIdField, ...] = ()
+
+
+EVENTS: list[type[Event]] = [
+    JobRequested,
+    JobCancelRequested,
+    JobAdmitted,
+    JobRejected,
+    JobQueued,
+    JobPending,
+    JobPlaced,
+    JobStarted,
+    JobPreempting,
+    JobCheckpointed,
+    JobPreempted,
+    JobRequeued,
+    JobCompleted,
+    JobFailed,
+    WorkerExited,
+]

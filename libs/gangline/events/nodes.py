@@ -1,0 +1,200 @@
+"""Node events on nodes.inventory, nodes.heartbeats and nodes.health. Subject: the node id."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, Field, model_validator
+
+from gangline.events.base import MODEL_CONFIG, Event, JsonObject, Upcaster
+from gangline.events.types import GpuIdField, Label, MiBField, NodeIdField, Sentence
+
+MIG_PROFILE_PATTERN = r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$"
+
+
+class MigInstance(BaseModel):
+    """A MIG GPU instance already carved on a GPU."""
+
+    model_config = MODEL_CONFIG
+
+    profile: Annotated[str, Field(pattern=MIG_PROFILE_PATTERN)]
+    instance_id: Annotated[int, Field(ge=0)]
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    memory_mib: MiBField
+
+
+class GpuInfo(BaseModel):
+    """One GPU as NVML reports it."""
+
+    model_config = MODEL_CONFIG
+
+    id: GpuIdField
+    index: Annotated[int, Field(ge=0)]
+    """The NVML / CUDA device index, what CUDA_VISIBLE_DEVICES takes."""
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    model: Label
+    memory_mib: MiBField
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    nvlink_peers: tuple[GpuIdField, ...] = ()
+    """GPUs of this node it reaches over NVLink."""
+
+
+class NodeRegistered(Event):
+    """An agent announces its node: its GPUs and where it sits in the topology."""
+
+    TYPE = "node.registered"
+    VERSION = 1
+
+    node: NodeIdField
+    address: Annotated[str, Field(min_length=1, max_length=253)]
+    """Host name or IP the node's ranks are reached at (MASTER_ADDR when rank 0 runs here)."""
+    gpus: tuple[GpuInfo, ...]
+    nvlink_domain: Label
+    """The NVLink domain: the node itself for 8-GPU boxes, the rack for NVL72."""
+    leaf: Label
+    spine: Label
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=63)], Annotated[str, Field(max_length=253)]
+    ] = Field(default_factory=dict)
+    agent_version: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        ids = [gpu.id for gpu in self.gpus]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"GPU ids must be unique on a node (got {ids})")
+        indexes = [gpu.index for gpu in self.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError(f"GPU indexes must be unique on a node (got {indexes})")
+        known = set(ids)
+        for gpu in self.gpus:
+            strangers = sorted(set(gpu.nvlink_peers) - known - {gpu.id})
+            if strangers or gpu.id in gpu.nvlink_peers:
+                raise ValueError(
+                    f"GPU {gpu.id!r} lists NVLink peers that are not other GPUs of this node: {strangers}"
+                )
+        return self
+
+    def subject(self) -> str:
+        return self.node
+
+
+class NodeHeartbeatV1(Event):
+    """node.heartbeat v1: GPU states as three flat lists of ids. Superseded by NodeHeartbeat (v2)."""
+
+    TYPE = "node.heartbeat"
+    VERSION = 1
+
+    node: NodeIdField
+    seq: Annotated[int, Field(ge=0)]
+    gpus_healthy: tuple[GpuIdField, ...] = ()
+    gpus_unhealthy: tuple[GpuIdField, ...] = ()
+    gpus_busy: tuple[GpuIdField, ...] = ()
+
+    def subject(self) -> str:
+        return self.node
+
+
+class GpuStatus(BaseModel):
+    """One GPU's state at heartbeat time."""
+
+    model_config = MODEL_CONFIG
+
+    id: GpuIdField
+    healthy: bool
+    busy: bool
+    utilization_pct: Annotated[int, Field(ge=0, le=100)] | None = None
+    memory_used_mib: Annotated[int, Field(ge=0)] | None = None
+    temperature_c: Annotated[int, Field(ge=-50, le=200)] | None = None
+
+
+class NodeHeartbeat(Event):
+    """The agent is alive; one status per GPU. ``seq`` increases by one per heartbeat of an agent run."""
+
+    TYPE = "node.heartbeat"
+    VERSION = 2
+
+    node: NodeIdField
+    seq: Annotated[int, Field(ge=0)]
+    gpus: tuple[GpuStatus, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        ids = [gpu.id for gpu in self.gpus]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"each GPU reports once per heartbeat (got {ids})")
+        return self
+
+    def subject(self) -> str:
+        return self.node
+
+
+def heartbeat_v1_to_v2(data: JsonObject) -> JsonObject:
+    """Flat id lists become one status per GPU; the figures v1 never had stay unknown (null)."""
+    healthy = set(data.get("gpus_healthy", ()))
+    unhealthy = set(data.get("gpus_unhealthy", ()))
+    busy = set(data.get("gpus_busy", ()))
+    return {
+        "node": data["node"],
+        "seq": data["seq"],
+        "gpus": [
+            {
+                "id": gpu,
+                "healthy": gpu in healthy and gpu not in unhealthy,
+                "busy": gpu in busy,
+                "utilization_pct": None,
+                "memory_used_mib": None,
+                "temperature_c": None,
+            }
+            for gpu in sorted(healthy | unhealthy | busy)
+        ],
+    }
+
+
+HealthState = Literal["healthy", "degraded", "failed"]
+
+
+class HealthCause(BaseModel):
+    """What NVML (or the agent) saw."""
+
+    model_config = MODEL_CONFIG
+
+    kind: Literal["xid", "ecc", "nvlink", "thermal", "lost", "operator", "recovered"]
+    message: Sentence
+    xid: Annotated[int, Field(ge=0)] | None = None
+
+
+class GpuHealthChanged(Event):
+    """A GPU's health changed; a failed GPU is cordoned and its gangs restarted elsewhere."""
+
+    TYPE = "gpu.health_changed"
+    VERSION = 1
+
+    node: NodeIdField
+    gpu: GpuIdField
+    previous: HealthState
+    state: HealthState
+    cause: HealthCause
+
+    def subject(self) -> str:
+        return self.node
+
+
+class NodeFailed(Event):
+    """The node is gone (missed heartbeats, agent report or operator); its capacity is cordoned."""
+
+    TYPE = "node.failed"
+    VERSION = 1
+
+    node: NodeIdField
+    code: Literal["heartbeat_timeout", "agent_reported", "operator"]
+    reason: Sentence
+    last_seq: Annotated[int, Field(ge=0)] | None = None
+
+    def subject(self) -> str:
+        return self.node
+
+
+EVENTS: list[type[Event]] = [NodeRegistered, NodeHeartbeatV1, NodeHeartbeat, GpuHealthChanged, NodeFailed]
+UPCASTERS: dict[tuple[str, int], Upcaster] = {(NodeHeartbeat.TYPE, 1): heartbeat_v1_to_v2}

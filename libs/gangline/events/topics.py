@@ -1,0 +1,152 @@
+"""The public Kafka topics (DESIGN.md section 3): names, keys, sizing, and which event types each carries.
+
+``CATALOGUE`` is the source of ``schemas/topics.yaml`` (written by ``make schemas``); infra creates the
+topics from that file, the bus routes events with ``topic_for``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gangline.events import allocations, jobs, nodes
+from gangline.events.base import Event
+
+JOBS_REQUESTS = "jobs.requests"
+JOBS_EVENTS = "jobs.events"
+ALLOCATIONS_LOG = "allocations.log"
+NODES_INVENTORY = "nodes.inventory"
+NODES_HEARTBEATS = "nodes.heartbeats"
+NODES_HEALTH = "nodes.health"
+
+PUBLIC_TOPICS = (JOBS_REQUESTS, JOBS_EVENTS, ALLOCATIONS_LOG, NODES_INVENTORY, NODES_HEARTBEATS, NODES_HEALTH)
+
+DLQ_SUFFIX = ".dlq"
+FOREVER = -1
+DAY_MS = 86_400_000
+DLQ_RETENTION_MS = 30 * DAY_MS
+
+
+def dead_letter_topic(topic: str) -> str:
+    """Where undecodable or invalid messages read from ``topic`` go, with the reason."""
+    return topic + DLQ_SUFFIX
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic as infra creates it. ``retention_ms`` is -1 for "keep forever", None when compacted."""
+
+    name: str
+    key: Literal["job_id", "node"]
+    partitions: int
+    cleanup_policy: Literal["delete", "compact"]
+    retention_ms: int | None
+    event_types: tuple[type[Event], ...]
+    dead_letter: str | None
+
+    def wire_types(self) -> list[str]:
+        return [cls.wire_type() for cls in self.event_types]
+
+
+# The job topics share a key and a partition count so one job's requests, lifecycle and grants land on
+# the same partition number everywhere (co-partitioned joins). The log is the truth and replay reads
+# it from the start, so the decision topics are kept forever; only heartbeats expire.
+JOB_PARTITIONS = 3
+_PUBLIC: tuple[TopicSpec, ...] = (
+    TopicSpec(
+        JOBS_REQUESTS,
+        "job_id",
+        JOB_PARTITIONS,
+        "delete",
+        FOREVER,
+        (jobs.JobRequested, jobs.JobCancelRequested),
+        dead_letter_topic(JOBS_REQUESTS),
+    ),
+    TopicSpec(
+        JOBS_EVENTS,
+        "job_id",
+        JOB_PARTITIONS,
+        "delete",
+        FOREVER,
+        (
+            jobs.JobAdmitted,
+            jobs.JobRejected,
+            jobs.JobQueued,
+            jobs.JobPending,
+            jobs.JobPlaced,
+            jobs.JobStarted,
+            jobs.JobPreempting,
+            jobs.JobCheckpointed,
+            jobs.JobPreempted,
+            jobs.JobRequeued,
+            jobs.JobCompleted,
+            jobs.JobFailed,
+            jobs.WorkerExited,
+        ),
+        dead_letter_topic(JOBS_EVENTS),
+    ),
+    TopicSpec(
+        ALLOCATIONS_LOG,
+        "job_id",
+        JOB_PARTITIONS,
+        "delete",
+        FOREVER,
+        (allocations.AllocationGranted, allocations.AllocationReleased),
+        dead_letter_topic(ALLOCATIONS_LOG),
+    ),
+    # Kept forever, not compacted: replay must see the inventory as it was at each decision.
+    TopicSpec(
+        NODES_INVENTORY,
+        "node",
+        1,
+        "delete",
+        FOREVER,
+        (nodes.NodeRegistered,),
+        dead_letter_topic(NODES_INVENTORY),
+    ),
+    # Liveness only: node-health turns missed heartbeats into node.failed on nodes.health.
+    TopicSpec(
+        NODES_HEARTBEATS,
+        "node",
+        1,
+        "delete",
+        DAY_MS,
+        (nodes.NodeHeartbeatV1, nodes.NodeHeartbeat),
+        dead_letter_topic(NODES_HEARTBEATS),
+    ),
+    TopicSpec(
+        NODES_HEALTH,
+        "node",
+        1,
+        "delete",
+        FOREVER,
+        (nodes.GpuHealthChanged, nodes.NodeFailed),
+        dead_letter_topic(NODES_HEALTH),
+    ),
+)
+
+CATALOGUE: tuple[TopicSpec, ...] = tuple(
+    spec
+    for public in _PUBLIC
+    for spec in (
+        public,
+        TopicSpec(dead_letter_topic(public.name), public.key, 1, "delete", DLQ_RETENTION_MS, (), None),
+    )
+)
+
+
+def topic_spec(name: str) -> TopicSpec:
+    """The spec of a topic in the catalogue; KeyError for any other name."""
+    for spec in CATALOGUE:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)
+
+
+def topic_for(event: type[Event] | Event) -> str:
+    """The public topic an event type is published to (matched by TYPE, so every version goes there)."""
+    event_type = event.TYPE
+    for spec in _PUBLIC:
+        if any(event_type == cls.TYPE for cls in spec.event_types):
+            return spec.name
+    raise KeyError(f"no topic carries {event_type!r}")
