@@ -1,1 +1,56 @@
+"""Kafka plumbing: typed producer and consumer, the transactional processor, DLQ, service runner."""
 
+from gangline.bus.consumer import Delivery, EventConsumer, decode_or_dead_letter
+from gangline.bus.processor import (
+    BatchInfo,
+    BeforeCommit,
+    Handler,
+    Outgoing,
+    Processor,
+    ProcessorFailed,
+    ProcessorStats,
+)
+from gangline.bus.producer import EventProducer
+from gangline.bus.records import (
+    DLQ_CODE,
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_REASON,
+    DLQ_SOURCE_SERVICE,
+    DLQ_TOPIC,
+    HANDLER_FAILED,
+    DeadLetter,
+    RecordMeta,
+    dead_letter,
+    header,
+)
+from gangline.bus.runner import run_service, serve
+from gangline.bus.settings import ProcessorSettings
+
+__all__ = [
+    "DLQ_CODE",
+    "DLQ_OFFSET",
+    "DLQ_PARTITION",
+    "DLQ_REASON",
+    "DLQ_SOURCE_SERVICE",
+    "DLQ_TOPIC",
+    "HANDLER_FAILED",
+    "BatchInfo",
+    "BeforeCommit",
+    "DeadLetter",
+    "Delivery",
+    "EventConsumer",
+    "EventProducer",
+    "Handler",
+    "Outgoing",
+    "Processor",
+    "ProcessorFailed",
+    "ProcessorSettings",
+    "ProcessorStats",
+    "RecordMeta",
+    "dead_letter",
+    "decode_or_dead_letter",
+    "header",
+    "run_service",
+    "serve",
+]

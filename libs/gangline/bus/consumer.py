@@ -1,0 +1,156 @@
+"""Typed consumer: Kafka records in, decoded envelopes out; undecodable records go to the DLQ.
+
+For readers that do not produce in a transaction (projections, the API, the agent). A record
+that fails to decode is never shown to the caller: it is copied to ``<topic>.dlq`` (raw bytes,
+original key and headers, plus the ``gangline-dlq-*`` reason headers), and the DLQ write is
+acknowledged before the caller sees any later record of the batch, so committing after
+handling a delivery never skips a record that is in neither place.
+
+Services that consume and produce use :class:`gangline.bus.processor.Processor` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from gangline.bus.records import DeadLetter, KafkaRecord, RecordMeta, dead_letter
+from gangline.events.base import Envelope
+from gangline.events.codec import DecodeError, decode
+from gangline.events.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One decoded event and where it came from."""
+
+    envelope: Envelope
+    meta: RecordMeta
+
+
+def decode_or_dead_letter(
+    record: KafkaRecord, *, registry: Registry | None, source_service: str
+) -> Envelope | DeadLetter:
+    """The record's envelope, or its dead-letter copy when it cannot be read (an expected outcome)."""
+    if record.value is None:
+        return dead_letter(
+            record,
+            code="malformed_message",
+            reason="the message has no value (a tombstone)",
+            source_service=source_service,
+        )
+    try:
+        return decode(record.value, registry)
+    except DecodeError as error:
+        return dead_letter(record, code=error.code, reason=error.reason, source_service=source_service)
+
+
+class EventConsumer:
+    """Reads envelopes from ``topics``; dead-letters what it cannot decode.
+
+    ``service`` names this reader in the ``gangline-dlq-source-service`` header. Offsets are
+    committed by the caller (:meth:`commit`) unless ``enable_auto_commit`` is set.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: Sequence[str],
+        *,
+        service: str,
+        group_id: str | None,
+        registry: Registry | None = None,
+        enable_auto_commit: bool = False,
+        auto_offset_reset: Literal["earliest", "latest"] = "earliest",
+        isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 3_000,
+    ) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._topics = tuple(topics)
+        self._service = service
+        self._group_id = group_id
+        self._registry = registry
+        self._enable_auto_commit = enable_auto_commit
+        self._auto_offset_reset = auto_offset_reset
+        self._isolation_level = isolation_level
+        self._session_timeout_ms = session_timeout_ms
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._consumer: AIOKafkaConsumer | None = None
+        self._dlq: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        dlq = AIOKafkaProducer(bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
+        await dlq.start()
+        consumer = AIOKafkaConsumer(
+            *self._topics,
+            bootstrap_servers=self._bootstrap_servers,
+            group_id=self._group_id,
+            enable_auto_commit=self._enable_auto_commit,
+            auto_offset_reset=self._auto_offset_reset,
+            isolation_level=self._isolation_level,
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=self._heartbeat_interval_ms,
+        )
+        try:
+            await consumer.start()
+        except BaseException:
+            await dlq.stop()
+            raise
+        self._dlq, self._consumer = dlq, consumer
+
+    async def stop(self) -> None:
+        consumer, dlq = self._consumer, self._dlq
+        self._consumer = self._dlq = None
+        try:
+            if consumer is not None:
+                await consumer.stop()
+        finally:
+            if dlq is not None:
+                await dlq.stop()
+
+    async def __aenter__(self) -> EventConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def raw(self) -> AIOKafkaConsumer:
+        """The underlying aiokafka consumer (started)."""
+        if self._consumer is None:
+            raise RuntimeError("EventConsumer is not started")
+        return self._consumer
+
+    async def getmany(self, *, timeout_ms: int = 500, max_records: int | None = None) -> list[Delivery]:
+        """The next decoded events (possibly none), in partition order; bad records already dead-lettered."""
+        batch = await self.raw.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        deliveries: list[Delivery] = []
+        for records in batch.values():
+            for record in records:
+                outcome = decode_or_dead_letter(record, registry=self._registry, source_service=self._service)
+                if isinstance(outcome, DeadLetter):
+                    await self._send_dead_letter(outcome)
+                else:
+                    deliveries.append(Delivery(outcome, RecordMeta.of(record)))
+        return deliveries
+
+    async def __aiter__(self) -> AsyncIterator[Delivery]:
+        while True:
+            for delivery in await self.getmany():
+                yield delivery
+
+    async def commit(self) -> None:
+        """Commit the positions of everything returned so far."""
+        await self.raw.commit()
+
+    async def _send_dead_letter(self, letter: DeadLetter) -> None:
+        if self._dlq is None:
+            raise RuntimeError("EventConsumer is not started")
+        await self._dlq.send_and_wait(
+            letter.topic, value=letter.value, key=letter.key, headers=letter.headers
+        )

@@ -1,0 +1,434 @@
+"""The transactional consume-process-produce loop every decision service runs.
+
+For each batch polled from the input topics the processor
+
+1. begins a Kafka transaction,
+2. decodes each record; an undecodable one is copied to its dead-letter topic (inside the
+   transaction), a decodable one is handed to the handler inside a CONSUMER span whose parent
+   is the producer's span (from the record's W3C headers),
+3. produces the handler's outputs, each stamped with ``causationid`` = the consumed event's id
+   and the trace context of the consumer span,
+4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits.
+
+Outputs, dead letters and offsets become visible together or not at all: downstream readers use
+``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
+nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
+offsets (the last committed ones) and the batch is retried after a short backoff. A record
+whose handler raises ``max_handler_attempts`` times is a poison message: it goes to the DLQ
+with the exception as its reason and the loop moves on.
+
+Handlers may therefore be called more than once for the same event (once per attempt); they
+must be free of side effects outside their return value, or idempotent by event id.
+
+Zombie fencing. aiokafka has one transactional producer per client and sends
+``TxnOffsetCommit`` v0, which carries no consumer-group generation (KIP-447 fencing is not
+available), so fencing rests on the ``transactional_id`` alone. We use one producer per
+service replica with ``transactional_id = <group_id>.<instance_id>``, ``instance_id`` stable
+across restarts:
+
+- a restarted replica (same instance id) fences its previous incarnation: ``InitProducerId``
+  bumps the epoch and aborts whatever transaction the zombie left open, and the zombie's next
+  transactional call fails with ``ProducerFenced``;
+- across a rebalance, the revoke callback waits for the in-flight transaction to commit or
+  abort before the partitions are released, and a batch polled before a rebalance is dropped
+  (the new assignment restarts from committed offsets), so a live member never commits
+  offsets of a partition it no longer owns;
+- what this does not cover is a replica that is cut off (stalled past the session timeout)
+  and later resumes a transaction its successor under a different instance id already
+  redid. ``static_membership`` (``group.instance.id`` = instance id) narrows that window: a
+  replaced replica's partitions return to the same instance id, i.e. the same
+  ``transactional_id``. Per-partition transactional ids (one producer per input partition)
+  would close it fully at the cost of one producer per partition; not done here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import IllegalStateError, ProducerFenced, UnsupportedVersionError
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.producer import send_envelope
+from gangline.bus.records import HANDLER_FAILED, DeadLetter, KafkaRecord, RecordMeta, dead_letter
+from gangline.bus.settings import ProcessorSettings
+from gangline.events.base import Envelope
+from gangline.events.registry import Registry
+from gangline.telemetry import semconv
+from gangline.telemetry.propagation import context_from_traceparent, extract_context
+from gangline.telemetry.tracing import get_tracer
+
+log = logging.getLogger(__name__)
+
+Outgoing: TypeAlias = tuple[str, Envelope]
+"""``(topic, envelope)``: one event the handler wants published; the key is the envelope's subject."""
+
+Handler: TypeAlias = Callable[[Envelope, RecordMeta], Sequence[Outgoing] | Awaitable[Sequence[Outgoing]]]
+"""Takes one consumed event, returns the events it causes (sync or async)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What a ``before_commit`` hook sees: the offsets about to be committed and the attempt number."""
+
+    offsets: Mapping[TopicPartition, int]
+    outputs: int
+    attempt: int
+
+
+BeforeCommit: TypeAlias = Callable[[BatchInfo], Awaitable[None]]
+"""Awaited after outputs and offsets are in the transaction, before the commit; raising aborts.
+
+A seam for fault-injection tests (a crash between produce and commit); services leave it unset.
+"""
+
+
+class ProcessorFailed(Exception):
+    """The transactional producer is unusable (fenced by a newer incarnation, or in a fatal state).
+
+    The process should exit and be restarted; the restart fences whatever was left behind.
+    """
+
+
+@dataclass
+class ProcessorStats:
+    """Counters for logs, benchmarks and tests."""
+
+    batches_committed: int = 0
+    batches_aborted: int = 0
+    events_handled: int = 0
+    outputs_sent: int = 0
+    dead_lettered: int = 0
+
+
+class _HandlerFailed(Exception):
+    """A handler raised; the batch is aborted and retried (counted against the record)."""
+
+
+class Processor:
+    """Runs ``handler`` over the input topics, exactly once per committed record."""
+
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        handler: Handler,
+        *,
+        registry: Registry | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        before_commit: BeforeCommit | None = None,
+    ) -> None:
+        self._settings = settings
+        self._handler = handler
+        self._registry = registry
+        self._tracer = get_tracer(tracer_provider)
+        self._before_commit = before_commit
+        self._stop = asyncio.Event()
+        self._batch_lock = asyncio.Lock()
+        self._generation = 0
+        self._attempts: dict[tuple[str, int, int], int] = {}
+        self._batch_attempt = 0
+        self._in_transaction = False
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.stats = ProcessorStats()
+        self.started = asyncio.Event()
+        """Set once the clients are up and the consumer has its first assignment."""
+
+    def request_stop(self) -> None:
+        """Finish the batch in hand (commit it, or abort it on failure), then stop. Idempotent."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Consume, handle, produce and commit until :meth:`request_stop` or cancellation.
+
+        Cancellation aborts the in-flight transaction (a commit already under way is finished),
+        stops both clients and re-raises. Raises :class:`ProcessorFailed` when the producer is
+        fenced or broken.
+        """
+        try:
+            await self._start()
+            consumer = self._consumer
+            assert consumer is not None
+            while not self._stop.is_set():
+                generation = self._generation
+                batch = await consumer.getmany(
+                    timeout_ms=self._settings.poll_timeout_ms, max_records=self._settings.max_batch_records
+                )
+                if not batch:
+                    continue
+                async with self._batch_lock:
+                    if generation != self._generation:
+                        # A rebalance happened since the poll: positions were reset to committed offsets.
+                        continue
+                    await self._process(batch)
+        finally:
+            await self._close()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        settings = self._settings
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=f"{settings.service}-{settings.instance_id}",
+            transactional_id=settings.transactional_id,
+            transaction_timeout_ms=settings.transaction_timeout_ms,
+            request_timeout_ms=settings.request_timeout_ms,
+            enable_idempotence=True,
+        )
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=f"{settings.service}-{settings.instance_id}",
+            group_id=settings.group_id,
+            group_instance_id=settings.instance_id if settings.static_membership else None,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            auto_offset_reset=settings.auto_offset_reset,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            request_timeout_ms=settings.request_timeout_ms,
+        )
+        # Producer first: InitProducerId fences a previous incarnation before we read anything.
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+        consumer.subscribe(list(settings.input_topics), listener=_Rebalance(self))
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+        log.info(
+            "processor started",
+            extra={"transactional_id": settings.transactional_id, "topics": list(settings.input_topics)},
+        )
+
+    async def _close(self) -> None:
+        producer, consumer = self._producer, self._consumer
+        self._producer = self._consumer = None
+        try:
+            if producer is not None and self._in_transaction:
+                await self._abort()
+        finally:
+            try:
+                if consumer is not None:
+                    await consumer.stop()
+            finally:
+                if producer is not None:
+                    await producer.stop()
+        log.info("processor stopped", extra={"stats": vars(self.stats)})
+
+    async def _on_revoked(self) -> None:
+        # Wait for the in-flight transaction, then invalidate batches polled under the old assignment.
+        async with self._batch_lock:
+            self._generation += 1
+            self._attempts.clear()
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        self._batch_attempt += 1
+        try:
+            await self._transact(batch)
+        except asyncio.CancelledError:
+            if self._in_transaction:
+                await self._abort()
+            raise
+        except ProcessorFailed:
+            raise
+        except Exception as error:
+            if _is_fatal(self._producer, error):
+                raise ProcessorFailed(f"the transactional producer is unusable: {error!r}") from error
+            self.stats.batches_aborted += 1
+            if self._in_transaction:
+                await self._abort()
+            self._rewind(batch)
+            log.warning(
+                "batch aborted, retrying from the last committed offsets: %s",
+                error,
+                exc_info=not isinstance(error, _HandlerFailed),
+            )
+            await asyncio.sleep(self._settings.retry_backoff_s)
+        else:
+            self._batch_attempt = 0
+
+    async def _transact(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        producer = self._producer
+        assert producer is not None
+        await producer.begin_transaction()
+        self._in_transaction = True
+        deliveries: list[asyncio.Future[Any]] = []
+        offsets: dict[TopicPartition, int] = {}
+        handled = 0
+        for tp, records in batch.items():
+            for record in records:
+                deliveries += await self._handle(producer, record)
+                handled += 1
+            offsets[tp] = records[-1].offset + 1
+        await asyncio.gather(*deliveries)
+        await producer.send_offsets_to_transaction(offsets, self._settings.group_id)
+        if self._before_commit is not None:
+            await self._before_commit(
+                BatchInfo(offsets=dict(offsets), outputs=len(deliveries), attempt=self._batch_attempt)
+            )
+        await self._commit(producer)
+        self.stats.batches_committed += 1
+        self.stats.events_handled += handled
+        self.stats.outputs_sent += len(deliveries)
+        for tp, records in batch.items():
+            for record in records:
+                self._attempts.pop((tp.topic, tp.partition, record.offset), None)
+
+    async def _handle(self, producer: AIOKafkaProducer, record: KafkaRecord) -> list[asyncio.Future[Any]]:
+        outcome = decode_or_dead_letter(
+            record, registry=self._registry, source_service=self._settings.service
+        )
+        if isinstance(outcome, DeadLetter):
+            log.warning(
+                "dead-lettered an unreadable record",
+                extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            )
+            return [await self._send_dead_letter(producer, outcome)]
+        envelope = outcome
+        meta = RecordMeta.of(record)
+        with self._tracer.start_as_current_span(
+            f"process {record.topic}",
+            context=self._parent_context(record, envelope),
+            kind=SpanKind.CONSUMER,
+            attributes=self._process_attributes(record, envelope),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                outputs = await self._call_handler(envelope, meta)
+            except Exception as error:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                return [await self._after_handler_failure(producer, record, error)]
+            deliveries = []
+            for topic, output in outputs:
+                caused = output.model_copy(update={"causationid": envelope.id})
+                deliveries.append(await send_envelope(producer, self._tracer, topic, caused))
+            return deliveries
+
+    async def _after_handler_failure(
+        self, producer: AIOKafkaProducer, record: KafkaRecord, error: Exception
+    ) -> asyncio.Future[Any]:
+        key = (record.topic, record.partition, record.offset)
+        attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
+        if attempts < self._settings.max_handler_attempts:
+            raise _HandlerFailed(
+                f"handler failed on {record.topic}[{record.partition}]@{record.offset} "
+                f"(attempt {attempts} of {self._settings.max_handler_attempts}): "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        log.error(
+            "handler keeps failing; dead-lettering the record",
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            exc_info=error,
+        )
+        letter = dead_letter(
+            record,
+            code=HANDLER_FAILED,
+            reason=f"the handler failed {attempts} times; last error: {type(error).__name__}: {error}",
+            source_service=self._settings.service,
+        )
+        return await self._send_dead_letter(producer, letter)
+
+    async def _send_dead_letter(self, producer: AIOKafkaProducer, letter: DeadLetter) -> asyncio.Future[Any]:
+        self.stats.dead_lettered += 1
+        future: asyncio.Future[Any] = await producer.send(
+            letter.topic, value=letter.value, key=letter.key, headers=letter.headers
+        )
+        return future
+
+    async def _call_handler(self, envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        result = self._handler(envelope, meta)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def _commit(self, producer: AIOKafkaProducer) -> None:
+        # Once the commit is requested it cannot be aborted: see it through even when cancelled.
+        commit = asyncio.ensure_future(producer.commit_transaction())
+        try:
+            await asyncio.shield(commit)
+        except asyncio.CancelledError:
+            await commit
+            self._in_transaction = False
+            raise
+        self._in_transaction = False
+
+    async def _abort(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        try:
+            await asyncio.shield(producer.abort_transaction())
+        except Exception as error:
+            raise ProcessorFailed(f"cannot abort the transaction: {type(error).__name__}: {error}") from error
+        finally:
+            self._in_transaction = False
+
+    def _rewind(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        for tp, records in batch.items():
+            # A partition no longer assigned is skipped: its new owner starts from the committed offset.
+            with contextlib.suppress(IllegalStateError):
+                consumer.seek(tp, records[0].offset)
+
+    # -- tracing -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _parent_context(record: KafkaRecord, envelope: Envelope) -> Context:
+        context = extract_context(record.headers)
+        if trace.get_current_span(context).get_span_context().is_valid:
+            return context
+        return context_from_traceparent(envelope.traceparent)
+
+    def _process_attributes(self, record: KafkaRecord, envelope: Envelope) -> dict[str, str | int]:
+        return {
+            semconv.MESSAGING_SYSTEM: semconv.KAFKA,
+            semconv.MESSAGING_OPERATION_TYPE: "process",
+            semconv.MESSAGING_OPERATION_NAME: "process",
+            semconv.MESSAGING_DESTINATION_NAME: record.topic,
+            semconv.MESSAGING_DESTINATION_PARTITION_ID: str(record.partition),
+            semconv.MESSAGING_KAFKA_OFFSET: record.offset,
+            semconv.MESSAGING_CONSUMER_GROUP_NAME: self._settings.group_id,
+            semconv.MESSAGING_MESSAGE_ID: envelope.id,
+            semconv.MESSAGING_KAFKA_MESSAGE_KEY: envelope.subject,
+            semconv.EVENT_TYPE: envelope.type,
+            semconv.EVENT_SUBJECT: envelope.subject,
+        }
+
+
+def _is_fatal(producer: AIOKafkaProducer | None, error: Exception) -> bool:
+    if isinstance(error, ProducerFenced | UnsupportedVersionError):
+        return True
+    # aiokafka keeps the fatal state private; after it, every transactional call fails.
+    txn_manager = getattr(producer, "_txn_manager", None)
+    return bool(txn_manager is not None and txn_manager.is_fatal_error())
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type hints
+    def __init__(self, processor: Processor) -> None:
+        self._processor = processor
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._processor._on_revoked()
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._processor.started.set()

@@ -1,0 +1,40 @@
+"""Settings of the transactional consume-process-produce loop (one frozen object per service)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProcessorSettings(BaseModel):
+    """Where to read, who we are, and how hard to try.
+
+    ``instance_id`` must be stable across restarts of the same replica (a StatefulSet ordinal,
+    a host name): it makes the ``transactional_id``, and with ``static_membership`` also the
+    consumer's ``group.instance.id``, so a restarted replica fences its own previous
+    incarnation (see :mod:`gangline.bus.processor`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str
+    service: str = Field(min_length=1)
+    instance_id: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    input_topics: Annotated[tuple[str, ...], Field(min_length=1)]
+    max_batch_records: int = Field(default=100, ge=1)
+    poll_timeout_ms: int = Field(default=200, ge=1)
+    max_handler_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=0.1, ge=0)
+    session_timeout_ms: int = Field(default=10_000, ge=1)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=1)
+    transaction_timeout_ms: int = Field(default=60_000, ge=1)
+    request_timeout_ms: int = Field(default=40_000, ge=1)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    static_membership: bool = False
+
+    @property
+    def transactional_id(self) -> str:
+        """``<group_id>.<instance_id>``: one transactional producer per service replica."""
+        return f"{self.group_id}.{self.instance_id}"
