@@ -1,0 +1,7 @@
+"""The node agent's library: launch a gang's local ranks, restart it per policy, checkpoint on preemption.
+
+The Kafka-facing shell (``services/agent``) turns ``allocation.granted`` into a :class:`LaunchSpec`
+(see :func:`gangline.agent.env.layout_for_node`), runs a :class:`GangSupervisor` per job, publishes
+the :mod:`gangline.agent.events` it emits, and forwards peers' failures (``peer_failed``) and
+``job.preempting`` (``preempt``) back into it.
+"""
