@@ -1,1 +1,1 @@
-
+"""PostgreSQL store: the asyncpg pool, schema migrations, the event ledger and (later) projections."""

@@ -1,0 +1,272 @@
+"""Topic administration: the catalogue in schemas/topics.yaml made real on a broker.
+
+`ensure_topics` is idempotent: a topic that already exists is left exactly as it is (a differing
+partition count is logged, never "fixed", since changing it would re-key the log).
+
+    python -m gangline.bus.admin create-topics --bootstrap 127.0.0.1:9092 --catalogue schemas/topics.yaml
+    python -m gangline.bus.admin wait --bootstrap 127.0.0.1:9092 --timeout-s 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+log = logging.getLogger(__name__)
+
+CleanupPolicy = Literal["delete", "compact"]
+
+# Kafka protocol error codes that mean "already as wanted" for create and delete.
+_TOPIC_ALREADY_EXISTS = 36
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+class TopicSpec(BaseModel):
+    """One topic of the catalogue: its name, message key, size, retention and the events it carries."""
+
+    # Extra catalogue fields (a description, an owner) are the catalogue's business, not the broker's.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    key: str
+    partitions: int = Field(ge=1)
+    cleanup_policy: CleanupPolicy = "delete"
+    retention_ms: int | None = Field(default=None, ge=-1)
+    event_types: tuple[str, ...] = ()
+    dead_letter: str | None = None
+
+    def broker_configs(self) -> dict[str, str]:
+        """The topic-level configs this spec sets on the broker."""
+        configs: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
+        if self.retention_ms is not None:
+            configs["retention.ms"] = str(self.retention_ms)
+        return configs
+
+
+class TopicCatalogue(BaseModel):
+    """The whole catalogue file: names are unique and every dead-letter topic is in it too."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    topics: tuple[TopicSpec, ...]
+
+    @model_validator(mode="after")
+    def _names_are_unique_and_dead_letters_exist(self) -> TopicCatalogue:
+        names = [t.name for t in self.topics]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"topics listed twice: {', '.join(duplicates)}")
+        missing = sorted({t.dead_letter for t in self.topics if t.dead_letter and t.dead_letter not in names})
+        if missing:
+            raise ValueError(f"dead-letter topics not in the catalogue: {', '.join(missing)}")
+        return self
+
+
+class CatalogueError(ValueError):
+    """The catalogue file cannot be read as a topic catalogue."""
+
+
+def load_catalogue(path: str | Path) -> list[TopicSpec]:
+    """Read and validate a topic catalogue (schemas/topics.yaml)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return list(TopicCatalogue.model_validate(raw).topics)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise CatalogueError(f"{path}: {exc}") from exc
+
+
+def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
+    """(topic, error code, message) for each topic of a CreateTopics/DeleteTopics response."""
+    obj = response.to_object()
+    key = "topic_errors" if "topic_errors" in obj else "topic_error_codes"
+    return [(e["topic"], e["error_code"], e.get("error_message")) for e in obj[key]]
+
+
+async def _await_metadata(
+    admin: AIOKafkaAdminClient, names: Sequence[str], *, present: bool, timeout_s: float
+) -> None:
+    """Wait until the broker's metadata shows `names` with leaders (or, if not `present`, not at all).
+
+    The controller acknowledges a create or delete before the broker's metadata cache has it; callers
+    should be able to use (or recreate) a topic as soon as we return.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = await admin.describe_topics(list(names))
+        if present:
+            pending = [
+                t["topic"]
+                for t in topics
+                if t["error_code"] != 0
+                or not t["partitions"]
+                or any(p["leader"] < 0 for p in t["partitions"])
+            ]
+        else:
+            pending = [t["topic"] for t in topics if t["error_code"] != _UNKNOWN_TOPIC_OR_PARTITION]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            state = "ready" if present else "gone"
+            raise KafkaError(f"topics not {state} after {timeout_s}s: {', '.join(sorted(pending))}")
+        await asyncio.sleep(0.05)
+
+
+async def _started_admin(bootstrap: str, request_timeout_ms: int) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    try:
+        await admin.start()
+    except BaseException:
+        await admin.close()
+        raise
+    return admin
+
+
+async def ensure_topics(
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    *,
+    replication_factor: int = 1,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the topics of `specs` that do not exist yet; return the names created (possibly none).
+
+    Idempotent and safe to run concurrently: a topic created by someone else meanwhile counts as done.
+    On return every topic of `specs` is in the broker's metadata with a leader for each partition.
+    """
+    timeout_ms = int(timeout_s * 1000)
+    admin = await _started_admin(bootstrap, timeout_ms)
+    try:
+        existing = {t["topic"]: t for t in await admin.describe_topics()}
+        for spec in specs:
+            found = existing.get(spec.name)
+            if found is not None and len(found["partitions"]) != spec.partitions:
+                log.warning(
+                    "topic %s has %d partitions, the catalogue says %d; left as it is",
+                    spec.name,
+                    len(found["partitions"]),
+                    spec.partitions,
+                )
+        wanted = [s for s in specs if s.name not in existing]
+        if not wanted:
+            return []
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name=s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=replication_factor,
+                    topic_configs=s.broker_configs(),
+                )
+                for s in wanted
+            ],
+            timeout_ms=timeout_ms,
+        )
+        created: list[str] = []
+        failures: list[str] = []
+        for topic, code, message in _topic_errors(response):
+            if code == 0:
+                created.append(topic)
+            elif code != _TOPIC_ALREADY_EXISTS:
+                failures.append(f"{topic}: error {code} {message or ''}".rstrip())
+        if failures:
+            raise KafkaError("could not create topics: " + "; ".join(failures))
+        await _await_metadata(admin, [s.name for s in wanted], present=True, timeout_s=timeout_s)
+        return created
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
+    """Delete topics, waiting until the broker's metadata no longer has them; a missing one is no error."""
+    if not names:
+        return
+    timeout_ms = int(timeout_s * 1000)
+    admin = await _started_admin(bootstrap, timeout_ms)
+    try:
+        response = await admin.delete_topics(list(names), timeout_ms=timeout_ms)
+        failures = [
+            f"{topic}: error {code}"
+            for topic, code, _ in _topic_errors(response)
+            if code not in (0, _UNKNOWN_TOPIC_OR_PARTITION)
+        ]
+        if failures:
+            raise KafkaError("could not delete topics: " + "; ".join(failures))
+        await _await_metadata(admin, names, present=False, timeout_s=timeout_s)
+    finally:
+        await admin.close()
+
+
+async def wait_until_ready(bootstrap: str, *, timeout_s: float = 60.0) -> None:
+    """Return once the broker answers a metadata request with a live controller; raise TimeoutError if not."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin = await _started_admin(bootstrap, request_timeout_ms=5000)
+            try:
+                cluster = await admin.describe_cluster()
+            finally:
+                await admin.close()
+            if cluster.get("controller_id", -1) >= 0 and cluster.get("brokers"):
+                return
+            last_error = RuntimeError(f"no controller yet: {cluster}")
+        except (KafkaError, OSError) as exc:
+            last_error = exc
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"Kafka at {bootstrap} not ready after {timeout_s}s: {last_error}")
+
+
+async def _create_topics(
+    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int, wait_s: float
+) -> list[str]:
+    if wait_s > 0:
+        await wait_until_ready(bootstrap, timeout_s=wait_s)
+    return await ensure_topics(bootstrap, specs, replication_factor=replication_factor)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gangline.bus.admin", description="Create catalogue topics; wait for a broker."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    create = sub.add_parser("create-topics", help="create the catalogue's topics that do not exist")
+    create.add_argument("--bootstrap", required=True)
+    create.add_argument("--catalogue", required=True, type=Path)
+    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--wait-s", type=float, default=0.0, help="first wait this long for the broker")
+    wait = sub.add_parser("wait", help="wait until the broker answers a metadata request")
+    wait.add_argument("--bootstrap", required=True)
+    wait.add_argument("--timeout-s", type=float, default=60.0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "wait":
+            asyncio.run(wait_until_ready(args.bootstrap, timeout_s=args.timeout_s))
+            return 0
+        specs = load_catalogue(args.catalogue)
+        created = asyncio.run(_create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s))
+    except (CatalogueError, KafkaError, TimeoutError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({', '.join(created) or 'none'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
