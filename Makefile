@@ -56,3 +56,7 @@ test: venv
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
 test-unit: venv
 	$(BIN)/pytest -m "not kafka and not postgres"
+
+# Benchmark of the pure scheduling core (one core; prints one JSON line per case).
+bench-core: venv
+	$(PY) -m gangline.bench.core

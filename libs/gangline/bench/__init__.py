@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run as modules, print figures as JSON lines."""

@@ -1,0 +1,152 @@
+"""A profile composes actions and plugins (with score weights and args), from YAML.
+
+```yaml
+name: default
+actions: [allocate]            # run in this order each cycle; entries may be {name, args}
+plugins:                       # each is filed under every extension point it implements
+  - name: health
+  - name: binpack
+    weight: 2                  # multiplies its 0..100 score (default 1)
+    args: {}                   # passed to the factory
+settings:
+  max_candidates: 4            # whole-gang candidates scored per job
+```
+
+Plugins run at each extension point in the order listed. A bad profile is a configuration
+error and raises `ValueError` at load time, never during a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from gangline.core.framework.plugin import (
+    Action,
+    FilterPlugin,
+    JobOrderPlugin,
+    PermitPlugin,
+    Plugin,
+    PreFilterPlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
+from gangline.core.framework.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Knobs of the search, shared by every action."""
+
+    max_candidates: int = 4
+    """Whole-gang candidates built and scored per job (more: better choices, slower)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Actions and plugins, ready to run; see module docstring."""
+
+    name: str
+    actions: tuple[Action, ...]
+    plugins: tuple[Plugin, ...]
+    weights: Mapping[str, int]
+    settings: Settings = field(default_factory=Settings)
+    pre_filters: tuple[PreFilterPlugin, ...] = ()
+    filters: tuple[FilterPlugin, ...] = ()
+    scorers: tuple[tuple[ScorePlugin, int, str], ...] = ()
+    """(plugin, weight, name) in profile order."""
+    reservers: tuple[ReservePlugin, ...] = ()
+    permits: tuple[PermitPlugin, ...] = ()
+    orderers: tuple[JobOrderPlugin, ...] = ()
+
+    @staticmethod
+    def compose(
+        name: str,
+        actions: tuple[Action, ...],
+        plugins: tuple[Plugin, ...],
+        weights: Mapping[str, int] | None = None,
+        settings: Settings | None = None,
+    ) -> Profile:
+        """File each plugin under the extension points it implements."""
+        w = {p.name: (weights or {}).get(p.name, 1) for p in plugins}
+        return Profile(
+            name=name,
+            actions=actions,
+            plugins=plugins,
+            weights=w,
+            settings=settings or Settings(),
+            pre_filters=tuple(p for p in plugins if isinstance(p, PreFilterPlugin)),
+            filters=tuple(p for p in plugins if isinstance(p, FilterPlugin)),
+            scorers=tuple((p, w[p.name], p.name) for p in plugins if isinstance(p, ScorePlugin)),
+            reservers=tuple(p for p in plugins if isinstance(p, ReservePlugin)),
+            permits=tuple(p for p in plugins if isinstance(p, PermitPlugin)),
+            orderers=tuple(p for p in plugins if isinstance(p, JobOrderPlugin)),
+        )
+
+
+def _entry(raw: object, what: str) -> tuple[str, Mapping[str, object], int]:
+    if isinstance(raw, str):
+        return raw, {}, 1
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+        raise ValueError(f"each {what} needs a name: {raw!r}")
+    args = raw.get("args") or {}
+    weight = raw.get("weight", 1)
+    if not isinstance(args, Mapping):
+        raise ValueError(f"{what} {raw['name']}: args must be a mapping")
+    if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
+        raise ValueError(f"{what} {raw['name']}: weight must be a non-negative integer")
+    return cast(str, raw["name"]), cast(Mapping[str, object], args), weight
+
+
+def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
+    """Build a profile from an already-parsed document."""
+    name = doc.get("name")
+    if not isinstance(name, str):
+        raise ValueError("profile needs a name")
+    actions: list[Action] = []
+    for raw in doc.get("actions") or []:
+        a_name, a_args, _ = _entry(raw, "action")
+        action = registry.action(a_name, a_args)
+        if not isinstance(action, Action):
+            raise ValueError(f"{a_name} is not an action")
+        actions.append(action)
+    if not actions:
+        raise ValueError("profile needs at least one action")
+    plugins: list[Plugin] = []
+    weights: dict[str, int] = {}
+    for raw in doc.get("plugins") or []:
+        p_name, p_args, weight = _entry(raw, "plugin")
+        plugin = registry.plugin(p_name, p_args)
+        if not isinstance(plugin, Plugin) or plugin.name != p_name:
+            raise ValueError(f"plugin {p_name} must expose name == {p_name!r}")
+        if p_name in weights:
+            raise ValueError(f"plugin {p_name} listed twice")
+        plugins.append(plugin)
+        weights[p_name] = weight
+    raw_settings = doc.get("settings") or {}
+    if not isinstance(raw_settings, Mapping):
+        raise ValueError("settings must be a mapping")
+    unknown = set(raw_settings) - {"max_candidates"}
+    if unknown:
+        raise ValueError(f"unknown settings: {sorted(unknown)}")
+    max_candidates = raw_settings.get("max_candidates", Settings().max_candidates)
+    if not isinstance(max_candidates, int) or max_candidates < 1:
+        raise ValueError("settings.max_candidates must be a positive integer")
+    return Profile.compose(name, tuple(actions), tuple(plugins), weights, Settings(max_candidates))
+
+
+def load_profile(text: str, registry: Registry) -> Profile:
+    """Parse a YAML profile document."""
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, Mapping):
+        raise ValueError("a profile is a YAML mapping")
+    return profile_from_mapping(doc, registry)
+
+
+def load_profile_file(path: str | Path, registry: Registry) -> Profile:
+    """Parse a YAML profile file."""
+    return load_profile(Path(path).read_text(encoding="utf-8"), registry)
