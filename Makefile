@@ -60,3 +60,4 @@ test-unit: venv
 # Benchmark of the pure scheduling core (one core; prints one JSON line per case).
 bench-core: venv
 	$(PY) -m gangline.bench.core
+	$(PY) -m gangline.bench.core_part2

@@ -1,0 +1,240 @@
+"""reserve + backfill: the first blocked large gang holds specific GPUs from its earliest start.
+
+``reserve`` runs before allocate. Walking open jobs in order, the first ``max_reservations``
+whole-GPU gangs of at least ``min_gpus`` GPUs that their quota admits but the cluster cannot
+place now each get a `Reservation`: running jobs are released in the order they are expected to
+end (start + duration hint, or a known end), and the first time the gang fits, that instant is its
+earliest start and the placement found is the set of GPUs it holds. Lower-priority preemptible jobs
+count as ending now: when the gang fits with only those gone, it does not wait — the reservation
+becomes a `PreemptionPlan` (kind ``reserve``) that checkpoints them. The reserved GPUs that are
+free now are held in the working snapshot, so allocate cannot give them to anyone.
+
+``backfill`` runs after allocate. It lets the held GPUs go and tries each still-waiting job that
+may use them: a preemptible job (it will be checkpointed when the reservation is due), or one
+whose duration hint ends before the earliest reservation starts. Then it holds what is left
+again, so later actions respect the reservation, and explains the wait: the gang is "waiting for
+reservation at t=T"; others are told which GPUs are reserved and until when.
+
+A stream of small jobs therefore cannot starve a large gang: once it is first in line, the GPUs
+it needs only go to work that will be out of the way when it starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gangline.core.actions.allocate import allocate_one
+from gangline.core.actions.preempt import (
+    commit_plan,
+    placement_oracle,
+    search_victims,
+)
+from gangline.core.actions.queueing import (
+    QueueContext,
+    Reservation,
+    context_of,
+    decisions_of,
+    request_for_order,
+)
+from gangline.core.actions.victims import what_if
+from gangline.core.framework.cycle import Session
+from gangline.core.framework.state import Candidate, StateKey
+from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
+from gangline.core.model import GpuMode, Job
+from gangline.core.snapshot import RunningJob, Slot
+
+RESERVE = "reserve"
+BACKFILL = "backfill"
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    job: Job
+    slots: tuple[Slot, ...]
+
+
+HELD: StateKey[list[_Held]] = StateKey("part2.reservation_holds")
+
+
+def _int_arg(args: Mapping[str, object] | None, key: str, default: int) -> int:
+    value = (args or {}).get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer")
+    return value
+
+
+def _hold(session: Session, reservation: Reservation, job: Job) -> list[Slot]:
+    """Take the reservation's GPUs that are free now, one slot per GPU, in the working snapshot."""
+    snap = session.snapshot
+    held: list[Slot] = []
+    for g in sorted(reservation.gpu_indexes):
+        slot = Slot(snap.g_node[g], (g,))
+        if snap.slot_conflict(job, slot) is None:
+            snap.take(job, slot)
+            held.append(slot)
+    return held
+
+
+def earliest_start(
+    session: Session, ctx: QueueContext, job: Job
+) -> tuple[float, Candidate, list[RunningJob]] | None:
+    """When and where ``job`` could start if running jobs end as expected; None if never known.
+
+    Returns the start time, the placement, and the lower-priority preemptible jobs it would take
+    when that start is *now*.
+    """
+    snap = session.snapshot
+    place = placement_oracle(session)
+    now_free: list[RunningJob] = []
+    timeline: list[tuple[float, str, RunningJob]] = []
+    for r in snap.running.values():
+        if r.job.id in session.evicted:
+            continue
+        if r.job.preemptible and r.job.priority < job.priority and r.job.id not in ctx.in_flight:
+            now_free.append(r)
+            continue
+        end = ctx.expected_end(r.job)
+        if end is not None:
+            timeline.append((max(end, ctx.now), r.job.id, r))
+    timeline.sort(key=lambda t: (t[0], t[1]))
+    now_free.sort(key=lambda r: r.job.id)
+    need = job.fewest_workers * job.gpus_per_worker
+    models = (
+        [snap.model_pos[job.gpu_type]]
+        if job.gpu_type is not None and job.gpu_type in snap.model_pos
+        else list(range(len(snap.models)))
+    )
+    with what_if(snap):
+        for r in now_free:
+            snap.release(r.job.id)
+        if max((snap.total_free[m] for m in models), default=0) >= need:
+            got = place(job)
+            if got is not None:
+                return ctx.now, got, now_free
+        for end, _, r in timeline:
+            snap.release(r.job.id)
+            if max((snap.total_free[m] for m in models), default=0) < need:
+                continue
+            got = place(job)
+            if got is not None:
+                return end, got, []
+    return None
+
+
+class Reserve:
+    """See module docstring (``reserve``)."""
+
+    name = RESERVE
+
+    def __init__(self, args: Mapping[str, object] | None = None) -> None:
+        self.max_reservations = _int_arg(args, "max_reservations", 1)
+        self.min_gpus = _int_arg(args, "min_gpus", 8)
+
+    def execute(self, session: Session) -> None:
+        ctx = context_of(session)
+        decisions = decisions_of(session)
+        place = placement_oracle(session)
+        holds: list[_Held] = session.shared.setdefault(HELD, [])
+        made = 0
+        for job in session.open_jobs():
+            if made >= self.max_reservations:
+                break
+            if job.kind is not GpuMode.WHOLE or job.fewest_workers * job.gpus_per_worker < self.min_gpus:
+                continue
+            if job.id in ctx.in_flight or not ctx.ledger.tree.has_queue(job.queue):
+                continue
+            if not ctx.ledger.check(job.queue, request_for_order(job, session.snapshot)).fits:
+                continue
+            if place(job) is not None:
+                continue  # allocate will place it
+            found = earliest_start(session, ctx, job)
+            if found is None:
+                decisions.explain(job.id, "blocked, and no running job has a known end: no reservation")
+                continue
+            start, candidate, to_preempt = found
+            made += 1
+            if to_preempt:
+                victims = search_victims(session, ctx, job, to_preempt)
+                if victims is not None:
+                    because = f"preemptible backfill on GPUs reserved for {job.id} (priority {job.priority})"
+                    why = {v.job_id: because for v in victims.victims}
+                    commit_plan(session, ctx, job, victims, RESERVE, why)
+                    continue
+            snap = session.snapshot
+            reservation = Reservation(
+                job_id=job.id,
+                start=start,
+                placements=tuple(snap.placement_of(k, s) for k, s in enumerate(candidate.slots)),
+                gpu_indexes=frozenset(g for s in candidate.slots for g in s.gpus),
+            )
+            decisions.reservations.append(reservation)
+            decisions.explain(
+                job.id,
+                f"waiting for reservation at t={start:g}: {len(reservation.gpu_indexes)} GPUs on "
+                f"{len({p.node for p in reservation.placements})} node(s) held for it",
+            )
+            holds.append(_Held(job, tuple(_hold(session, reservation, job))))
+
+
+class Backfill:
+    """See module docstring (``backfill``)."""
+
+    name = BACKFILL
+
+    def __init__(self, args: Mapping[str, object] | None = None) -> None:
+        del args
+
+    def execute(self, session: Session) -> None:
+        ctx = context_of(session)
+        decisions = decisions_of(session)
+        snap = session.snapshot
+        holds: list[_Held] = session.shared.get(HELD, [])
+        for h in holds:
+            for s in h.slots:
+                snap.give_back(h.job.id, s)
+        session.shared[HELD] = []
+        reservations = decisions.reservations
+        if not reservations:
+            return
+        first_start = min(r.start for r in reservations)
+        holders = {r.job_id for r in reservations}
+        for job in session.open_jobs():
+            pending = session.pending.get(job.id)
+            if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:
+                continue
+            ends = ctx.now + job.duration_hint_s if job.duration_hint_s is not None else None
+            if job.preemptible or (ends is not None and ends <= first_start):
+                allocate_one(session, job)
+        new_holds: list[_Held] = []
+        for r in reservations:
+            holder = next((j for j in session.jobs if j.id == r.job_id), None)
+            if holder is None:
+                continue
+            new_holds.append(_Held(holder, tuple(_hold(session, r, holder))))
+            reason = Reason(
+                ReasonCode.RESERVATION,
+                BACKFILL,
+                f"waiting for reservation at t={r.start:g}",
+                {"start": str(r.start), "gpus": len(r.gpu_indexes)},
+            )
+            prior = session.pending.get(r.job_id)
+            reasons = (prior.reasons if prior is not None else ()) + (reason,)
+            session.pend(holder, Status(StatusCode.UNSCHEDULABLE, reasons))
+        session.shared[HELD] = new_holds
+        for job in session.open_jobs():
+            pending = session.pending.get(job.id)
+            if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:
+                continue
+            decisions.explain(job.id, _reserved_sentence(reservations, job))
+
+
+def _reserved_sentence(reservations: list[Reservation], job: Job) -> str:
+    r = min(reservations, key=lambda r: (r.start, r.job_id))
+    if job.preemptible:
+        tail = "it did not fit even with them"
+    elif job.duration_hint_s is None:
+        tail = "it has no duration hint, so it cannot be backfilled"
+    else:
+        tail = "it would not end before then"
+    return f"{len(r.gpu_indexes)} GPUs are reserved for {r.job_id} from t={r.start:g}; {tail}"

@@ -1,0 +1,268 @@
+"""preempt: a higher-priority job that cannot be placed takes GPUs from lower-priority work of its queue.
+
+For each job still pending after allocate (in session order), the victims may be only running
+jobs of the same queue with a strictly lower priority, preemptible, past the policy's minimum
+runtime and not already being checkpointed. `find_victims` picks the cheapest minimal set whose
+release lets the job really be placed (gang, topology and type included) and keeps its queue within
+quota. The decision is a `PreemptionPlan`: the victims are evicted in the plan with their
+checkpoint deadlines, and the preemptor's placement is held in the working snapshot (so nothing
+later in the cycle takes it) and reported as its reservation; the preemptor itself stays pending,
+"waiting for N job(s) to checkpoint", until the victims are gone.
+
+Shared with reclaim: `placement_oracle`, `running_request`, `commit_plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from gangline.core.actions.allocate import choose
+from gangline.core.actions.queueing import (
+    PreemptionPlan,
+    QueueContext,
+    Victim,
+    context_of,
+    decisions_of,
+    held_request,
+    job_request,
+)
+from gangline.core.actions.victims import Place, VictimCandidate, VictimSet, find_victims
+from gangline.core.framework.cycle import Session
+from gangline.core.framework.state import Candidate
+from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
+from gangline.core.model import Job, JobId
+from gangline.core.placement import search
+from gangline.core.snapshot import RunningJob, Snapshot
+
+NAME = "preempt"
+QUOTA_PLUGIN = "quota"
+
+
+def placement_oracle(session: Session) -> Place:
+    """Where the job would go on the working snapshot as it is now: pre-filters, search, permits.
+
+    The quota pre-filter is left out: the victim search checks quota itself, on a ledger with the
+    victims released.
+    """
+    pre_filters = [p for p in session.profile.pre_filters if getattr(p, "name", "") != QUOTA_PLUGIN]
+
+    def place(job: Job) -> Candidate | None:
+        state = session.new_state(job)
+        for p in pre_filters:
+            if not p.pre_filter(state, job).ok:
+                return None
+        result = search(session, state, job)
+        if not result.candidates:
+            return None
+        k = choose(session, state, job, result.candidates)[0]
+        candidate = result.candidates[k]
+        for permit in session.profile.permits:
+            if not permit.permit(state, job, candidate).ok:
+                return None
+        return candidate
+
+    return place
+
+
+def to_candidates(
+    snapshot: Snapshot, eligible: Sequence[RunningJob], ctx: QueueContext
+) -> list[VictimCandidate]:
+    """Running jobs as victim candidates: their cost and where their whole GPUs are.
+
+    Ties on cost go to the lower priority, then to the job that has run longest.
+    """
+    now, facts, node_pos = ctx.now, ctx.run_facts, snapshot.node_pos
+    out: list[VictimCandidate] = []
+    for r in eligible:
+        jid = r.job.id
+        f = facts.get(jid)
+        if f is None:
+            lost_hours, started = 0.0, -math.inf
+        else:
+            since = f.last_checkpoint_at if f.last_checkpoint_at is not None else f.started_at
+            lost_hours, started = max(0.0, now - since) / 3600.0, f.started_at
+        placements = r.allocation.placements
+        if len(placements) == 1:
+            p = placements[0]
+            gpus = len(p.gpus)
+            by_node: tuple[tuple[int, int], ...] = () if p.mig or p.milli else ((node_pos[p.node], gpus),)
+        else:
+            per_node: dict[int, int] = {}
+            for p in placements:
+                if p.mig is None and p.milli is None:
+                    i = node_pos[p.node]
+                    per_node[i] = per_node.get(i, 0) + len(p.gpus)
+            gpus = sum(len(p.gpus) for p in placements)
+            by_node = tuple(sorted(per_node.items()))
+        freed = sum(n for _, n in by_node)
+        out.append(VictimCandidate(jid, lost_hours * gpus, by_node, (r.job.priority, started), gpus=freed))
+    return out
+
+
+def may_be_victim(running: RunningJob, ctx: QueueContext, session: Session) -> bool:
+    """Preemptible, past the minimum runtime, not already being stopped, not placed in this cycle."""
+    jid = running.job.id
+    return (
+        running.job.preemptible
+        and jid not in ctx.in_flight
+        and jid not in session.evicted
+        and jid not in session.placed
+        and ctx.runtime(jid) >= ctx.policy.min_runtime_s
+    )
+
+
+def quota_admits(
+    session: Session, ctx: QueueContext, job: Job, extra: Callable[[frozenset[JobId]], bool] | None = None
+) -> Callable[[frozenset[JobId], Candidate], bool]:
+    """An `admissible` check: the job's queue admits it once the victims' quota is given back."""
+    snap = session.snapshot
+    running = dict(snap.running)  # the victims are released while this is called
+
+    def admits(ids: frozenset[JobId], candidate: Candidate) -> bool:
+        if extra is not None and not extra(ids):
+            return False
+        ledger = ctx.ledger.copy()
+        for jid in sorted(ids):
+            r = running[jid]
+            ledger.release(r.job.queue, held_request(snap, r))
+        req = job_request(job, snap.models[candidate.model], len(candidate.slots))
+        return ledger.check(job.queue, req).fits
+
+    return admits
+
+
+def commit_plan(
+    session: Session, ctx: QueueContext, job: Job, found: VictimSet, kind: str, why: Mapping[JobId, str]
+) -> PreemptionPlan:
+    """Evict the victims, hold the preemptor's placement, charge quota; record and explain the plan."""
+    snap = session.snapshot
+    victims: list[Victim] = []
+    for v in found.victims:
+        r = snap.running[v.job_id]
+        req = held_request(snap, r)
+        deadline = ctx.now + ctx.grace(r.job)
+        reason = why[v.job_id]
+        victims.append(
+            Victim(
+                job_id=v.job_id,
+                queue=r.job.queue,
+                priority=r.job.priority,
+                gpus=sum(len(p.gpus) for p in r.allocation.placements),
+                lost_gpu_hours=round(v.lost_gpu_hours, 6),
+                checkpoint_deadline=deadline,
+                reason=reason,
+            )
+        )
+        ctx.ledger.release(r.job.queue, req)
+        ctx.fair.uncharge(r.job.queue, req)
+        session.evict(
+            v.job_id,
+            "preempted",
+            for_job=job.id,
+            reasons=(Reason(ReasonCode.PRIORITY, kind, reason, {"checkpoint_deadline": str(deadline)}),),
+        )
+    for s in found.placement.slots:
+        snap.take(job, s)
+    req = job_request(job, snap.models[found.placement.model], len(found.placement.slots))
+    ctx.ledger.admit(job.queue, req)
+    ctx.fair.charge(job.queue, req)
+    ready = max((v.checkpoint_deadline for v in victims), default=ctx.now)
+    plan = PreemptionPlan(
+        preemptor=job.id,
+        kind=kind,
+        victims=tuple(victims),
+        reservation=tuple(snap.placement_of(rank, s) for rank, s in enumerate(found.placement.slots)),
+        ready_at=ready,
+    )
+    decisions = decisions_of(session)
+    decisions.add_plan(plan)
+    names = ", ".join(v.job_id for v in victims)
+    sentence = (
+        f"waiting for {len(victims)} job(s) to checkpoint ({names}); "
+        f"{sum(v.gpus for v in victims)} GPUs in {found.scope} reserved for it by t={ready:g}"
+    )
+    decisions.explain(job.id, sentence)
+    session.pend(job, Status(StatusCode.WAIT, (Reason(ReasonCode.PRIORITY, kind, sentence),)))
+    return plan
+
+
+def preemptors(session: Session, ctx: QueueContext, limit: int | None = None) -> list[Job]:
+    """Open jobs that waited in this cycle for capacity or quota (not a broken request), in order.
+
+    At most ``limit`` of them: each costs a victim search, and like kube-scheduler a cycle only
+    tries preemption for the first blocked jobs in line; the rest try again next cycle.
+    """
+    out: list[Job] = []
+    decisions = decisions_of(session)
+    for job in session.open_jobs():
+        if limit is not None and len(out) >= limit:
+            break
+        pending = session.pending.get(job.id)
+        if pending is None or pending.code in (StatusCode.UNRESOLVABLE, StatusCode.ERROR, StatusCode.WAIT):
+            continue
+        if job.id in ctx.in_flight or job.id in decisions.planned:
+            continue
+        out.append(job)
+    return out
+
+
+def search_victims(
+    session: Session,
+    ctx: QueueContext,
+    job: Job,
+    eligible: Sequence[RunningJob],
+    extra: Callable[[frozenset[JobId]], bool] | None = None,
+) -> VictimSet | None:
+    snap = session.snapshot
+    candidates = to_candidates(snap, eligible, ctx)
+    return find_victims(
+        snap, job, candidates, placement_oracle(session), admissible=quota_admits(session, ctx, job, extra)
+    )
+
+
+def max_attempts(args: Mapping[str, object] | None, default: int = 8) -> int:
+    """The ``max_preemptors`` action arg: victim searches per cycle."""
+    value = (args or {}).get("max_preemptors", default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("max_preemptors must be a positive integer")
+    return value
+
+
+class Preempt:
+    """See module docstring."""
+
+    name = NAME
+
+    def __init__(self, args: Mapping[str, object] | None = None) -> None:
+        self.max_preemptors = max_attempts(args)
+
+    def execute(self, session: Session) -> None:
+        ctx = context_of(session)
+        blocked = preemptors(session, ctx, self.max_preemptors)
+        if not blocked:
+            return
+        by_queue: dict[str, list[RunningJob]] = {}
+        for jid in sorted(session.snapshot.running):
+            r = session.snapshot.running[jid]
+            if r.job.preemptible:
+                by_queue.setdefault(r.job.queue, []).append(r)
+        for job in blocked:
+            eligible = [
+                r
+                for r in by_queue.get(job.queue, [])
+                if r.job.priority < job.priority and may_be_victim(r, ctx, session)
+            ]
+            if not eligible:
+                continue
+            found = search_victims(session, ctx, job, eligible)
+            if found is None:
+                continue
+            why = {
+                v.job_id: (
+                    f"priority {session.snapshot.running[v.job_id].job.priority} < {job.priority} "
+                    f"of {job.id} in queue {job.queue}"
+                )
+                for v in found.victims
+            }
+            commit_plan(session, ctx, job, found, NAME, why)

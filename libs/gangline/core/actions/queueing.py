@@ -1,0 +1,355 @@
+"""The cycle-wide facts of part 2 (queues, quotas, fair share, time) and what its actions decide.
+
+Part-2 plugins and actions (quota, fair order, preempt, reclaim, reserve, backfill, elastic) share
+one `QueueContext`, put in `Session.shared` under `QUEUES` by `run_queue_cycle`. It carries the
+injected time (`now`, seconds on the caller's clock), the facts the job model does not hold
+(submit times, when each running job started and last checkpointed, when it is expected to end),
+the quota ledger (a working copy: admissions in this cycle are charged to it) and fair shares.
+
+What part 2 decides beyond the framework's `Plan` is collected in a `QueueDecisions` under
+`DECISIONS`: preemption plans (victims to checkpoint, their grace deadlines, the reservation the
+preemptor holds meanwhile), reservations for blocked gangs, elastic resizes and per-job
+explanations (quota position, fair-share position, priority, "waiting for reservation at T").
+`run_queue_cycle` returns both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory
+from gangline.core.framework.cycle import AllocationIds, Session, default_allocation_id
+from gangline.core.framework.plan import Plan
+from gangline.core.framework.profile import Profile
+from gangline.core.framework.state import StateKey
+from gangline.core.model import GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.queues import QuotaLedger, QuotaTree, Resource, gpu_resource, mig_resource
+from gangline.core.snapshot import RunningJob, Snapshot
+
+SHARED_SUFFIX = "/milli"
+
+
+def job_request(job: Job, model: GpuModel, workers: int | None = None) -> dict[Resource, int]:
+    """The quota a job consumes on GPUs of ``model``: whole GPUs, MIG slices, or milli-GPUs.
+
+    Whole GPUs count against ``<model>``, MIG workers against ``<model>/<profile>`` (one slice each)
+    and fractional workers against ``<model>/milli`` in thousandths of a GPU.
+    """
+    n = job.workers if workers is None else workers
+    if job.kind is GpuMode.MIG:
+        assert job.mig_profile is not None
+        return {mig_resource(model, job.mig_profile): n}
+    if job.kind is GpuMode.SHARED:
+        assert job.gpu_milli is not None
+        return {Resource(f"{model}{SHARED_SUFFIX}"): n * job.gpu_milli}
+    return {gpu_resource(model): n * job.gpus_per_worker}
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """When a running job started, last checkpointed, and is expected to end (None: unknown)."""
+
+    started_at: float
+    last_checkpoint_at: float | None = None
+    expected_end: float | None = None
+
+    def lost_hours(self, now: float) -> float:
+        """Hours of work since the last checkpoint (or start) that stopping it now throws away."""
+        since = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
+        return max(0.0, now - since) / 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPolicy:
+    """Knobs of preemption and reclaim."""
+
+    min_runtime_s: float = 0.0
+    """A job that has run less than this is never a victim (it has not had time to checkpoint)."""
+    default_grace_s: float = 30.0
+    """Checkpoint grace for jobs that give none."""
+    reclaim_lower_priority_only: bool = False
+    """Kueue's reclaimWithinCohort=LowerPriority: reclaim only from lower-priority borrowers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A running job to checkpoint and stop (or shrink), and what it costs."""
+
+    job_id: JobId
+    queue: str
+    priority: int
+    gpus: int
+    lost_gpu_hours: float
+    checkpoint_deadline: float
+    reason: str
+    keep_workers: int | None = None
+    """For an elastic shrink: the workers it keeps (None: it stops entirely)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """Which jobs to checkpoint, by when, and the GPUs the preemptor holds meanwhile."""
+
+    preemptor: JobId
+    kind: str
+    """``preempt`` (priority in the queue), ``reclaim`` (quota lent in the cohort), ``reserve``
+    (a reservation due now, held by preemptible backfill) or ``shrink`` (elastic)."""
+    victims: tuple[Victim, ...]
+    reservation: tuple[WorkerPlacement, ...]
+    ready_at: float
+    """When every victim's grace has run out: the preemptor starts then at the latest."""
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return sum(v.lost_gpu_hours for v in self.victims)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Specific GPUs held for a blocked gang from ``start`` (its earliest start time)."""
+
+    job_id: JobId
+    start: float
+    placements: tuple[WorkerPlacement, ...]
+    gpu_indexes: frozenset[int]
+    """Snapshot GPU indexes (for fast overlap tests inside the cycle)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """An elastic job to restart from its checkpoint with ``to_workers`` workers on ``placements``."""
+
+    job_id: JobId
+    from_workers: int
+    to_workers: int
+    placements: tuple[WorkerPlacement, ...]
+    checkpoint_deadline: float
+
+
+@dataclass
+class QueueDecisions:
+    """Part-2 outcomes of one cycle, in decision order."""
+
+    preemptions: list[PreemptionPlan] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)
+    explanations: dict[JobId, list[str]] = field(default_factory=dict)
+    planned: set[JobId] = field(default_factory=set)
+    """Preemptors with a plan in this cycle: they wait for their victims, nothing else places them."""
+
+    def add_plan(self, plan: PreemptionPlan) -> None:
+        self.preemptions.append(plan)
+        self.planned.add(plan.preemptor)
+
+    def explain(self, job_id: JobId, sentence: str) -> None:
+        lines = self.explanations.setdefault(job_id, [])
+        if sentence not in lines:
+            lines.append(sentence)
+
+
+@dataclass
+class QueueContext:
+    """Cycle-wide part-2 facts; see the module docstring. ``ledger`` and ``fair`` are working copies."""
+
+    now: float
+    ledger: QuotaLedger
+    fair: FairShare
+    submit_time: Mapping[JobId, float]
+    run_facts: Mapping[JobId, RunFacts] = field(default_factory=dict)
+    policy: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    in_flight: frozenset[JobId] = frozenset()
+    """Jobs already being checkpointed for an earlier plan: never chosen again, never re-planned."""
+
+    def lost_hours(self, job_id: JobId) -> float:
+        facts = self.run_facts.get(job_id)
+        return facts.lost_hours(self.now) if facts is not None else 0.0
+
+    def runtime(self, job_id: JobId) -> float:
+        facts = self.run_facts.get(job_id)
+        return self.now - facts.started_at if facts is not None else math.inf
+
+    def expected_end(self, job: Job) -> float | None:
+        facts = self.run_facts.get(job.id)
+        if facts is not None and facts.expected_end is not None:
+            return facts.expected_end
+        if facts is not None and job.duration_hint_s is not None:
+            return facts.started_at + job.duration_hint_s
+        return None
+
+    def grace(self, job: Job) -> float:
+        return float(job.checkpoint_grace_s) if job.checkpoint_grace_s else self.policy.default_grace_s
+
+
+QUEUES: StateKey[QueueContext] = StateKey("part2.queues")
+DECISIONS: StateKey[QueueDecisions] = StateKey("part2.decisions")
+
+
+def context_of(session: Session) -> QueueContext:
+    ctx: QueueContext | None = session.shared.get(QUEUES)
+    if ctx is None:
+        raise RuntimeError("part-2 actions need a QueueContext: run the cycle with run_queue_cycle()")
+    return ctx
+
+
+def decisions_of(session: Session) -> QueueDecisions:
+    out: QueueDecisions | None = session.shared.get(DECISIONS)
+    if out is None:
+        out = QueueDecisions()
+        session.shared[DECISIONS] = out
+    return out
+
+
+def held_request(snapshot: Snapshot, running: RunningJob) -> dict[Resource, int]:
+    """The quota a running job holds: its model (from its first GPU) and its placed worker count."""
+    placements = running.allocation.placements
+    if not placements or not placements[0].gpus:
+        return {}
+    model = snapshot.models[snapshot.g_model[snapshot.gpu_pos[placements[0].gpus[0]]]]
+    job = running.job
+    if job.mig_profile is None and job.gpu_milli is None:
+        return {gpu_resource(model): len(placements) * job.gpus_per_worker}
+    return job_request(job, GpuModel(model), len(placements))
+
+
+def build_context(
+    snapshot: Snapshot,
+    tree: QuotaTree,
+    *,
+    now: float,
+    submit_time: Mapping[JobId, float],
+    run_facts: Mapping[JobId, RunFacts] | None = None,
+    history: UsageHistory | None = None,
+    policy: PreemptionPolicy | None = None,
+    in_flight: frozenset[JobId] = frozenset(),
+) -> QueueContext:
+    """A context whose ledger and fair shares hold what the snapshot's running jobs use.
+
+    Running jobs of queues the tree does not know are left out of quota (they cannot be charged).
+    Fair-share capacity is the cluster's whole GPUs per model (MIG/shared resources use their own
+    totals only if the caller's tree names them; they never dominate otherwise).
+    """
+    ledger = QuotaLedger(tree)
+    allocation: dict[QueueName, dict[Resource, int]] = {}
+    for r in snapshot.running.values():
+        vec = allocation.get(r.job.queue)
+        if vec is None:
+            if not tree.has_queue(r.job.queue):
+                continue
+            vec = allocation[r.job.queue] = {}
+        for res, n in held_request(snapshot, r).items():
+            vec[res] = vec.get(res, 0) + n
+    for q in sorted(allocation):
+        ledger.admit(q, allocation[q])
+    capacity = {gpu_resource(m): c for m, c in zip(snapshot.models, snapshot.capacity, strict=True)}
+    for res in tree.resources:
+        capacity.setdefault(res, tree.total_nominal(res))
+    fair = FairShare(
+        capacity=capacity,
+        weights={q: tree.weight(q) for q in tree.queue_names()},
+        allocation=allocation,
+        history=history,
+    )
+    return QueueContext(
+        now=now,
+        ledger=ledger,
+        fair=fair,
+        submit_time=submit_time,
+        run_facts=run_facts or {},
+        policy=policy or PreemptionPolicy(),
+        in_flight=in_flight,
+    )
+
+
+def request_for_order(job: Job, snapshot: Snapshot) -> dict[Resource, int]:
+    """The request used to order jobs: on its GPU type, or the cluster's first type when it has none."""
+    model = job.gpu_type if job.gpu_type is not None else (snapshot.models[0] if snapshot.models else None)
+    return job_request(job, GpuModel(model)) if model is not None else {}
+
+
+def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> list[Job]:
+    """Priority, then the queue's dominant share (growing as work is admitted), then submit time.
+
+    Shares are charged as if each job in turn were admitted, but only when its queue's quota would
+    admit it (work that cannot run must not push its queue back), on a copy of the ledger.
+    """
+    fair = ctx.fair.clone()
+    order_ledger = ctx.ledger.copy()
+    items = [Pending(j.queue, j.priority, ctx.submit_time.get(j.id, 0.0), j.id, j) for j in jobs]
+    order = FairOrder(items, fair)
+    out: list[Job] = []
+    while (p := order.next()) is not None:
+        out.append(p.item)
+        req = request_for_order(p.item, snapshot)
+        if order_ledger.check(p.item.queue, req).fits:
+            order_ledger.admit(p.item.queue, req)
+            order.admitted(req)
+        else:
+            order.skipped()
+    return out
+
+
+def run_queue_cycle(
+    snapshot: Snapshot,
+    jobs: Sequence[Job],
+    profile: Profile,
+    ctx: QueueContext,
+    *,
+    cycle: int,
+    allocation_id: AllocationIds = default_allocation_id,
+) -> tuple[Plan, QueueDecisions]:
+    """One cycle with part-2 facts: jobs in fair order, ``ctx`` shared with every plugin and action.
+
+    Like `run_cycle`, the snapshot is left as it was; ``ctx.ledger`` and ``ctx.fair`` are the
+    caller's working copies and hold this cycle's admissions afterwards.
+    """
+    ordered = fair_order(jobs, ctx, snapshot)
+    with snapshot.transaction():
+        session = Session(snapshot, profile, ordered, cycle=cycle, allocation_id=allocation_id)
+        shared: dict[StateKey[Any], Any] = session.shared
+        shared[QUEUES] = ctx
+        decisions = decisions_of(session)
+        for action in profile.actions:
+            action.execute(session)
+        plan = session.plan()
+    explain_waiting(plan, ordered, ctx, decisions)
+    return plan, decisions
+
+
+def explain_waiting(plan: Plan, ordered: Sequence[Job], ctx: QueueContext, decisions: QueueDecisions) -> None:
+    """Add the queue's side of "why is my job pending?" to every job left waiting.
+
+    Its place in line ("3rd of 40 waiting; 2 ahead have higher priority"), its queue's quota
+    position ("team-a uses 48 of its 48 H100; cohort has 0 to lend") and fair-share position.
+    """
+    waiting = {p.job_id for p in plan.pending}
+    if not waiting:
+        return
+    by_queue: dict[QueueName, str] = {}
+    line = [j for j in ordered if j.id in waiting]
+    higher = 0
+    for k, job in enumerate(line):
+        if k and line[k - 1].priority > job.priority:
+            higher = k
+        place_in_line = f"{k + 1} of {len(line)} waiting in line; {higher} ahead have higher priority"
+        decisions.explain(job.id, f"priority {job.priority}: {place_in_line}")
+        if job.queue not in by_queue:
+            by_queue[job.queue] = _queue_sentence(job.queue, ctx)
+        decisions.explain(job.id, by_queue[job.queue])
+
+
+def _queue_sentence(queue: QueueName, ctx: QueueContext) -> str:
+    tree = ctx.ledger.tree
+    if not tree.has_queue(queue):
+        return f"queue {queue} is not configured"
+    parts = []
+    for r in sorted(tree.resources):
+        nominal = tree.nominal(queue, r)
+        used = ctx.ledger.usage(queue, r)
+        if nominal or used:
+            lend = ctx.ledger.cohort_lendable(queue, r)
+            parts.append(f"{queue} uses {used} of its {nominal} {r}; cohort has {lend} to lend")
+    parts.append(ctx.fair.describe(queue))
+    return "; ".join(parts)

@@ -1,0 +1,252 @@
+"""Weighted fair share: DRF dominant share over GPU types, with usage decayed by a half-life.
+
+A queue's *usage* of a resource is the mean of two numbers, both in GPUs:
+
+- what it holds right now (its running allocation, plus anything admitted earlier in this cycle), and
+- its *decayed usage*: the exponentially weighted average of its past allocation, where an hour of
+  usage counts half as much after ``half_life_s`` seconds. A queue that held 10 GPUs forever has a
+  decayed usage of 10; one that stopped an half-life ago has 5.
+
+Its *dominant share* is the largest, over resources, of usage / cluster capacity, divided by the
+queue's weight. With a half-life of 0 the history is just the present, and this is plain DRF.
+
+The order of pending work (:class:`FairOrder`) is priority first, then the dominant share of the
+job's queue (recomputed as the cycle admits work), then submit time, then job id.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from gangline.core.queues import QueueName, Resource, ResourceVector
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHistory:
+    """Decayed usage per queue and resource, in GPUs, as of ``as_of`` (seconds on the injected clock)."""
+
+    as_of: float
+    decayed: Mapping[QueueName, Mapping[Resource, float]] = field(default_factory=dict)
+
+    def of(self, queue: QueueName) -> Mapping[Resource, float]:
+        return self.decayed.get(queue, {})
+
+
+def decay_factor(elapsed_s: float, half_life_s: float) -> float:
+    """The weight left on the past after ``elapsed_s``: 1/2 per half-life; 0 when there is no half-life."""
+    if half_life_s <= 0:
+        return 0.0
+    return float(0.5 ** (max(0.0, elapsed_s) / half_life_s))
+
+
+def advance(
+    history: UsageHistory,
+    allocation: Mapping[QueueName, ResourceVector],
+    *,
+    now: float,
+    half_life_s: float,
+) -> UsageHistory:
+    """Move the history to ``now``, given that each queue held ``allocation`` since ``history.as_of``.
+
+    Exact for a constant allocation over the interval, so calling it at every change (or every
+    cycle) integrates the usage without error. Values below 1e-9 GPU are dropped.
+    """
+    if now < history.as_of:
+        raise ValueError(f"usage history is at {history.as_of}; cannot move back to {now}")
+    keep = decay_factor(now - history.as_of, half_life_s)
+    queues = set(history.decayed) | set(allocation)
+    out: dict[QueueName, dict[Resource, float]] = {}
+    for q in sorted(queues):
+        old = history.decayed.get(q, {})
+        alloc = allocation.get(q, {})
+        vec: dict[Resource, float] = {}
+        for r in sorted(set(old) | set(alloc)):
+            v = old.get(r, 0.0) * keep + alloc.get(r, 0) * (1.0 - keep)
+            if v > 1e-9:
+                vec[r] = v
+        if vec:
+            out[q] = vec
+    return UsageHistory(as_of=now, decayed=out)
+
+
+def dominant_share(
+    usage: Mapping[Resource, float], capacity: Mapping[Resource, int], weight: float = 1.0
+) -> tuple[float, Resource | None]:
+    """DRF: the largest usage/capacity over resources, divided by ``weight``; and which resource it is.
+
+    A resource the cluster has none of cannot dominate (it could never be granted anyway).
+    """
+    best = 0.0
+    best_r: Resource | None = None
+    for r in sorted(usage):
+        cap = capacity.get(r, 0)
+        if cap <= 0:
+            continue
+        s = usage[r] / cap
+        if s > best:
+            best, best_r = s, r
+    return best / weight, best_r
+
+
+class FairShare:
+    """Dominant shares of every queue during one cycle; :meth:`charge` as work is admitted."""
+
+    __slots__ = ("_alloc", "_capacity", "_decayed", "_shares", "_weights")
+
+    def __init__(
+        self,
+        *,
+        capacity: Mapping[Resource, int],
+        weights: Mapping[QueueName, float],
+        allocation: Mapping[QueueName, Mapping[Resource, float]],
+        history: UsageHistory | None = None,
+    ) -> None:
+        self._capacity = dict(capacity)
+        self._weights = dict(weights)
+        self._alloc: dict[QueueName, dict[Resource, float]] = {
+            q: {r: float(n) for r, n in v.items()} for q, v in allocation.items()
+        }
+        self._decayed = history.decayed if history is not None else None
+        self._shares: dict[QueueName, float] = {}
+
+    def clone(self) -> FairShare:
+        """An independent copy (charges to it do not reach this one)."""
+        other = FairShare(capacity=self._capacity, weights=self._weights, allocation=self._alloc)
+        other._decayed = self._decayed
+        return other
+
+    def usage(self, queue: QueueName) -> dict[Resource, float]:
+        """The usage DRF sees: the mean of the present allocation and the decayed past, per resource.
+
+        Without a history (half-life 0) the past is the present, so this is the allocation itself.
+        """
+        now = self._alloc.get(queue, {})
+        if self._decayed is None:
+            return dict(now)
+        past = self._decayed.get(queue, {})
+        return {r: (now.get(r, 0.0) + past.get(r, 0.0)) / 2.0 for r in set(now) | set(past)}
+
+    def share(self, queue: QueueName) -> float:
+        s = self._shares.get(queue)
+        if s is None:
+            s, _ = dominant_share(self.usage(queue), self._capacity, self._weights.get(queue, 1.0))
+            self._shares[queue] = s
+        return s
+
+    def dominant_resource(self, queue: QueueName) -> Resource | None:
+        return dominant_share(self.usage(queue), self._capacity, self._weights.get(queue, 1.0))[1]
+
+    def charge(self, queue: QueueName, request: ResourceVector) -> None:
+        """Count work admitted in this cycle towards the queue's present allocation."""
+        alloc = self._alloc.setdefault(queue, {})
+        for r, n in request.items():
+            alloc[r] = alloc.get(r, 0.0) + n
+        self._shares.pop(queue, None)
+
+    def uncharge(self, queue: QueueName, request: ResourceVector) -> None:
+        alloc = self._alloc.setdefault(queue, {})
+        for r, n in request.items():
+            alloc[r] = alloc.get(r, 0.0) - n
+        self._shares.pop(queue, None)
+
+    def position(self, queue: QueueName) -> tuple[int, int]:
+        """(rank, of how many) of the queue by share, 1 = lowest share (served first at equal priority)."""
+        queues = set(self._weights) | set(self._alloc) | {queue}
+        mine = (self.share(queue), queue)
+        return 1 + sum(1 for q in queues if (self.share(q), q) < mine), len(queues)
+
+    def describe(self, queue: QueueName) -> str:
+        """E.g. "team-a fair share 0.42 (dominant H100), 3rd lowest of 5 queues"."""
+        rank, total = self.position(queue)
+        dom = self.dominant_resource(queue)
+        dom_text = f" (dominant {dom})" if dom is not None else ""
+        return f"{queue} fair share {self.share(queue):.3f}{dom_text}, position {rank} of {total} queues"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending(Generic[T]):
+    """One pending item for :class:`FairOrder`: its queue, priority (higher first), submit time and id."""
+
+    queue: QueueName
+    priority: int
+    submit_time: float
+    tie: str
+    item: T
+
+
+class FairOrder(Generic[T]):
+    """Serve pending work: priority first, then the lowest dominant share, then submit time, then id.
+
+    Each queue keeps its own line (priority, submit time, id). A heap holds one head per queue, keyed
+    by (-priority, queue share, submit time, id). The caller takes the best head with :meth:`next`,
+    then says what happened: :meth:`admitted` (the share grows), or :meth:`skipped` (the item stays
+    unplaced, the queue's next item gets its turn). Shares change only through ``charge``, so the
+    heap key of a queue is refreshed each time it is pushed back.
+    """
+
+    def __init__(self, items: Iterable[Pending[T]], fair: FairShare) -> None:
+        self._fair = fair
+        lines: dict[QueueName, list[Pending[T]]] = {}
+        for p in items:
+            lines.setdefault(p.queue, []).append(p)
+        self._lines: dict[QueueName, Iterator[Pending[T]]] = {}
+        self._heap: list[tuple[int, float, float, str, QueueName]] = []
+        self._heads: dict[QueueName, Pending[T]] = {}
+        for q in sorted(lines):
+            line = sorted(lines[q], key=lambda p: (-p.priority, p.submit_time, p.tie))
+            self._lines[q] = iter(line)
+            self._advance(q)
+        self._current: QueueName | None = None
+
+    def _advance(self, queue: QueueName) -> None:
+        head = next(self._lines[queue], None)
+        if head is None:
+            self._heads.pop(queue, None)
+            return
+        self._heads[queue] = head
+        self._push(queue)
+
+    def _push(self, queue: QueueName) -> None:
+        h = self._heads[queue]
+        heapq.heappush(self._heap, (-h.priority, self._fair.share(queue), h.submit_time, h.tie, queue))
+
+    def next(self) -> Pending[T] | None:
+        """The best item now, or None when nothing is left. Answer with admitted() or skipped()."""
+        if self._current is not None:
+            raise RuntimeError("answer admitted() or skipped() for the previous item first")
+        if not self._heap:
+            return None
+        *_, queue = heapq.heappop(self._heap)
+        self._current = queue
+        return self._heads[queue]
+
+    def admitted(self, request: ResourceVector) -> None:
+        queue = self._take()
+        self._fair.charge(queue, request)
+        self._advance(queue)
+
+    def skipped(self) -> None:
+        self._advance(self._take())
+
+    def _take(self) -> QueueName:
+        if self._current is None:
+            raise RuntimeError("no item taken")
+        q, self._current = self._current, None
+        return q
+
+
+def ordered(
+    items: Iterable[Pending[T]], fair: FairShare, request_of: Callable[[T], ResourceVector]
+) -> list[T]:
+    """The full service order if every item were admitted in turn (for explanations and tests)."""
+    order = FairOrder(items, fair)
+    out: list[T] = []
+    while (p := order.next()) is not None:
+        out.append(p.item)
+        order.admitted(request_of(p.item))
+    return out
