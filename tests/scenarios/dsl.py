@@ -177,7 +177,7 @@ def build_snapshot(nodes: Mapping[str, NodeSpec], running: Sequence[Held] = ()) 
                 i = snap.node_pos[NodeId(nid)]
                 gs = [snap.gpus[g].index for g in snap.node_gpus[i] if snap.g_owner[g] is None][:gs]
             placements.append(WorkerPlacement(rank, NodeId(nid), tuple(GpuId(f"{nid}-g{k}") for k in gs)))
-        st = snap.grant(h.job, Allocation(AllocationId(f"{h.job.id}@0"), h.job.id, tuple(placements)))
+        st = snap.grant(h.job, Allocation(AllocationId(f"{h.job.id}.c0"), h.job.id, tuple(placements)))
         assert st.ok, st.message
     return snap
 

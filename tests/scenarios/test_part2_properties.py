@@ -75,7 +75,7 @@ def worlds(
         if len(free) < g or not ledger.check(QueueName(q), {RES: g}).fits:
             continue
         placement = WorkerPlacement(0, node.id, tuple(snap.gpus[x].id for x in free))
-        alloc = Allocation(AllocationId(f"r{k}@0"), j.id, (placement,))
+        alloc = Allocation(AllocationId(f"r{k}.c0"), j.id, (placement,))
         assert snap.grant(j, alloc).ok
         ledger.admit(QueueName(q), {RES: g})
         started = float(draw(st.integers(0, 3000)))

@@ -36,7 +36,7 @@ Seconds = NewType("Seconds", int)
 JobIdField = Annotated[JobId, Field(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
 NodeIdField = Annotated[NodeId, Field(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
 GpuIdField = Annotated[GpuId, Field(min_length=1, max_length=64, pattern=SAFE_ID_PATTERN)]
-AllocationIdField = Annotated[AllocationId, Field(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
+AllocationIdField = Annotated[AllocationId, Field(min_length=1, max_length=160, pattern=SAFE_ID_PATTERN)]
 QueueNameField = Annotated[QueueName, Field(min_length=1, max_length=63, pattern=SAFE_ID_PATTERN)]
 MiBField = Annotated[MiB, Field(ge=1)]
 MilliGpuField = Annotated[MilliGpu, Field(ge=1, le=1000)]

@@ -27,7 +27,7 @@ AllocationIds = Callable[[JobId, int], AllocationId]
 
 def default_allocation_id(job_id: JobId, cycle: int) -> AllocationId:
     """A deterministic allocation id: the job id and the cycle that placed it."""
-    return AllocationId(f"{job_id}@{cycle}")
+    return AllocationId(f"{job_id}.c{cycle}")
 
 
 FILTER_REJECTIONS: StateKey[dict[tuple[str, ReasonCode], list[Any]]] = StateKey("framework.filter_rejections")
