@@ -6,15 +6,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck check test test-unit schemas infra-up infra-down bench-core
+.PHONY: help venv lint typecheck check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
+	@echo "make up / down  start / stop all of that in the background (CLUSTER=spec.yaml to choose the cluster)"
+	@echo "make bench-e2e  request-to-grant throughput and latency through Kafka with 1,000 simulated nodes"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
 	@echo "make check      ruff + mypy"
 	@echo "make bench-core benchmark the scheduling core"
+	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
+	@echo "make bench-sim        time the simulator on the full Philly trace (figures printed, not asserted)"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,3 +65,27 @@ test-unit: venv
 bench-core: venv
 	$(PY) -m gangline.bench.core
 	$(PY) -m gangline.bench.core_part2
+
+# --- the whole system (deploy/local/up.sh, run.sh; services/<name>, simulated nodes) ---
+up: venv
+	deploy/local/up.sh up
+
+down:
+	deploy/local/up.sh down
+
+run: venv
+	deploy/local/run.sh
+
+bench-e2e: venv
+	$(PY) -m services.bench.e2e
+
+# --- trace-driven simulation (gangline.sim); traces live in ../shared/traces ---
+TRACES ?= ../shared/traces
+
+simulate-philly: venv
+	$(BIN)/gangline simulate --trace $(TRACES)/pollux-philly/philly.csv --cluster deploy/clusters/philly.yaml \
+		--report docs/sim/philly-report.json --plots docs/sim/philly
+
+bench-sim: venv
+	time $(BIN)/gangline simulate --trace $(TRACES)/pollux-philly/philly.csv \
+		--cluster deploy/clusters/philly.yaml --no-progress --report /tmp/gangline-bench-sim.json

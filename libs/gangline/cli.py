@@ -1,0 +1,57 @@
+"""The `gangline` command: subcommands registered explicitly, each implemented in its own module.
+
+Adding a subcommand is one `Command(...)` line in `COMMANDS`: its name, one-line help, a function
+that adds its arguments to an argparse parser, and a function that runs it and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gangline.replay import cli as replay_cli
+from gangline.sim import cli as sim_cli
+from services.agent import main as fake_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("simulate", sim_cli.HELP, sim_cli.configure, sim_cli.run),
+    Command("replay", replay_cli.REPLAY_HELP, replay_cli.configure_replay, replay_cli.run_replay),
+    Command("export", replay_cli.EXPORT_HELP, replay_cli.configure_export, replay_cli.run_export),
+    Command("fake-nodes", fake_nodes.HELP, fake_nodes.configure, fake_nodes.run),
+)
+
+
+def parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    """The argument parser with one subparser per command."""
+    p = argparse.ArgumentParser(
+        prog="gangline", description="Gangline: gang scheduling for shared GPU clusters"
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for c in commands:
+        sp = sub.add_parser(c.name, help=c.help, description=c.help)
+        c.configure(sp)
+        sp.set_defaults(_run=c.run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `gangline` console script."""
+    args = parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args._run
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""What-if: the recorded history re-run under another profile, compared per queue (pure).
+
+The workload comes from the log itself: each `job.requested` arrives when it was recorded, and
+runs as long as its recorded allocation did (granted → released), or its `duration_hint_s` when
+it never ran. The cluster is the registered nodes. Both the recorded policy and the other one run
+in the simulator on the same workload, so the comparison is like for like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from gangline.core.defaults import default_profile
+from gangline.core.framework.profile import Profile
+from gangline.core.model import GpuModel, JobId, Milli, Node, QueueName
+from gangline.replay.decide import GRANTED, REGISTERED, RELEASED, REQUESTED, node_from_registration
+from gangline.replay.log import LogRecord
+from gangline.sim.metrics import summarize
+from gangline.sim.policies import CorePolicy
+from gangline.sim.simulator import SimOptions, Simulator
+from gangline.sim.trace import TraceJob
+
+
+def _time(r: LogRecord) -> float:
+    t = r.envelope.get("time")
+    if not isinstance(t, str):
+        raise ValueError(f"record {r.where} has no time")
+    return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+
+
+def workload_from_log(records: Sequence[LogRecord]) -> tuple[list[Node], list[TraceJob]]:
+    """The registered nodes and the requested jobs with their recorded run times."""
+    nodes: dict[str, Node] = {}
+    requested: dict[str, tuple[float, dict[str, object]]] = {}
+    granted: dict[str, float] = {}
+    ran: dict[str, float] = {}
+    for r in records:
+        data = r.envelope.get("data")
+        if not isinstance(data, dict):
+            continue
+        if r.type == REGISTERED:
+            n = node_from_registration(data)
+            nodes[n.id] = n
+        elif r.type == REQUESTED:
+            requested.setdefault(data["job_id"], (_time(r), data))
+        elif r.type == GRANTED:
+            granted[data["job_id"]] = _time(r)
+        elif r.type == RELEASED and data["job_id"] in granted:
+            ran[data["job_id"]] = ran.get(data["job_id"], 0.0) + _time(r) - granted.pop(data["job_id"])
+    if not requested:
+        return list(nodes.values()), []
+    t0 = min(t for t, _ in requested.values())
+    jobs: list[TraceJob] = []
+    for jid, (t, d) in sorted(requested.items(), key=lambda kv: (kv[1][0], kv[0])):
+        hint = d.get("duration_hint_s")
+        duration = ran.get(jid) or (float(hint) if isinstance(hint, int | float) else 1.0)
+        milli = d.get("gpu_fraction_milli")
+        gpu_type = d.get("gpu_type")
+        jobs.append(
+            TraceJob(
+                id=JobId(jid),
+                submit_s=t - t0,
+                duration_s=max(1.0, duration),
+                queue=QueueName(str(d["queue"])),
+                workers=int(str(d["workers"])),
+                gpus_per_worker=max(1, int(str(d.get("gpus_per_worker") or 1))),
+                gpu_milli=Milli(int(str(milli))) if milli else None,
+                gpu_type=GpuModel(str(gpu_type)) if gpu_type else None,
+                priority=int(str(d.get("priority") or 0)),
+                preemptible=bool(d.get("preemptible")),
+            )
+        )
+    return list(nodes.values()), jobs
+
+
+def what_if(
+    records: Sequence[LogRecord], other: Profile, recorded: Profile | None = None
+) -> tuple[dict[str, object], dict[str, object]]:
+    """Report entries (see `gangline.sim.metrics.summarize`) of the recorded policy and of `other`."""
+    nodes, jobs = workload_from_log(records)
+    if not nodes or not jobs:
+        raise ValueError("the log has no registered nodes or no requested jobs")
+    gpus = float(sum(len(n.gpus) for n in nodes))
+    out: list[dict[str, object]] = []
+    base = recorded or default_profile()
+    for name, prof in ((f"recorded ({base.name})", base), (other.name, other)):
+        policy = CorePolicy(name, prof, nodes)
+        out.append(summarize(Simulator(jobs, policy, gpus, SimOptions()).run()))
+    return out[0], out[1]

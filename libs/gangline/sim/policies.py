@@ -1,0 +1,386 @@
+"""The scheduling policies the simulator compares: the core under a profile, and two baselines.
+
+* `CorePolicy` runs Gangline's own core, unchanged: each cycle is `run_cycle` (or, when the
+  cluster has queues, `run_queue_cycle` with the quota ledger and fair shares) over the pending
+  jobs in submit order, and the plan is committed with `apply_plan`. Profiles decide the rest.
+* `fifo-gang-best-fit` is `CorePolicy` with a bare profile (health, gpu-fit, gang; no scores, one
+  candidate): whole gangs in submit order, each on the fullest nodes that fit it, no quotas.
+* `PodFirstFit` (`k8s-first-fit`) is what plain Kubernetes does with GPU pods: every pod on its
+  own, in submit order, on the first node (lowest index) that fits it; a job starts only when all
+  its pods are bound, and bound pods hold their GPUs meanwhile. It is not the core, on purpose.
+
+A policy owns a `Snapshot` of the cluster, so metrics read free GPUs the same way for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gangline.core.actions.queueing import QueueContext, RunFacts, job_request, run_queue_cycle
+from gangline.core.defaults import placement_registry
+from gangline.core.fairshare import FairShare
+from gangline.core.framework.cycle import apply_plan, run_cycle
+from gangline.core.framework.profile import Profile, load_profile
+from gangline.core.framework.registry import Registry
+from gangline.core.model import (
+    FULL_GPU_MILLI,
+    Allocation,
+    AllocationId,
+    GpuMode,
+    GpuModel,
+    Job,
+    JobId,
+    Milli,
+    Node,
+    QueueName,
+    WorkerPlacement,
+)
+from gangline.core.queues import QuotaLedger, QuotaTree, Resource
+from gangline.core.snapshot import Snapshot
+
+FIFO_GANG_BEST_FIT_YAML = """\
+name: fifo-gang-best-fit
+actions: [allocate]
+plugins: [health, gpu-fit, gang]
+settings: {max_candidates: 1}
+"""
+"""Whole gangs, submit order, the search's first (fullest-node, best-fit) candidate, no quotas."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleOutcome:
+    """What one cycle changed: jobs that started, jobs evicted, and jobs holding part of a gang."""
+
+    started: tuple[JobId, ...] = ()
+    evicted: tuple[JobId, ...] = ()
+    partial: tuple[JobId, ...] = ()
+    """Jobs that hold GPUs for some but not all of their workers after the cycle."""
+    problems: tuple[str, ...] = ()
+
+
+class Policy(Protocol):
+    """What the simulator drives. All calls are synchronous; time is given, never read."""
+
+    name: str
+    snapshot: Snapshot
+
+    def submit(self, job: Job, now: float) -> None:
+        """A job arrives (or returns after preemption)."""
+
+    def finish(self, job_id: JobId, now: float) -> None:
+        """A running job ends: free its GPUs."""
+
+    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
+        """Decide what starts now.
+
+        `new` (when given) says that nothing was released since the last cycle and only these jobs
+        arrived: a policy whose decisions are monotone (a job that did not fit still does not fit
+        once GPUs are only taken) may then try only them, with the same outcome as trying all.
+        """
+
+    def pending(self) -> Sequence[Job]:
+        """Jobs waiting, in submit order."""
+
+    def held_gpus(self) -> float:
+        """GPU-equivalents held, including by jobs that have not started (partial gangs)."""
+
+
+def job_gpus(job: Job) -> float:
+    """GPU-equivalents a job holds at its full size."""
+    if job.gpu_milli is not None:
+        return job.workers * job.gpu_milli / FULL_GPU_MILLI
+    return float(job.workers * job.gpus_per_worker)
+
+
+@dataclass
+class QueueSetup:
+    """Queues for the core policy: the quota tree, capacity per resource, and the fair-share half-life."""
+
+    tree: QuotaTree
+    capacity: Mapping[Resource, int]
+    half_life_s: float = 0.0
+
+
+@dataclass
+class CorePolicy:
+    """Gangline's core under `profile` (see module docstring)."""
+
+    name: str
+    profile: Profile
+    nodes: Sequence[Node]
+    queues: QueueSetup | None = None
+    snapshot: Snapshot = field(init=False)
+    _pending: dict[JobId, Job] = field(init=False, default_factory=dict)
+    _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
+    _requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
+    _usage: dict[QueueName, dict[Resource, float]] = field(init=False, default_factory=dict)
+    _facts: dict[JobId, RunFacts] = field(init=False, default_factory=dict)
+    _held: float = field(init=False, default=0.0)
+    _cycle: int = field(init=False, default=0)
+    _ledger: QuotaLedger | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.snapshot = Snapshot(self.nodes)
+        if self.queues is not None:
+            self._ledger = QuotaLedger(self.queues.tree)
+
+    def submit(self, job: Job, now: float) -> None:
+        self._pending[job.id] = job
+        self._submitted.setdefault(job.id, now)
+
+    def finish(self, job_id: JobId, now: float) -> None:
+        r = self.snapshot.release(job_id)
+        if r is None:
+            return
+        self._held -= job_gpus(r.job)
+        self._facts.pop(job_id, None)
+        self._uncharge(r.job)
+
+    def pending(self) -> Sequence[Job]:
+        return list(self._pending.values())
+
+    def held_gpus(self) -> float:
+        return self._held
+
+    def _model_of(self, allocation: Allocation) -> GpuModel:
+        snap = self.snapshot
+        g = snap.gpu_pos[allocation.placements[0].gpus[0]]
+        return snap.models[snap.g_model[g]]
+
+    def _charge(self, job: Job, allocation: Allocation) -> None:
+        if self._ledger is None:
+            return
+        req = job_request(job, self._model_of(allocation), len(allocation.placements))
+        self._requests[job.id] = req
+        self._ledger.admit(job.queue, req)
+        use = self._usage.setdefault(job.queue, {})
+        for r, n in req.items():
+            use[r] = use.get(r, 0.0) + n
+
+    def _uncharge(self, job: Job) -> None:
+        req = self._requests.pop(job.id, None)
+        if req is None or self._ledger is None:
+            return
+        self._ledger.release(job.queue, req)
+        use = self._usage[job.queue]
+        for r, n in req.items():
+            use[r] -= n
+
+    def _monotone(self, new: Sequence[JobId]) -> bool:
+        """Whether trying only `new` decides exactly what a full cycle would (see `Policy.cycle`).
+
+        True for allocate-only profiles: earlier pending jobs failed on a state with at least as
+        much free, so they fail again and change nothing. With queues, fair order also depends on
+        them, so only a single new job is certain to be decided the same way.
+        """
+        if any(a.name != "allocate" for a in self.profile.actions):
+            return False
+        return self.queues is None or len(new) == 1
+
+    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
+        self._cycle += 1
+        if new is not None and self._monotone(new):
+            jobs = [self._pending[j] for j in new if j in self._pending]
+        else:
+            jobs = list(self._pending.values())
+        if self.queues is not None and self._ledger is not None:
+            fair = FairShare(
+                capacity=self.queues.capacity,
+                weights={q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()},
+                allocation=self._usage,
+            )
+            ctx = QueueContext(
+                now=now,
+                ledger=self._ledger.copy(),
+                fair=fair,
+                submit_time=self._submitted,
+                run_facts=self._facts,
+            )
+            plan, _ = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+        else:
+            plan = run_cycle(self.snapshot, jobs, self.profile, cycle=self._cycle)
+        evicted: list[JobId] = []
+        for e in plan.evicted:
+            r = self.snapshot.running.get(e.job_id)
+            if r is not None:
+                self.finish(e.job_id, now)
+                self._pending[e.job_id] = r.job
+                evicted.append(e.job_id)
+        problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
+        started: list[JobId] = []
+        partial: list[JobId] = []
+        for p in plan.placed:
+            if p.job.id not in self.snapshot.running or p.job.id not in self._pending:
+                continue
+            del self._pending[p.job.id]
+            started.append(p.job.id)
+            if len(p.allocation.placements) < p.job.fewest_workers:
+                partial.append(p.job.id)
+            self._held += job_gpus(p.job) * len(p.allocation.placements) / p.job.workers
+            self._facts[p.job.id] = RunFacts(started_at=now)
+            self._charge(p.job, p.allocation)
+        return CycleOutcome(tuple(started), tuple(evicted), tuple(partial), tuple(problems))
+
+
+@dataclass
+class _PodJob:
+    job: Job
+    pods: int
+    bound: list[Allocation] = field(default_factory=list)
+
+
+class PodFirstFit:
+    """`k8s-first-fit`: pods placed one by one, first fit, no gang semantics (see module docstring)."""
+
+    def __init__(
+        self, name: str, nodes: Sequence[Node], pod_workers: Mapping[JobId, int] | None = None
+    ) -> None:
+        self.name = name
+        self.snapshot = Snapshot(nodes)
+        self._pod_workers = dict(pod_workers or {})
+        self._waiting: dict[JobId, _PodJob] = {}
+        self._running: dict[JobId, _PodJob] = {}
+        self._held = 0.0
+
+    def submit(self, job: Job, now: float) -> None:
+        per = self._pod_workers.get(job.id, 1)
+        if job.workers % per:
+            raise ValueError(f"job {job.id}: {job.workers} workers do not split into pods of {per}")
+        self._waiting[job.id] = _PodJob(job, job.workers // per)
+
+    def finish(self, job_id: JobId, now: float) -> None:
+        pj = self._running.pop(job_id, None)
+        if pj is None:
+            return
+        for a in pj.bound:
+            self.snapshot.release(a.job_id)
+        self._held -= job_gpus(pj.job)
+
+    def pending(self) -> Sequence[Job]:
+        return [pj.job for pj in self._waiting.values()]
+
+    def held_gpus(self) -> float:
+        return self._held
+
+    def _models(self, job: Job) -> list[int]:
+        snap = self.snapshot
+        if job.gpu_type is not None:
+            m = snap.model_pos.get(job.gpu_type)
+            return [] if m is None else [m]
+        return list(range(len(snap.models)))
+
+    def _first_fit(self, job: Job, per: int) -> tuple[int, list[int]] | None:
+        """The lowest-index node (any allowed model) fitting one pod of `per` workers, and its GPUs."""
+        snap = self.snapshot
+        best: tuple[int, list[int]] | None = None
+        for m in self._models(job):
+            if job.kind is GpuMode.WHOLE:
+                need = per * job.gpus_per_worker
+                b = snap.buckets[m]
+                first = min((b[k][0] for k in range(max(need, 1), len(b)) if b[k]), default=None)
+                if first is not None and (best is None or first < best[0]):
+                    best = (first, snap.free_whole_gpus(first, m)[:need])
+            else:
+                assert job.gpu_milli is not None
+                milli = job.gpu_milli
+                for i in snap.shared_nodes[m]:
+                    if best is not None and i >= best[0]:
+                        break
+                    if snap.node_cordoned[i]:
+                        continue
+                    gs = [
+                        g
+                        for g in snap.node_gpus[i]
+                        if snap.g_model[g] == m
+                        and snap.g_usable[g]
+                        and snap.gpus[g].mode is GpuMode.SHARED
+                        and snap.g_milli_used[g] + milli <= FULL_GPU_MILLI
+                    ]
+                    if len(gs) >= per:
+                        best = (i, gs[:per])
+                        break
+        return best
+
+    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
+        """First fit in submit order; monotone, so `new` alone is tried when given."""
+        snap = self.snapshot
+        started: list[JobId] = []
+        failed: dict[tuple[object, ...], int] = {}
+        todo = (
+            [self._waiting[j] for j in new if j in self._waiting]
+            if new is not None
+            else list(self._waiting.values())
+        )
+        for pj in todo:
+            job = pj.job
+            per = job.workers // pj.pods
+            size = job.gpus_per_worker if job.kind is GpuMode.WHOLE else (job.gpu_milli or 0)
+            key: tuple[object, ...] = (job.kind, job.gpu_type, per)
+            while len(pj.bound) < pj.pods:
+                if key in failed and failed[key] <= size:
+                    break  # a smaller pod of this shape already found no room this cycle
+                hit = self._first_fit(job, per)
+                if hit is None:
+                    failed[key] = min(size, failed.get(key, size))
+                    break
+                node, gpus = hit
+                k = len(pj.bound)
+                pod = Job(
+                    id=JobId(f"{job.id}#pod{k}"),
+                    queue=job.queue,
+                    workers=per,
+                    gpus_per_worker=job.gpus_per_worker,
+                    gpu_milli=job.gpu_milli,
+                )
+                nid = snap.nodes[node].id
+                if job.kind is GpuMode.WHOLE:
+                    g = job.gpus_per_worker
+                    placements = tuple(
+                        WorkerPlacement(
+                            k * per + w, nid, tuple(snap.gpus[x].id for x in gpus[w * g : (w + 1) * g])
+                        )
+                        for w in range(per)
+                    )
+                else:
+                    placements = tuple(
+                        WorkerPlacement(k * per + w, nid, (snap.gpus[gpus[w]].id,), milli=Milli(size))
+                        for w in range(per)
+                    )
+                alloc = Allocation(AllocationId(f"{pod.id}.t{now:.0f}"), pod.id, placements)
+                st = snap.grant(pod, alloc)
+                if not st.ok:
+                    raise AssertionError(f"first fit chose a taken slot: {st.message}")
+                pj.bound.append(alloc)
+                self._held += job_gpus(pod)
+            if len(pj.bound) == pj.pods:
+                del self._waiting[job.id]
+                self._running[job.id] = pj
+                started.append(job.id)
+        partial = tuple(pj.job.id for pj in todo if pj.bound and pj.job.id in self._waiting)
+        return CycleOutcome(tuple(started), (), partial)
+
+
+def make_policy(
+    name: str,
+    nodes: Sequence[Node],
+    *,
+    profile: Profile | None = None,
+    queues: QueueSetup | None = None,
+    pod_workers: Mapping[JobId, int] | None = None,
+    registry: Registry | None = None,
+) -> Policy:
+    """A policy by name: `k8s-first-fit`, `fifo-gang-best-fit`, or the core under `profile`."""
+    if name == "k8s-first-fit":
+        return PodFirstFit(name, nodes, pod_workers)
+    if name == "fifo-gang-best-fit":
+        return CorePolicy(
+            name, load_profile(FIFO_GANG_BEST_FIT_YAML, registry or placement_registry()), nodes
+        )
+    if profile is None:
+        raise ValueError(f"policy {name!r} needs a profile")
+    return CorePolicy(name, profile, nodes, queues)
+
+
+BASELINES = ("k8s-first-fit", "fifo-gang-best-fit")

@@ -1,0 +1,120 @@
+"""One simulation campaign: a trace and a cluster, several policies side by side (pure + files).
+
+`run_campaign` builds the cluster once per policy (each policy owns its snapshot), runs the
+baselines and every given profile on the same jobs, and returns one `RunResult` each.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TextIO
+
+from gangline.core.framework.profile import Profile, load_profile_file
+from gangline.core.framework.registry import Registry
+from gangline.core.model import JobId, QueueName
+from gangline.core.queue_profile import queue_registry
+from gangline.sim.cluster import ClusterSpec
+from gangline.sim.metrics import RunResult
+from gangline.sim.policies import BASELINES, QueueSetup, make_policy
+from gangline.sim.simulator import Progress, SimOptions, Simulator
+from gangline.sim.trace import TraceJob
+
+
+def sim_registry() -> Registry:
+    """Every plugin and action a profile may name in a simulation (placement + queueing)."""
+    return queue_registry()
+
+
+def load_profiles(paths: Sequence[str | Path], registry: Registry | None = None) -> list[Profile]:
+    """Profiles from YAML files; names must differ (they label the report's rows)."""
+    reg = registry or sim_registry()
+    out = [load_profile_file(p, reg) for p in paths]
+    names = [p.name for p in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"profile names repeat: {names}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """A policy to run: a baseline name, or a profile (whose name labels the run)."""
+
+    name: str
+    profile: Profile | None = None
+
+
+def entitlement_weights(spec: ClusterSpec, jobs: Sequence[TraceJob]) -> dict[QueueName, float]:
+    """Jain's entitlement weight per queue: its nominal GPUs (at least 1), or equal without quotas."""
+    quota = {q.name: float(sum(q.quota.values())) for q in spec.queues}
+    if not any(quota.values()):
+        return {}
+    return {q: max(1.0, quota.get(q, 0.0)) for q in {j.queue for j in jobs}}
+
+
+class StderrProgress:
+    """A one-line progress bar on stderr, redrawn at most every `every_s` wall seconds."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, every_s: float = 0.5) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self._last = 0.0
+        self._t0 = time.perf_counter()
+
+    def __call__(self, done: int, total: int, virtual_s: float) -> None:
+        now = time.perf_counter()
+        if done < total and now - self._last < self.every_s:
+            return
+        self._last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        self.stream.write(
+            f"\r{self.label:<22} [{bar:<30}] {frac:6.1%} {done}/{total} jobs "
+            f"day {virtual_s / 86400:6.1f} {now - self._t0:6.1f}s"
+        )
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run_campaign(
+    jobs: Sequence[TraceJob],
+    spec: ClusterSpec,
+    runs: Sequence[PolicyRun],
+    *,
+    options: SimOptions | None = None,
+    progress: bool = False,
+    registry: Registry | None = None,
+) -> list[RunResult]:
+    """Run each policy over the same jobs on fresh copies of the cluster."""
+    opts = options or SimOptions()
+    if not opts.entitlement:
+        opts = replace(opts, entitlement=entitlement_weights(spec, jobs))
+    queue_names = {j.queue for j in jobs}
+    pod_workers = {JobId(j.id): j.pod_workers for j in jobs if j.pod_workers != 1}
+    results: list[RunResult] = []
+    for run in runs:
+        nodes = spec.build_nodes()
+        queues = None
+        if run.profile is not None and (spec.queues or spec.cohort):
+            queues = QueueSetup(spec.quota_tree(queue_names), spec.resources())
+        policy = make_policy(
+            run.name,
+            nodes,
+            profile=run.profile,
+            queues=queues,
+            pod_workers=pod_workers,
+            registry=registry or sim_registry(),
+        )
+        bar: Progress | None = StderrProgress(run.name) if progress else None
+        results.append(Simulator(jobs, policy, float(spec.total_gpus), opts, bar).run())
+    return results
+
+
+def default_runs(profiles: Sequence[Profile], baselines: Sequence[str] = BASELINES) -> list[PolicyRun]:
+    """Baselines first, then each profile."""
+    return [PolicyRun(b) for b in baselines] + [PolicyRun(p.name, p) for p in profiles]

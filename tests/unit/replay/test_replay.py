@@ -1,0 +1,145 @@
+"""Replay: the hash chain, decisions re-run from the log, JSONL export, and the CLI verdicts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gangline.cli import main
+from gangline.core.model import GpuModel, JobId, MiB, QueueName
+from gangline.replay.chain import HASH_HEADER, ChainWriter, verify_chain
+from gangline.replay.decide import GRANTED, replay_decisions
+from gangline.replay.log import LogRecord, read_jsonl, write_jsonl
+from gangline.replay.record import record_log
+from gangline.sim.cluster import ClusterSpec, NodeGroup
+from gangline.sim.trace import TraceJob
+
+
+def _cluster() -> ClusterSpec:
+    return ClusterSpec("t", (NodeGroup("n", 3, 8, GpuModel("A100"), MiB(81920)),), nodes_per_leaf=2)
+
+
+def _jobs() -> list[TraceJob]:
+    shapes = [(1, 8), (2, 8), (1, 4), (1, 2), (3, 4), (1, 1), (2, 2), (1, 8)]
+    return [
+        TraceJob(
+            JobId(f"j{k}"),
+            submit_s=10.0 * k,
+            duration_s=25.0 + 7 * k,
+            queue=QueueName(f"q{k % 2}"),
+            workers=w,
+            gpus_per_worker=g,
+        )
+        for k, (w, g) in enumerate(shapes)
+    ]
+
+
+@pytest.fixture
+def log() -> list[LogRecord]:
+    return record_log(_cluster().build_nodes(), _jobs())
+
+
+def _granted(log: list[LogRecord]) -> list[int]:
+    return [k for k, r in enumerate(log) if r.type == GRANTED]
+
+
+def test_a_recorded_log_verifies_identical(log: list[LogRecord]) -> None:
+    grants = _granted(log)
+    assert len(grants) == len(_jobs())  # every job ran
+    chain = verify_chain(log)
+    assert chain.ok, chain.problems
+    assert chain.records == len([r for r in log if r.topic == "allocations.log"])
+    rep = replay_decisions(log)
+    assert rep.ok, rep.mismatches
+    assert rep.compared == len(grants)
+
+
+def test_a_tampered_grant_is_named_by_the_chain_and_by_the_replay(log: list[LogRecord]) -> None:
+    k = _granted(log)[3]
+    rec = log[k]
+    env = json.loads(json.dumps(rec.envelope))
+    env["data"]["placements"][0]["node"] = (
+        "n-0002" if env["data"]["placements"][0]["node"] != "n-0002" else "n-0000"
+    )
+    bad = [*log[:k], replace(rec, envelope=env), *log[k + 1 :]]
+    chain = verify_chain(bad)
+    assert [(p.kind, p.where, p.event_id) for p in chain.problems] == [("tampered", rec.where, rec.event_id)]
+    assert rec.where in chain.problems[0].message
+    rep = replay_decisions(bad)
+    assert [m.where for m in rep.mismatches] == [rec.where]
+    assert "placements" in rep.mismatches[0].message
+
+
+def test_a_missing_record_is_named(log: list[LogRecord]) -> None:
+    chained = [k for k, r in enumerate(log) if r.topic == "allocations.log"]
+    gone = log[chained[2]]
+    bad = [r for k, r in enumerate(log) if k != chained[2]]
+    chain = verify_chain(bad)
+    assert chain.problems and chain.problems[0].kind == "missing"
+    seq = gone.headers["gangline-chain-seq"]
+    assert f"seq {seq}" in chain.problems[0].message
+
+
+def test_a_rewritten_hash_breaks_the_link_to_the_next_record(log: list[LogRecord]) -> None:
+    k = _granted(log)[1]
+    rec = log[k]
+    env = json.loads(json.dumps(rec.envelope))
+    env["data"]["queue"] = "q9"
+    part = [r for r in log if r.topic == rec.topic and r.partition == rec.partition]
+    pos = part.index(rec)
+    prev = part[pos - 1].headers[HASH_HEADER] if pos else "0" * 64
+    forged = ChainWriter(seq=int(rec.headers["gangline-chain-seq"]), prev=prev).headers_for(env)
+    bad = [replace(r, envelope=env, headers=forged) if r is rec else r for r in log]
+    problems = verify_chain(bad).problems
+    if pos + 1 < len(part):
+        assert [p.kind for p in problems] == ["broken"]
+        assert problems[0].where == part[pos + 1].where
+    assert not replay_decisions(bad).ok
+
+
+def test_jsonl_round_trip(tmp_path: Path, log: list[LogRecord]) -> None:
+    path = tmp_path / "log.jsonl"
+    assert write_jsonl(log, path) == len(log)
+    assert list(read_jsonl(path)) == log
+
+
+def test_cli_verify_passes_then_fails_on_tampering(
+    tmp_path: Path, log: list[LogRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "log.jsonl"
+    write_jsonl(log, path)
+    assert main(["replay", "--from", str(path), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "identical" in out and "OK" in out
+    lines = path.read_text(encoding="utf-8").splitlines()
+    k = _granted(log)[0]
+    lines[k] = lines[k].replace('"A100"', '"H100"', 1)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["replay", "--from", str(path), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"tampered: record {log[k].where}" in out
+
+
+def test_cli_export_filters_topics(tmp_path: Path, log: list[LogRecord]) -> None:
+    src, out = tmp_path / "log.jsonl", tmp_path / "alloc.jsonl"
+    write_jsonl(log, src)
+    assert main(["export", "--from", str(src), "--out", str(out), "--topics", "allocations.log"]) == 0
+    got = list(read_jsonl(out))
+    assert got == [r for r in log if r.topic == "allocations.log"]
+    assert main(["export", "--from", "kafka", "--out", str(out)]) == 2
+
+
+def test_what_if_prints_per_queue_differences(
+    tmp_path: Path, log: list[LogRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "log.jsonl"
+    write_jsonl(log, path)
+    profile = tmp_path / "bare.yaml"
+    profile.write_text("name: bare\nactions: [allocate]\nplugins: [gpu-fit, gang]\n", encoding="utf-8")
+    assert main(["replay", "--from", str(path), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "what-if: bare vs recorded (default)" in out
+    assert "| q0 |" in out and "| q1 |" in out
