@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+
 from gangline.events import codec
 from gangline.events.base import parse_wire_type
 from gangline.events.nodes import NodeHeartbeat

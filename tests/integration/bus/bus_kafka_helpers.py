@@ -10,11 +10,12 @@ from typing import ClassVar, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from pydantic import Field
+
 from gangline.bus import Outgoing, RecordMeta
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import decode, encode
 from gangline.events.registry import Registry
-from pydantic import Field
 
 NOW = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 

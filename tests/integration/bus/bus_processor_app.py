@@ -15,6 +15,7 @@ import signal
 import sys
 
 from bus_kafka_helpers import REGISTRY, pong_handler
+
 from gangline.bus import BatchInfo, Processor, ProcessorSettings, run_service
 
 

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 from bus_kafka_helpers import REGISTRY, Ping, ping, read_all
+
 from gangline.bus import DLQ_CODE, DLQ_SOURCE_SERVICE, Delivery, EventConsumer, EventProducer, header
 
 pytestmark = pytest.mark.kafka

@@ -20,6 +20,7 @@ from bus_kafka_helpers import (
     produce_raw,
     read_all,
 )
+
 from gangline.bus import (
     DLQ_CODE,
     DLQ_OFFSET,

@@ -7,12 +7,13 @@ import uuid
 
 import pytest
 from bus_kafka_helpers import REGISTRY, Pong, envelopes, ping, pong_handler, read_all
-from gangline.bus import EventProducer, Processor, ProcessorSettings
-from gangline.telemetry import span_context_of
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+
+from gangline.bus import EventProducer, Processor, ProcessorSettings
+from gangline.telemetry import span_context_of
 
 pytestmark = pytest.mark.kafka
 

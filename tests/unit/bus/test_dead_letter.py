@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import pytest
+from pydantic import Field
+
 from gangline.bus import (
     DLQ_CODE,
     DLQ_OFFSET,
@@ -21,7 +23,6 @@ from gangline.bus import (
 from gangline.events.base import Event, make_envelope
 from gangline.events.codec import encode
 from gangline.events.registry import Registry
-from pydantic import Field
 
 
 class Ping(Event):

@@ -7,12 +7,13 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic import ValidationError
+
 from gangline.bus import ProcessorSettings, serve
 from gangline.bus.producer import stamped
 from gangline.events.base import Event, make_envelope
 from gangline.telemetry import span_context_of
-from opentelemetry.sdk.trace import TracerProvider
-from pydantic import ValidationError
 
 
 class Ping(Event):

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+
 from gangline.events import codec
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.codec import (

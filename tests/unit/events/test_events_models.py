@@ -6,6 +6,7 @@ from typing import Any
 
 import pydantic
 import pytest
+
 from gangline.events.allocations import AllocationGranted, MigSlice, Placement
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.examples import EPOCH, example_envelopes

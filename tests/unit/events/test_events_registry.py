@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from gangline.events.base import Event, JsonObject
 from gangline.events.nodes import NodeHeartbeat, NodeHeartbeatV1, heartbeat_v1_to_v2
 from gangline.events.registry import Registry, default_registry

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gangline.events import jobs, nodes, schemagen, topics
 from gangline.events.registry import Registry, default_registry
 

@@ -4,9 +4,10 @@ import io
 import json
 import logging
 
-from gangline.telemetry import JsonFormatter
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+
+from gangline.telemetry import JsonFormatter
 
 
 def _logger(stream: io.StringIO) -> logging.Logger:

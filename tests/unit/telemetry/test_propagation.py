@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
 from gangline.telemetry import (
     context_from_traceparent,
     extract_context,
@@ -8,9 +12,6 @@ from gangline.telemetry import (
     traceparent_of,
     with_trace_headers,
 )
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 TRACER = TracerProvider().get_tracer("test")
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

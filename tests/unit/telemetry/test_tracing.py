@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from gangline.telemetry import get_tracer, setup_tracing, traces_endpoint
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gangline.telemetry import get_tracer, setup_tracing, traces_endpoint
 
 
 def test_no_endpoint_anywhere_means_no_export() -> None:
