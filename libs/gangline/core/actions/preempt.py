@@ -2,14 +2,14 @@
 
 For each job still pending after allocate (in session order), the victims may be only running
 jobs of the same queue with a strictly lower priority, preemptible, past the policy's minimum
-runtime and not already being checkpointed. `find_victims` picks the cheapest minimal set whose
+runtime and not already being checkpointed. `find_victims_in` picks the cheapest minimal set whose
 release lets the job really be placed (gang, topology and type included) and keeps its queue within
 quota. The decision is a `PreemptionPlan`: the victims are evicted in the plan with their
 checkpoint deadlines, and the preemptor's placement is held in the working snapshot (so nothing
 later in the cycle takes it) and reported as its reservation; the preemptor itself stays pending,
 "waiting for N job(s) to checkpoint", until the victims are gone.
 
-Shared with reclaim: `placement_oracle`, `running_request`, `commit_plan`.
+Shared with reclaim: `placement_oracle`, `search_victims`, `commit_plan`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gangline.core.actions.queueing import (
     held_request,
     job_request,
 )
-from gangline.core.actions.victims import Place, VictimCandidate, VictimSet, find_victims
+from gangline.core.actions.victims import NodeGpus, Place, VictimPool, VictimSet, WholeJob, find_victims_in
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
@@ -65,15 +65,15 @@ def placement_oracle(session: Session) -> Place:
     return place
 
 
-def to_candidates(
-    snapshot: Snapshot, eligible: Sequence[RunningJob], ctx: QueueContext
-) -> list[VictimCandidate]:
-    """Running jobs as victim candidates: their cost and where their whole GPUs are.
+def candidate_rows(snapshot: Snapshot, eligible: Sequence[RunningJob], ctx: QueueContext) -> list[WholeJob]:
+    """Running jobs as victim candidates (`VictimPool` rows, in the order given): their cost and
+    where their whole GPUs are.
 
-    Ties on cost go to the lower priority, then to the job that has run longest.
+    Ties on cost go to the lower priority, then to the job that has run longest. This runs for
+    every eligible job of every search, hence one tuple per job and no helper calls.
     """
     now, facts, node_pos = ctx.now, ctx.run_facts, snapshot.node_pos
-    out: list[VictimCandidate] = []
+    rows: list[WholeJob] = []
     for r in eligible:
         jid = r.job.id
         f = facts.get(jid)
@@ -81,12 +81,13 @@ def to_candidates(
             lost_hours, started = 0.0, -math.inf
         else:
             since = f.last_checkpoint_at if f.last_checkpoint_at is not None else f.started_at
-            lost_hours, started = max(0.0, now - since) / 3600.0, f.started_at
+            lost_hours, started = (now - since) / 3600.0 if now > since else 0.0, f.started_at
         placements = r.allocation.placements
         if len(placements) == 1:
             p = placements[0]
             gpus = len(p.gpus)
-            by_node: tuple[tuple[int, int], ...] = () if p.mig or p.milli else ((node_pos[p.node], gpus),)
+            by_node: NodeGpus = () if p.mig or p.milli else ((node_pos[p.node], gpus),)
+            freed = gpus if by_node else 0
         else:
             per_node: dict[int, int] = {}
             for p in placements:
@@ -95,21 +96,22 @@ def to_candidates(
                     per_node[i] = per_node.get(i, 0) + len(p.gpus)
             gpus = sum(len(p.gpus) for p in placements)
             by_node = tuple(sorted(per_node.items()))
-        freed = sum(n for _, n in by_node)
-        out.append(VictimCandidate(jid, lost_hours * gpus, by_node, (r.job.priority, started), gpus=freed))
-    return out
+            freed = sum(n for _, n in by_node)
+        lost = lost_hours * gpus
+        rows.append(
+            (lost / freed if freed > 1 else lost, lost, (r.job.priority, started), jid, by_node, freed)
+        )
+    return rows
 
 
 def may_be_victim(running: RunningJob, ctx: QueueContext, session: Session) -> bool:
     """Preemptible, past the minimum runtime, not already being stopped, not placed in this cycle."""
-    jid = running.job.id
-    return (
-        running.job.preemptible
-        and jid not in ctx.in_flight
-        and jid not in session.evicted
-        and jid not in session.placed
-        and ctx.runtime(jid) >= ctx.policy.min_runtime_s
-    )
+    job = running.job
+    jid = job.id
+    if not job.preemptible or jid in ctx.in_flight or jid in session.evicted or jid in session.placed:
+        return False
+    facts = ctx.run_facts.get(jid)  # `ctx.runtime`, inlined: this runs for every running job
+    return (ctx.now - facts.started_at if facts is not None else math.inf) >= ctx.policy.min_runtime_s
 
 
 def quota_admits(
@@ -214,10 +216,26 @@ def search_victims(
     eligible: Sequence[RunningJob],
     extra: Callable[[frozenset[JobId]], bool] | None = None,
 ) -> VictimSet | None:
-    snap = session.snapshot
-    candidates = to_candidates(snap, eligible, ctx)
-    return find_victims(
-        snap, job, candidates, placement_oracle(session), admissible=quota_admits(session, ctx, job, extra)
+    """The cheapest victim set among ``eligible`` for ``job`` (see `find_victims`), quota checked."""
+    return search_pool(
+        session, ctx, job, VictimPool.whole_jobs(candidate_rows(session.snapshot, eligible, ctx)), extra
+    )
+
+
+def search_pool(
+    session: Session,
+    ctx: QueueContext,
+    job: Job,
+    pool: VictimPool,
+    extra: Callable[[frozenset[JobId]], bool] | None = None,
+) -> VictimSet | None:
+    """`search_victims` on candidates already in a pool."""
+    return find_victims_in(
+        session.snapshot,
+        job,
+        pool,
+        placement_oracle(session),
+        admissible=quota_admits(session, ctx, job, extra),
     )
 
 
@@ -242,20 +260,28 @@ class Preempt:
         blocked = preemptors(session, ctx, self.max_preemptors)
         if not blocked:
             return
-        by_queue: dict[str, list[RunningJob]] = {}
-        for jid in sorted(session.snapshot.running):
-            r = session.snapshot.running[jid]
-            if r.job.preemptible:
-                by_queue.setdefault(r.job.queue, []).append(r)
+        # One pass over the running jobs, in snapshot order (`VictimPool` orders them by cost), and
+        # their costs once per queue: every blocked job of the queue picks from the same rows.
+        allowed: dict[str, list[RunningJob]] = {j.queue: [] for j in blocked}
+        for r in session.snapshot.running.values():
+            same_queue = allowed.get(r.job.queue)
+            if same_queue is not None and may_be_victim(r, ctx, session):
+                same_queue.append(r)
+        rows_of: dict[str, list[WholeJob]] = {}
         for job in blocked:
-            eligible = [
-                r
-                for r in by_queue.get(job.queue, [])
-                if r.job.priority < job.priority and may_be_victim(r, ctx, session)
+            if job.queue not in rows_of:
+                rows_of[job.queue] = candidate_rows(session.snapshot, allowed[job.queue], ctx)
+            # Evictions (and placements) change during this loop: check those again.
+            rows = [
+                row
+                for r, row in zip(allowed[job.queue], rows_of[job.queue], strict=True)
+                if r.job.priority < job.priority
+                and r.job.id not in session.evicted
+                and r.job.id not in session.placed
             ]
-            if not eligible:
+            if not rows:
                 continue
-            found = search_victims(session, ctx, job, eligible)
+            found = search_pool(session, ctx, job, VictimPool.whole_jobs(rows))
             if found is None:
                 continue
             why = {

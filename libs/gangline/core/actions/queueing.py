@@ -233,12 +233,21 @@ def build_context(
     """
     ledger = QuotaLedger(tree)
     allocation: dict[QueueName, dict[Resource, int]] = {}
+    # `held_request` inlined for whole-GPU jobs: this runs for every running job, every cycle.
+    whole_gpus = [gpu_resource(m) for m in snapshot.models]
+    g_model, gpu_pos = snapshot.g_model, snapshot.gpu_pos
     for r in snapshot.running.values():
-        vec = allocation.get(r.job.queue)
+        job = r.job
+        vec = allocation.get(job.queue)
         if vec is None:
-            if not tree.has_queue(r.job.queue):
+            if not tree.has_queue(job.queue):
                 continue
-            vec = allocation[r.job.queue] = {}
+            vec = allocation[job.queue] = {}
+        placements = r.allocation.placements
+        if job.mig_profile is None and job.gpu_milli is None and placements and placements[0].gpus:
+            res = whole_gpus[g_model[gpu_pos[placements[0].gpus[0]]]]
+            vec[res] = vec.get(res, 0) + len(placements) * job.gpus_per_worker
+            continue
         for res, n in held_request(snapshot, r).items():
             vec[res] = vec.get(res, 0) + n
     for q in sorted(allocation):

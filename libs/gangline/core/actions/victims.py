@@ -23,6 +23,12 @@ placement search, so a 64-GPU gang on a full 1,000-node cluster costs a few doze
 thousands.
 
 Everything is rolled back before returning: the snapshot is left exactly as it was.
+
+Cost. A search sees every eligible running job (thousands on a full 1,000-node cluster), so the
+candidates are held as a `VictimPool`: columns sorted once by cost, the search works on row numbers
+(ordering a subset is sorting ints), and a `VictimCandidate` is made only for the victims chosen.
+Callers with the jobs at hand build the rows directly (`VictimPool.whole_jobs`, the preempt path);
+`find_victims` takes candidate objects and gives the same answer.
 """
 
 from __future__ import annotations
@@ -31,10 +37,18 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 
 from gangline.core.framework.state import Candidate
 from gangline.core.model import GpuMode, Job, JobId, TopologyLevel, TopologyMode
 from gangline.core.snapshot import RunningJob, Snapshot
+
+NodeGpus = tuple[tuple[int, int], ...]
+"""(node index, whole GPUs) pairs."""
+Rank = tuple[int | str | float, ...]
+WholeJob = tuple[float, float, Rank, JobId, NodeGpus, int]
+"""A whole job as a `VictimPool` row: (lost GPU-hours / max(1, freed GPUs), lost GPU-hours, rank,
+job id, GPUs by node, freed GPUs); the first four are `_sort_key`, so rows sort cheapest first."""
 
 MAX_SCOPES = 4
 """Topology domains whose victim sets are confirmed by placement per search (best estimates first)."""
@@ -54,9 +68,9 @@ class VictimCandidate:
     job_id: JobId
     lost_gpu_hours: float
     """GPU-hours of work since its last checkpoint (or start) that preemption throws away."""
-    gpus_by_node: tuple[tuple[int, int], ...]
+    gpus_by_node: NodeGpus
     """(node index, whole GPUs it frees there), for the counting bound; MIG/shares count 0."""
-    rank: tuple[int | str | float, ...] = ()
+    rank: Rank = ()
     """Tie-break after cost (e.g. lower priority first); the job id breaks the last tie."""
     keep_workers: int | None = None
     """An elastic shrink: ranks from this one on are released, the others keep running."""
@@ -93,34 +107,114 @@ def what_if(snapshot: Snapshot) -> Iterator[Snapshot]:
             yield snap
 
 
-def restore(snapshot: Snapshot, victim: VictimCandidate, running: RunningJob) -> bool:
-    """Undo `release` for one victim (inside the same savepoint); False if it cannot be put back."""
-    if victim.keep_workers is None:
+def _release(snapshot: Snapshot, job_id: JobId, keep_workers: int | None) -> None:
+    if keep_workers is None:
+        snapshot.release(job_id)
+        return
+    running = snapshot.running[job_id]
+    slots = snapshot.slots_of(running.allocation)
+    assert not isinstance(slots, str)
+    for s in slots[keep_workers:]:
+        snapshot.give_back(job_id, s)
+
+
+def _restore(snapshot: Snapshot, keep_workers: int | None, running: RunningJob) -> bool:
+    if keep_workers is None:
         return snapshot.grant(running.job, running.allocation).ok
     slots = snapshot.slots_of(running.allocation)
     assert not isinstance(slots, str)
-    for s in slots[victim.keep_workers :]:
+    for s in slots[keep_workers:]:
         if snapshot.slot_conflict(running.job, s) is not None:
             return False
         snapshot.take(running.job, s)
     return True
 
 
+def restore(snapshot: Snapshot, victim: VictimCandidate, running: RunningJob) -> bool:
+    """Undo `release` for one victim (inside the same savepoint); False if it cannot be put back."""
+    return _restore(snapshot, victim.keep_workers, running)
+
+
 def release(snapshot: Snapshot, victim: VictimCandidate) -> None:
     """Free what the victim gives up: the whole job, or the ranks an elastic shrink drops."""
-    if victim.keep_workers is None:
-        snapshot.release(victim.job_id)
-        return
-    running = snapshot.running[victim.job_id]
-    slots = snapshot.slots_of(running.allocation)
-    assert not isinstance(slots, str)
-    for s in slots[victim.keep_workers :]:
-        snapshot.give_back(victim.job_id, s)
+    _release(snapshot, victim.job_id, victim.keep_workers)
 
 
-def _sort_key(v: VictimCandidate) -> tuple[float, float, tuple[int | str | float, ...], str]:
+def _sort_key(v: VictimCandidate) -> tuple[float, float, Rank, str]:
     gpus = max(v.gpus, 1)
     return (v.lost_gpu_hours / gpus, v.lost_gpu_hours, v.rank, v.job_id)
+
+
+class VictimPool:
+    """Victim candidates as columns, one row each, rows in cost order (cheapest per GPU first).
+
+    The search works on row numbers: ordering a subset is sorting ints, and a `VictimCandidate`
+    is made only for the victims chosen. Build it with `of` (candidate objects at hand) or
+    `whole_jobs` (one plain tuple per job: the preempt path, thousands of running jobs per search).
+    Job ids must be unique.
+    """
+
+    __slots__ = ("_given", "_ranks", "gpus", "gpus_by_node", "job_ids", "keep_workers", "lost_gpu_hours")
+
+    def __init__(
+        self,
+        job_ids: Sequence[JobId],
+        lost_gpu_hours: Sequence[float],
+        gpus_by_node: Sequence[NodeGpus],
+        gpus: Sequence[int],
+        keep_workers: Sequence[int | None],
+        ranks: Sequence[Rank],
+        given: Sequence[VictimCandidate] | None,
+    ) -> None:
+        self.job_ids = job_ids
+        self.lost_gpu_hours = lost_gpu_hours
+        self.gpus_by_node = gpus_by_node
+        self.gpus = gpus
+        self.keep_workers = keep_workers
+        self._ranks = ranks
+        self._given = given
+
+    @classmethod
+    def of(cls, candidates: Sequence[VictimCandidate]) -> VictimPool:
+        """The candidates as they are; `candidate` gives back these very objects."""
+        ordered = sorted(candidates, key=_sort_key)
+        return cls(
+            [v.job_id for v in ordered],
+            [v.lost_gpu_hours for v in ordered],
+            [v.gpus_by_node for v in ordered],
+            [v.gpus for v in ordered],
+            [v.keep_workers for v in ordered],
+            [v.rank for v in ordered],
+            ordered,
+        )
+
+    @classmethod
+    def whole_jobs(cls, rows: list[WholeJob]) -> VictimPool:
+        """Whole-job candidates given as `WholeJob` rows, no object per job; sorts ``rows`` in place."""
+        if not rows:
+            return cls((), (), (), (), (), (), None)
+        if len({row[0] for row in rows}) == len(rows):
+            rows.sort(key=itemgetter(0))  # no ties on the first field: the same order, sorted as floats
+        else:
+            rows.sort()  # `_sort_key` order: the job id is unique, so nothing after it is compared
+        _, lost, ranks, ids, by_node, gpus = zip(*rows, strict=True)
+        return cls(ids, lost, by_node, gpus, (None,) * len(rows), ranks, None)
+
+    def __len__(self) -> int:
+        return len(self.job_ids)
+
+    def candidate(self, row: int) -> VictimCandidate:
+        """Row ``row`` as a `VictimCandidate`."""
+        if self._given is not None:
+            return self._given[row]
+        return VictimCandidate(
+            self.job_ids[row],
+            self.lost_gpu_hours[row],
+            self.gpus_by_node[row],
+            self._ranks[row],
+            self.keep_workers[row],
+            self.gpus[row],
+        )
 
 
 def _models_for(snapshot: Snapshot, job: Job) -> list[int]:
@@ -146,17 +240,48 @@ def _scopes(snapshot: Snapshot, job: Job, models: Sequence[int]) -> list[tuple[s
     return out
 
 
-def _lower_bound(victims: Sequence[VictimCandidate], in_scope: set[int] | None, deficit: int) -> float:
-    """Fractional-knapsack bound on the GPU-hours lost to free ``deficit`` GPUs from ``victims``."""
+def _rows_per_scope(
+    pool: VictimPool, scopes: Sequence[tuple[str, Sequence[int]]], n_nodes: int
+) -> list[Sequence[int]]:
+    """Each scope's rows (in cost order): those with whole GPUs on one of its nodes."""
+    if len(scopes) == 1:
+        return [range(len(pool))]
+    scope_of = [-1] * n_nodes
+    for k, (_, nodes) in enumerate(scopes):
+        for i in nodes:
+            scope_of[i] = k
+    per_scope: list[list[int]] = [[] for _ in scopes]
+    for r, by_node in enumerate(pool.gpus_by_node):
+        if len(by_node) == 1:
+            k = scope_of[by_node[0][0]]
+            if k >= 0:
+                per_scope[k].append(r)
+            continue
+        for k in sorted({scope_of[i] for i, _ in by_node if scope_of[i] >= 0}):
+            per_scope[k].append(r)
+    return list(per_scope)
+
+
+def _lower_bound(pool: VictimPool, rows: Sequence[int], in_scope: set[int] | None, deficit: int) -> float:
+    """Fractional-knapsack bound on the GPU-hours lost to free ``deficit`` GPUs from ``rows``.
+
+    ``in_scope``: the scope's nodes, when ``rows`` come from `_rows_per_scope` (so a one-node
+    row's node is in it); None when every row counts whole.
+    """
     if deficit <= 0:
         return 0.0
+    lost, gpus, by_node = pool.lost_gpu_hours, pool.gpus, pool.gpus_by_node
     cost = 0.0
-    for v in victims:  # sorted by cost per GPU
-        g = v.gpus if in_scope is None else sum(n for i, n in v.gpus_by_node if i in in_scope)
+    for r in rows:  # in cost order
+        if in_scope is None:
+            g = gpus[r]
+        else:
+            where = by_node[r]
+            g = where[0][1] if len(where) == 1 else sum(n for i, n in where if i in in_scope)
         if g <= 0:
             continue
         take = min(g, deficit)
-        cost += v.lost_gpu_hours * take / g
+        cost += lost[r] * take / g
         deficit -= take
         if deficit <= 0:
             return cost
@@ -179,8 +304,8 @@ class _Bound:
             self.free[i] = f
             self.fits_now += f // per_worker
 
-    def add(self, v: VictimCandidate, sign: int) -> None:
-        for i, n in v.gpus_by_node:
+    def add(self, by_node: NodeGpus, sign: int) -> None:
+        for i, n in by_node:
             f = self.free.get(i)
             if f is None:
                 continue
@@ -190,45 +315,47 @@ class _Bound:
             self.fits_now += f // self.per_worker - before
 
 
-def _node_steps(bound: _Bound, vs: Sequence[VictimCandidate], workers: int) -> list[VictimCandidate] | None:
+def _node_steps(bound: _Bound, pool: VictimPool, rows: Sequence[int], workers: int) -> list[int] | None:
     """Cheapest victims, node by node, until ``workers`` whole workers could fit by count."""
     per = bound.per_worker
-    on_node: dict[int, list[tuple[float, str, int, VictimCandidate]]] = {}
-    for v in vs:
-        for i, n in v.gpus_by_node:
-            if i in bound.free and n > 0:
-                on_node.setdefault(i, []).append((v.lost_gpu_hours / n, v.job_id, n, v))
-    # Steps per node: (cost of the step, workers it adds, victims it takes).
-    steps: dict[int, list[tuple[float, int, list[VictimCandidate]]]] = {}
+    lost, ids, free_of = pool.lost_gpu_hours, pool.job_ids, bound.free
+    on_node: dict[int, list[tuple[float, str, int, int]]] = {}
+    for r in rows:
+        for i, n in pool.gpus_by_node[r]:
+            if n > 0 and i in free_of:
+                # (cost per GPU, job id, row, GPUs): rows rise in input order, so ties keep it
+                on_node.setdefault(i, []).append((lost[r] / n, ids[r], r, n))
+    # Steps per node: (cost of the step, workers it adds, rows it takes).
+    steps: dict[int, list[tuple[float, int, list[int]]]] = {}
     for i in sorted(on_node):
-        free = bound.free[i]
+        free = free_of[i]
         cost, taken, have = 0.0, [], free // per
-        out: list[tuple[float, int, list[VictimCandidate]]] = []
-        for _, _, n, v in sorted(on_node[i], key=lambda t: (t[0], t[1])):
+        out: list[tuple[float, int, list[int]]] = []
+        for _, _, r, n in sorted(on_node[i]):
             free += n
-            cost += v.lost_gpu_hours
-            taken.append(v)
+            cost += lost[r]
+            taken.append(r)
             if free // per > have:
                 out.append((cost, free // per - have, taken))
                 have, cost, taken = free // per, 0.0, []
         if out:
             steps[i] = out
     need = workers - bound.fits_now
-    chosen: dict[JobId, VictimCandidate] = {}
+    chosen: dict[JobId, int] = {}
     heap = [(c / k, i, 0) for i, lst in steps.items() for c, k, _ in lst[:1]]
     heapq.heapify(heap)
     while need > 0 and heap:
         _, i, k = heapq.heappop(heap)
         cost, added, taken = steps[i][k]
-        for v in taken:
-            chosen.setdefault(v.job_id, v)
+        for r in taken:
+            chosen.setdefault(ids[r], r)
         need -= added
         if k + 1 < len(steps[i]):
             c2, a2, _ = steps[i][k + 1]
             heapq.heappush(heap, (c2 / a2, i, k + 1))
     if need > 0:
         return None
-    return sorted(chosen.values(), key=_sort_key)
+    return sorted(chosen.values())
 
 
 def find_victims(
@@ -246,123 +373,141 @@ def find_victims(
     """
     if not candidates:
         return None
+    return find_victims_in(snapshot, job, VictimPool.of(candidates), place, admissible=admissible)
+
+
+def find_victims_in(
+    snapshot: Snapshot,
+    job: Job,
+    pool: VictimPool,
+    place: Place,
+    *,
+    admissible: Admissible | None = None,
+) -> VictimSet | None:
+    """`find_victims` on candidates already in a `VictimPool` (same search, same result)."""
+    if not len(pool):
+        return None
     models = _models_for(snapshot, job)
     whole = job.kind is GpuMode.WHOLE
     workers = job.fewest_workers
     scopes = _scopes(snapshot, job, models)
-    ordered = sorted(candidates, key=_sort_key)
-    per_scope: list[list[VictimCandidate]] = [[] for _ in scopes]
-    if len(scopes) == 1 or not whole:
-        per_scope = [list(ordered) for _ in scopes]
-    else:
-        scope_of: dict[int, int] = {i: k for k, (_, nodes) in enumerate(scopes) for i in nodes}
-        for v in ordered:
-            hit = {scope_of[i] for i, _ in v.gpus_by_node if i in scope_of}
-            for k in sorted(hit):
-                per_scope[k].append(v)
-    bounded: list[tuple[float, str, Sequence[int], list[VictimCandidate]]] = []
-    for (name, nodes), vs in zip(scopes, per_scope, strict=True):
-        if not vs:
+    if not scopes:
+        return None
+    per_scope = (
+        _rows_per_scope(pool, scopes, len(snapshot.nodes)) if whole else [range(len(pool))] * len(scopes)
+    )
+    bounded: list[tuple[float, str, Sequence[int], Sequence[int]]] = []
+    free_of, cordoned = snapshot.free, snapshot.node_cordoned
+    for (name, nodes), rows in zip(scopes, per_scope, strict=True):
+        if not rows:
             continue
         bound = 0.0
         if whole:
             in_scope = set(nodes) if len(scopes) > 1 else None
-            free = sum(snapshot.free[m][i] for m in models for i in nodes if not snapshot.node_cordoned[i])
-            bound = _lower_bound(vs, in_scope, workers * job.gpus_per_worker - free)
+            free = sum(free_of[m][i] for m in models for i in nodes if not cordoned[i])
+            bound = _lower_bound(pool, rows, in_scope, workers * job.gpus_per_worker - free)
             if bound == float("inf"):
                 continue
-        bounded.append((bound, name, nodes, vs))
+        bounded.append((bound, name, nodes, rows))
     bounded.sort(key=lambda t: (t[0], t[1]))
-    ranked: list[tuple[float, float, str, Sequence[int], list[VictimCandidate], list[VictimCandidate]]] = []
-    for bound, name, nodes, vs in bounded[: 2 * MAX_SCOPES]:
-        first: list[VictimCandidate] = []
+    ranked: list[tuple[float, float, str, Sequence[int], Sequence[int], list[int]]] = []
+    lost = pool.lost_gpu_hours
+    for bound, name, nodes, rows in bounded[: 2 * MAX_SCOPES]:
+        first: list[int] = []
         if whole:
-            steps = _node_steps(_Bound(snapshot, models, nodes, job.gpus_per_worker), vs, workers)
+            steps = _node_steps(_Bound(snapshot, models, nodes, job.gpus_per_worker), pool, rows, workers)
             if steps is None:
                 continue
             first = steps
-        ranked.append((sum(v.lost_gpu_hours for v in first), bound, name, nodes, vs, first))
+        ranked.append((sum(lost[r] for r in first), bound, name, nodes, rows, first))
     # Best estimate first; at most MAX_SCOPES scopes are confirmed, and none whose bound cannot win.
     ranked.sort(key=lambda t: (t[0], t[1], t[2]))
-    running = dict(snapshot.running)
-    best: VictimSet | None = None
-    for _, bound, name, nodes, vs, first in ranked[:MAX_SCOPES]:
-        if best is not None and bound >= best.lost_gpu_hours:
+    best: tuple[float, int, str, list[int], Candidate] | None = None
+    for _, bound, name, nodes, rows, first in ranked[:MAX_SCOPES]:
+        if best is not None and bound >= best[0]:
             continue
-        found = _search_scope(snapshot, job, vs, first, place, admissible, models, nodes, running)
+        found = _search_scope(snapshot, job, pool, rows, first, place, admissible, models, nodes)
         if found is None:
             continue
         chosen, placement = found
-        lost = sum(v.lost_gpu_hours for v in chosen)
-        if best is None or (lost, len(chosen), name) < (best.lost_gpu_hours, len(best.victims), best.scope):
-            best = VictimSet(tuple(chosen), placement, lost, name)
-    return best
+        cost = sum(lost[r] for r in chosen)
+        if best is None or (cost, len(chosen), name) < best[:3]:
+            best = (cost, len(chosen), name, chosen, placement)
+    if best is None:
+        return None
+    cost, _, name, chosen, placement = best
+    return VictimSet(tuple(pool.candidate(r) for r in chosen), placement, cost, name)
 
 
 def _search_scope(
     snapshot: Snapshot,
     job: Job,
-    vs: Sequence[VictimCandidate],
-    first: Sequence[VictimCandidate],
+    pool: VictimPool,
+    rows: Sequence[int],
+    first: Sequence[int],
     place: Place,
     admissible: Admissible | None,
     models: Sequence[int],
     nodes: Sequence[int],
-    running: dict[JobId, RunningJob],
-) -> tuple[list[VictimCandidate], Candidate] | None:
+) -> tuple[list[int], Candidate] | None:
     whole = job.kind is GpuMode.WHOLE
     workers = job.fewest_workers
     bound = _Bound(snapshot, models, nodes, job.gpus_per_worker) if whole else None
+    ids, lost, keep, by_node = pool.job_ids, pool.lost_gpu_hours, pool.keep_workers, pool.gpus_by_node
+    held: dict[JobId, RunningJob] = {}  # what each victim held, to put it back
+    chosen: list[int] = []
 
-    def fits(chosen: Sequence[VictimCandidate]) -> Candidate | None:
+    def fits(chosen: Sequence[int]) -> Candidate | None:
         got = place(job)
         if (
             got is not None
             and admissible is not None
-            and not admissible(frozenset(v.job_id for v in chosen), got)
+            and not admissible(frozenset(ids[r] for r in chosen), got)
         ):
             return None
         return got
 
+    def free_up(r: int) -> None:
+        was = snapshot.running.get(ids[r])
+        if was is not None:
+            held[ids[r]] = was
+        _release(snapshot, ids[r], keep[r])
+        chosen.append(r)
+        if bound is not None:
+            bound.add(by_node[r], +1)
+
     with what_if(snapshot):
-        chosen: list[VictimCandidate] = []
-        for v in first:
-            release(snapshot, v)
-            chosen.append(v)
-            if bound is not None:
-                bound.add(v, +1)
+        for r in first:
+            free_up(r)
         placement = fits(chosen) if chosen else None
         if placement is None:
             # Counting was not enough (topology, filters, quota): add victims in cost order.
-            taken = {v.job_id for v in chosen}
-            for v in vs:
-                if v.job_id in taken:
+            taken = {ids[r] for r in chosen}
+            for r in rows:
+                if ids[r] in taken:
                     continue
-                release(snapshot, v)
-                chosen.append(v)
-                if bound is not None:
-                    bound.add(v, +1)
-                    if bound.fits_now < workers:
-                        continue
+                free_up(r)
+                if bound is not None and bound.fits_now < workers:
+                    continue
                 placement = fits(chosen)
                 if placement is not None:
                     break
         if placement is None:
             return None
         # Spare every victim the job can do without, the most expensive first.
-        for v in sorted(chosen, key=lambda v: (-v.lost_gpu_hours, v.job_id)):
+        for r in sorted(chosen, key=lambda r: (-lost[r], ids[r])):
             if bound is not None:
-                bound.add(v, -1)
+                bound.add(by_node[r], -1)
                 if bound.fits_now < workers:
-                    bound.add(v, +1)
+                    bound.add(by_node[r], +1)
                     continue
             mark = snapshot.savepoint()
-            rest = [c for c in chosen if c.job_id != v.job_id]
-            got = fits(rest) if rest and restore(snapshot, v, running[v.job_id]) else None
+            rest = [c for c in chosen if ids[c] != ids[r]]
+            got = fits(rest) if rest and _restore(snapshot, keep[r], held[ids[r]]) else None
             if got is not None:
                 chosen, placement = rest, got
             else:
                 snapshot.rollback_to(mark)
                 if bound is not None:
-                    bound.add(v, +1)
+                    bound.add(by_node[r], +1)
         return chosen, placement
