@@ -18,7 +18,7 @@ help:
 	@echo "make check      ruff + mypy"
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
-	@echo "make bench-sim        time the simulator on the full Philly trace (figures printed, not asserted)"
+	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,10 +82,22 @@ bench-e2e: venv
 # --- trace-driven simulation (gangline.sim); traces live in ../shared/traces ---
 TRACES ?= ../shared/traces
 
-simulate-philly: venv
-	$(BIN)/gangline simulate --trace $(TRACES)/pollux-philly/philly.csv --cluster deploy/clusters/philly.yaml \
-		--report docs/sim/philly-report.json --plots docs/sim/philly
+PHILLY := $(TRACES)/pollux-philly/philly.csv
 
+# The full trace on the Philly-sized cluster (load ~15%: nothing waits), on the same cluster cut to a
+# fifth (490 GPUs, load ~76%: it really queues) and to a quarter (616 GPUs, ~61%), then the
+# 4x-arrivals window of the first 12k jobs.
+simulate-philly: venv
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml \
+		--report docs/sim/philly-report.json --plots docs/sim/philly
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
+		--report docs/sim/philly-contended-report.json --plots docs/sim/philly-contended
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-quarter.yaml \
+		--report docs/sim/philly-quarter-report.json --plots docs/sim/philly-quarter
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml --time-scale 4 \
+		--limit 12000 --cycle-s 60 --report docs/sim/philly-x4-12k-report.json --plots docs/sim/philly-x4-12k
+
+# Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
 bench-sim: venv
-	time $(BIN)/gangline simulate --trace $(TRACES)/pollux-philly/philly.csv \
-		--cluster deploy/clusters/philly.yaml --no-progress --report /tmp/gangline-bench-sim.json
+	time $(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
+		--no-progress --report /tmp/gangline-bench-sim.json

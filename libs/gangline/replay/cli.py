@@ -4,8 +4,12 @@
     gangline replay --from log.jsonl --profile fair.yaml # what-if: per-queue differences
     gangline export --from log.jsonl --out clean.jsonl --topics allocations.log
 
-`--from kafka` is the seam for the bus library's consumer (read each topic from the beginning into
-`LogRecord`s, see `gangline.replay.log.LogSource`); until it is wired, it says so and exits 2.
+    gangline replay --from kafka --verify                # the log on the broker, as it stands now
+    gangline export --from kafka --bootstrap 127.0.0.1:9092 --out log.jsonl
+
+`--from kafka` reads every committed record of the topics from the beginning up to the end
+offsets found when reading starts (`gangline.replay.kafka.KafkaSource`); `--bootstrap` defaults to
+`GANGLINE_KAFKA_BOOTSTRAP` or 127.0.0.1:9092, the topics to the decision topics.
 """
 
 from __future__ import annotations
@@ -25,23 +29,29 @@ EXPORT_HELP = "write the recorded log to JSONL for offline analysis"
 KAFKA = "kafka"
 
 
-def _source(where: str) -> LogSource:
+def _source(where: str, bootstrap: str | None = None) -> LogSource:
     if where == KAFKA:
-        raise LookupError(
-            "--from kafka needs the bus consumer (issue 5), not wired yet; export the topics to JSONL instead"
-        )
+        from gangline.replay.kafka import KafkaSource  # aiokafka only when the log is on Kafka
+
+        return KafkaSource(bootstrap)
     return FileSource(where)
 
 
-def _load(where: str, topics: list[str] | None = None) -> list[LogRecord]:
-    return _source(where).records(topics)
+def _load(where: str, topics: list[str] | None = None, bootstrap: str | None = None) -> list[LogRecord]:
+    return _source(where, bootstrap).records(topics)
+
+
+def _add_source(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--from", dest="source", required=True, help=f"{what}, or kafka")
+    p.add_argument(
+        "--bootstrap",
+        help="with --from kafka: brokers' host:port (default $GANGLINE_KAFKA_BOOTSTRAP or 127.0.0.1:9092)",
+    )
 
 
 def configure_replay(p: argparse.ArgumentParser) -> None:
     """Arguments of `gangline replay`."""
-    p.add_argument(
-        "--from", dest="source", required=True, help="a JSONL file from `gangline export`, or kafka"
-    )
+    _add_source(p, "a JSONL file from `gangline export`")
     p.add_argument("--verify", action="store_true", help="check the hash chain and re-run every decision")
     p.add_argument("--profile", type=Path, help="what-if: re-run history under this profile YAML")
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
@@ -53,8 +63,8 @@ def run_replay(args: argparse.Namespace) -> int:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
         return 2
     try:
-        records = _load(args.source)
-    except (OSError, LogFormatError, LookupError) as e:
+        records = _load(args.source, bootstrap=args.bootstrap)
+    except (OSError, LogFormatError, LookupError, TimeoutError) as e:
         print(f"gangline replay: {e}", file=sys.stderr)
         return 2
     status = 0
@@ -94,7 +104,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def configure_export(p: argparse.ArgumentParser) -> None:
     """Arguments of `gangline export`."""
-    p.add_argument("--from", dest="source", required=True, help="a JSONL log file, or kafka")
+    _add_source(p, "a JSONL log file")
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     p.add_argument("--topics", nargs="*", help="only these topics (default: all)")
 
@@ -102,8 +112,8 @@ def configure_export(p: argparse.ArgumentParser) -> None:
 def run_export(args: argparse.Namespace) -> int:
     """Write the records (in file / delivery order) as JSONL; 2 on unusable input."""
     try:
-        records = _load(args.source, args.topics or None)
-    except (OSError, LogFormatError, LookupError) as e:
+        records = _load(args.source, args.topics or None, args.bootstrap)
+    except (OSError, LogFormatError, LookupError, TimeoutError) as e:
         print(f"gangline export: {e}", file=sys.stderr)
         return 2
     n = write_jsonl(records, args.out)

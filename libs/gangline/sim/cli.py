@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         f"{len(jobs)} jobs from {args.trace} on {spec.name} ({spec.node_count} nodes, {spec.total_gpus} GPUs)"
     )
     print(table(report["runs"]))
+    for r in report["runs"]:
+        print(f"sim_wall_s {r['policy']}: {r['sim_wall_s']:.1f}")
     if len(report["runs"]) > 1 and profiles:
         base = report["runs"][0]
         print()

@@ -23,11 +23,11 @@ Definitions (all times in seconds of virtual time):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gangline.core.model import FULL_GPU_MILLI, GpuMode, Job, JobId, QueueName
+from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, JobId, QueueName
 from gangline.core.snapshot import Snapshot
 from gangline.sim.trace import TraceJob
 
@@ -135,21 +135,57 @@ def max_min_entitlements(
     return out
 
 
+Need = tuple[GpuModel | None, GpuMode, int]
+"""What one waiting worker needs: its GPU type (None: any), whole or shared, GPUs or milli."""
+
+
+def worker_need(
+    gpu_type: GpuModel | None, kind: GpuMode, gpus_per_worker: int, gpu_milli: int | None
+) -> Need:
+    """The `Need` of a worker (MIG workers need a slice, which fragmentation does not count)."""
+    size = gpu_milli if kind is GpuMode.SHARED and gpu_milli is not None else gpus_per_worker
+    return (gpu_type, kind, size)
+
+
+class WaitingNeeds:
+    """How many waiting jobs have each worker `Need`, kept as jobs come and go (for sampling)."""
+
+    def __init__(self) -> None:
+        self._count: dict[Need, int] = {}
+
+    def add(self, need: Need, n: int = 1) -> None:
+        c = self._count.get(need, 0) + n
+        if c:
+            self._count[need] = c
+        else:
+            del self._count[need]
+
+    def needs(self) -> list[Need]:
+        """The distinct needs of the jobs waiting now."""
+        return list(self._count)
+
+
 def fragmentation(snapshot: Snapshot, waiting: Sequence[Job]) -> tuple[float, float]:
     """(free GPUs no waiting worker can use, free GPUs), in GPU-equivalents (see module docstring)."""
+    needs = {worker_need(j.gpu_type, j.kind, j.gpus_per_worker, j.gpu_milli) for j in waiting}
+    return fragmentation_of(snapshot, needs)
+
+
+def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, float]:
+    """`fragmentation` given the distinct worker needs of the waiting jobs."""
     snap = snapshot
     n_models = len(snap.models)
     whole_min = [math.inf] * n_models
     share_min = [math.inf] * n_models
-    for job in waiting:
-        models = range(n_models) if job.gpu_type is None else [snap.model_pos.get(job.gpu_type, -1)]
+    for gpu_type, kind, size in needs:
+        models = range(n_models) if gpu_type is None else [snap.model_pos.get(gpu_type, -1)]
         for m in models:
             if m < 0:
                 continue
-            if job.kind is GpuMode.WHOLE:
-                whole_min[m] = min(whole_min[m], job.gpus_per_worker)
-            elif job.kind is GpuMode.SHARED and job.gpu_milli is not None:
-                share_min[m] = min(share_min[m], job.gpu_milli)
+            if kind is GpuMode.WHOLE:
+                whole_min[m] = min(whole_min[m], size)
+            elif kind is GpuMode.SHARED:
+                share_min[m] = min(share_min[m], size)
     frag = 0.0
     free_total = 0.0
     for m in range(n_models):
@@ -181,6 +217,11 @@ def fragmentation(snapshot: Snapshot, waiting: Sequence[Job]) -> tuple[float, fl
     return frag, free_total
 
 
+def _need(job: TraceJob) -> Need:
+    kind = GpuMode.SHARED if job.gpu_milli is not None else GpuMode.WHOLE
+    return worker_need(job.gpu_type, kind, job.gpus_per_worker, job.gpu_milli)
+
+
 class Recorder:
     """Collects a run's measurements as the simulator reports them."""
 
@@ -208,6 +249,7 @@ class Recorder:
         self.running = 0.0
         self.q_running: dict[QueueName, float] = {}
         self.q_waiting: dict[QueueName, float] = {}
+        self.needs = WaitingNeeds()
         self.series = Series()
         self.partial: set[JobId] = set()
         self.problems: list[str] = []
@@ -235,11 +277,13 @@ class Recorder:
         self.submit.setdefault(job.id, job.submit_s)
         self.waiting += 1
         self.q_waiting[job.queue] = self.q_waiting.get(job.queue, 0.0) + job.gpus
+        self.needs.add(_need(job))
 
     def started(self, job: TraceJob, t: float) -> None:
         self.start.setdefault(job.id, t)
         self.waiting -= 1
         self.q_waiting[job.queue] -= job.gpus
+        self.needs.add(_need(job), -1)
         self.running += job.gpus
         self.q_running[job.queue] = self.q_running.get(job.queue, 0.0) + job.gpus
 
@@ -255,6 +299,7 @@ class Recorder:
         self.q_running[job.queue] -= job.gpus
         self.waiting += 1
         self.q_waiting[job.queue] += job.gpus
+        self.needs.add(_need(job))
 
     def cycle_done(self, partial: Sequence[JobId], problems: Sequence[str]) -> None:
         self.cycles += 1
@@ -306,7 +351,7 @@ class Recorder:
         if not self.waiting:
             self._heavy = (0.0, 0.0, 1.0, False)
             return
-        frag, free = fragmentation(self.snapshot, policy.pending())
+        frag, free = fragmentation_of(self.snapshot, self.needs.needs())
         demand = {
             q: self.q_running.get(q, 0.0) + self.q_waiting.get(q, 0.0)
             for q in set(self.q_running) | set(self.q_waiting)

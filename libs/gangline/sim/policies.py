@@ -10,15 +10,29 @@
   its pods are bound, and bound pods hold their GPUs meanwhile. It is not the core, on purpose.
 
 A policy owns a `Snapshot` of the cluster, so metrics read free GPUs the same way for all.
+
+Under contention both keep cycles proportional to what can change, not to what waits, and decide
+exactly what the plain loops decide (`tests/unit/sim/test_waiting.py` compares them job by job):
+`CorePolicy` hands the core only the waiting jobs that could be placed or charged
+(`gangline.sim.waiting`); `PodFirstFit` walks its waiting jobs by pod shape and stops a shape at
+its first failure.
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gangline.core.actions.queueing import QueueContext, RunFacts, job_request, run_queue_cycle
+from gangline.core.actions.queueing import (
+    QueueContext,
+    RunFacts,
+    job_request,
+    request_for_order,
+    run_queue_cycle,
+)
 from gangline.core.defaults import placement_registry
 from gangline.core.fairshare import FairShare
 from gangline.core.framework.cycle import apply_plan, run_cycle
@@ -39,6 +53,7 @@ from gangline.core.model import (
 )
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
 from gangline.core.snapshot import Snapshot
+from gangline.sim.waiting import WaitingIndex
 
 FIFO_GANG_BEST_FIT_YAML = """\
 name: fifo-gang-best-fit
@@ -111,8 +126,16 @@ class CorePolicy:
     profile: Profile
     nodes: Sequence[Node]
     queues: QueueSetup | None = None
+    prune: bool = True
+    """Hand each cycle only the waiting jobs that could change its outcome (`gangline.sim.waiting`);
+    False runs the core over every waiting job (the reference the pruned runs are tested against)."""
     snapshot: Snapshot = field(init=False)
     _pending: dict[JobId, Job] = field(init=False, default_factory=dict)
+    _waiting: WaitingIndex = field(init=False, default_factory=WaitingIndex)
+    _seq: int = field(init=False, default=0)
+    _admits: dict[tuple[QueueName, tuple[tuple[Resource, int], ...]], int] = field(
+        init=False, default_factory=dict
+    )
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
     _requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
     _usage: dict[QueueName, dict[Resource, float]] = field(init=False, default_factory=dict)
@@ -127,8 +150,17 @@ class CorePolicy:
             self._ledger = QuotaLedger(self.queues.tree)
 
     def submit(self, job: Job, now: float) -> None:
-        self._pending[job.id] = job
         self._submitted.setdefault(job.id, now)
+        self._wait(job)
+
+    def _wait(self, job: Job) -> None:
+        """Put `job` in line: last in submit order, or by submit time in its queue's line."""
+        if job.id in self._pending:
+            return
+        self._pending[job.id] = job
+        self._seq += 1
+        line = float(self._seq) if self.queues is None else self._submitted[job.id]
+        self._waiting.add(job, (line, job.id))
 
     def finish(self, job_id: JobId, now: float) -> None:
         r = self.snapshot.release(job_id)
@@ -175,16 +207,57 @@ class CorePolicy:
         much free, so they fail again and change nothing. With queues, fair order also depends on
         them, so only a single new job is certain to be decided the same way.
         """
-        if any(a.name != "allocate" for a in self.profile.actions):
-            return False
-        return self.queues is None or len(new) == 1
+        return self._allocate_only() and (self.queues is None or len(new) == 1)
+
+    def _allocate_only(self) -> bool:
+        """Whether cycles only take GPUs (no action evicts), which pruning and `new` rely on."""
+        return all(a.name == "allocate" for a in self.profile.actions)
+
+    def _admit_limit(self, job: Job, size: int) -> int:
+        """How many of `size` jobs like `job` its queue's quota could admit now (at most `size`).
+
+        Cached for the cycle by (queue, request), counted up to every waiting job.
+        """
+        assert self._ledger is not None
+        req = request_for_order(job, self.snapshot)
+        key = (job.queue, tuple(sorted(req.items())))
+        n = self._admits.get(key)
+        if n is None:
+            n = self._admits[key] = self._admissible(job.queue, req, len(self._pending))
+        return min(n, size)
+
+    def _admissible(self, queue: QueueName, req: Mapping[Resource, int], most: int) -> int:
+        """The most copies of `req` (up to `most`) the quota ledger admits to `queue` at once."""
+        assert self._ledger is not None
+        fits = self._ledger.check
+        if not fits(queue, req).fits:
+            return 0
+        lo, hi = 1, 2
+        while hi <= most and fits(queue, {r: n * hi for r, n in req.items()}).fits:
+            lo, hi = hi, hi * 2
+        hi = min(hi, most + 1)
+        while hi - lo > 1:  # lo fits, hi does not (or is past `most`)
+            mid = (lo + hi) // 2
+            if fits(queue, {r: n * mid for r, n in req.items()}).fits:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
         self._cycle += 1
         if new is not None and self._monotone(new):
             jobs = [self._pending[j] for j in new if j in self._pending]
+        elif self.prune and self._allocate_only():
+            self._admits.clear()
+            admit = self._admit_limit if self._ledger is not None else None
+            lined = self._waiting.candidates(self.snapshot, admit)
+            lined.sort(key=lambda e: e[0])
+            jobs = [j for _, j in lined]
         else:
             jobs = list(self._pending.values())
+        if not jobs:
+            return CycleOutcome()
         if self.queues is not None and self._ledger is not None:
             fair = FairShare(
                 capacity=self.queues.capacity,
@@ -206,7 +279,7 @@ class CorePolicy:
             r = self.snapshot.running.get(e.job_id)
             if r is not None:
                 self.finish(e.job_id, now)
-                self._pending[e.job_id] = r.job
+                self._wait(r.job)
                 evicted.append(e.job_id)
         problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
         started: list[JobId] = []
@@ -215,6 +288,7 @@ class CorePolicy:
             if p.job.id not in self.snapshot.running or p.job.id not in self._pending:
                 continue
             del self._pending[p.job.id]
+            self._waiting.remove(p.job.id)
             started.append(p.job.id)
             if len(p.allocation.placements) < p.job.fewest_workers:
                 partial.append(p.job.id)
@@ -243,12 +317,33 @@ class PodFirstFit:
         self._waiting: dict[JobId, _PodJob] = {}
         self._running: dict[JobId, _PodJob] = {}
         self._held = 0.0
+        self._seq = 0
+        self._lines: dict[tuple[object, ...], list[tuple[int, JobId]]] = {}
+        """Waiting jobs by pod shape (kind, GPU type, workers per pod, size), in submit order."""
+        self._line_of: dict[JobId, tuple[tuple[object, ...], int]] = {}
+        self._size_of: dict[tuple[object, ...], int] = {}
+        self._partly_bound: dict[JobId, None] = {}
+        """Waiting jobs holding some of their pods, in the order they first bound one."""
 
     def submit(self, job: Job, now: float) -> None:
         per = self._pod_workers.get(job.id, 1)
         if job.workers % per:
             raise ValueError(f"job {job.id}: {job.workers} workers do not split into pods of {per}")
         self._waiting[job.id] = _PodJob(job, job.workers // per)
+        size = job.gpus_per_worker if job.kind is GpuMode.WHOLE else (job.gpu_milli or 0)
+        shape = (job.kind, job.gpu_type, per, size)
+        self._seq += 1
+        self._lines.setdefault(shape, []).append((self._seq, job.id))
+        self._size_of[shape] = size
+        self._line_of[job.id] = (shape, self._seq)
+
+    def _unline(self, job_id: JobId) -> None:
+        shape, seq = self._line_of.pop(job_id)
+        line = self._lines[shape]
+        del line[bisect_left(line, (seq,))]
+        if not line:
+            del self._lines[shape]
+        self._partly_bound.pop(job_id, None)
 
     def finish(self, job_id: JobId, now: float) -> None:
         pj = self._running.pop(job_id, None)
@@ -304,62 +399,88 @@ class PodFirstFit:
         return best
 
     def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
-        """First fit in submit order; monotone, so `new` alone is tried when given."""
-        snap = self.snapshot
+        """First fit in submit order; monotone, so `new` alone is tried when given.
+
+        A pod shape that found no room stops every later pod of that shape and at least that size
+        this cycle (the GPUs only get fewer), so the waiting jobs are walked shape line by shape
+        line, merged in submit order, and a line ends at its first failure: a cycle costs the
+        jobs it binds, not every job that waits.
+        """
         started: list[JobId] = []
         failed: dict[tuple[object, ...], int] = {}
-        todo = (
-            [self._waiting[j] for j in new if j in self._waiting]
-            if new is not None
-            else list(self._waiting.values())
-        )
-        for pj in todo:
-            job = pj.job
-            per = job.workers // pj.pods
-            size = job.gpus_per_worker if job.kind is GpuMode.WHOLE else (job.gpu_milli or 0)
-            key: tuple[object, ...] = (job.kind, job.gpu_type, per)
-            while len(pj.bound) < pj.pods:
+        if new is not None:
+            todo = [self._waiting[j] for j in new if j in self._waiting]
+            for pj in todo:
+                self._bind(pj, failed, now, started)
+            partial = tuple(pj.job.id for pj in todo if pj.bound and pj.job.id in self._waiting)
+        else:
+            heap = [(line[0][0], shape, 0) for shape, line in self._lines.items()]
+            heapq.heapify(heap)
+            while heap:
+                _, shape, k = heapq.heappop(heap)
+                key, size = shape[:-1], self._size_of[shape]
                 if key in failed and failed[key] <= size:
-                    break  # a smaller pod of this shape already found no room this cycle
-                hit = self._first_fit(job, per)
-                if hit is None:
-                    failed[key] = min(size, failed.get(key, size))
-                    break
-                node, gpus = hit
-                k = len(pj.bound)
-                pod = Job(
-                    id=JobId(f"{job.id}#pod{k}"),
-                    queue=job.queue,
-                    workers=per,
-                    gpus_per_worker=job.gpus_per_worker,
-                    gpu_milli=job.gpu_milli,
-                )
-                nid = snap.nodes[node].id
-                if job.kind is GpuMode.WHOLE:
-                    g = job.gpus_per_worker
-                    placements = tuple(
-                        WorkerPlacement(
-                            k * per + w, nid, tuple(snap.gpus[x].id for x in gpus[w * g : (w + 1) * g])
-                        )
-                        for w in range(per)
-                    )
-                else:
-                    placements = tuple(
-                        WorkerPlacement(k * per + w, nid, (snap.gpus[gpus[w]].id,), milli=Milli(size))
-                        for w in range(per)
-                    )
-                alloc = Allocation(AllocationId(f"{pod.id}.t{now:.0f}"), pod.id, placements)
-                st = snap.grant(pod, alloc)
-                if not st.ok:
-                    raise AssertionError(f"first fit chose a taken slot: {st.message}")
-                pj.bound.append(alloc)
-                self._held += job_gpus(pod)
-            if len(pj.bound) == pj.pods:
-                del self._waiting[job.id]
-                self._running[job.id] = pj
-                started.append(job.id)
-        partial = tuple(pj.job.id for pj in todo if pj.bound and pj.job.id in self._waiting)
+                    continue  # this shape line found no room; all its jobs would stop at once
+                line = self._lines[shape]
+                self._bind(self._waiting[line[k][1]], failed, now, started)
+                if k + 1 < len(line):
+                    heapq.heappush(heap, (line[k + 1][0], shape, k + 1))
+            partial = tuple(j for j in self._partly_bound if j in self._waiting)
+        for jid in started:
+            self._unline(jid)
         return CycleOutcome(tuple(started), (), partial)
+
+    def _bind(
+        self, pj: _PodJob, failed: dict[tuple[object, ...], int], now: float, started: list[JobId]
+    ) -> None:
+        """Bind `pj`'s pods by first fit until one finds no room; start the job when all are bound."""
+        snap = self.snapshot
+        job = pj.job
+        per = job.workers // pj.pods
+        size = job.gpus_per_worker if job.kind is GpuMode.WHOLE else (job.gpu_milli or 0)
+        key: tuple[object, ...] = (job.kind, job.gpu_type, per)
+        while len(pj.bound) < pj.pods:
+            if key in failed and failed[key] <= size:
+                break  # a smaller pod of this shape already found no room this cycle
+            hit = self._first_fit(job, per)
+            if hit is None:
+                failed[key] = min(size, failed.get(key, size))
+                break
+            node, gpus = hit
+            k = len(pj.bound)
+            pod = Job(
+                id=JobId(f"{job.id}#pod{k}"),
+                queue=job.queue,
+                workers=per,
+                gpus_per_worker=job.gpus_per_worker,
+                gpu_milli=job.gpu_milli,
+            )
+            nid = snap.nodes[node].id
+            if job.kind is GpuMode.WHOLE:
+                g = job.gpus_per_worker
+                placements = tuple(
+                    WorkerPlacement(
+                        k * per + w, nid, tuple(snap.gpus[x].id for x in gpus[w * g : (w + 1) * g])
+                    )
+                    for w in range(per)
+                )
+            else:
+                placements = tuple(
+                    WorkerPlacement(k * per + w, nid, (snap.gpus[gpus[w]].id,), milli=Milli(size))
+                    for w in range(per)
+                )
+            alloc = Allocation(AllocationId(f"{pod.id}.t{now:.0f}"), pod.id, placements)
+            st = snap.grant(pod, alloc)
+            if not st.ok:
+                raise AssertionError(f"first fit chose a taken slot: {st.message}")
+            pj.bound.append(alloc)
+            self._held += job_gpus(pod)
+        if len(pj.bound) == pj.pods:
+            del self._waiting[job.id]
+            self._running[job.id] = pj
+            started.append(job.id)
+        elif pj.bound:
+            self._partly_bound[job.id] = None
 
 
 def make_policy(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gangline.core.model import QueueName
+from gangline.core.model import GpuModel, QueueName
 from gangline.core.queues import gpu_resource
 from gangline.core.snapshot import Snapshot
 from gangline.sim.cluster import ClusterSpecError, load_cluster_spec, spec_from_mapping
@@ -31,7 +31,7 @@ def test_philly_spec_is_352_nodes_2464_gpus_with_quotas_adding_up() -> None:
 def test_alibaba_spec_matches_the_node_list() -> None:
     spec = load_cluster_spec(CLUSTERS / "alibaba-openb.yaml")
     assert (spec.node_count, spec.total_gpus) == (1213, 6212)
-    assert spec.capacity()["G2"] == 4392
+    assert spec.capacity()[GpuModel("G2")] == 4392
 
 
 def test_leaves_never_mix_groups() -> None:
@@ -45,7 +45,7 @@ def test_leaves_never_mix_groups() -> None:
             ],
         }
     )
-    leaves = {n.id: n.leaf for n in spec.build_nodes()}
+    leaves = {str(n.id): n.leaf for n in spec.build_nodes()}
     assert leaves["a-0000"] == leaves["a-0003"] != leaves["a-0004"]
     assert leaves["b-0000"] not in {leaves["a-0004"], leaves["a-0000"]}
 

@@ -46,7 +46,7 @@ def test_alibaba_pods_fractional_whole_and_cpu_only(tmp_path: Path) -> None:
         "pod-d,1000,1024,1,1000,,BE,Pending,400,460,\n",
         encoding="utf-8",
     )
-    jobs = {j.id: j for j in load_trace(p)}
+    jobs = {str(j.id): j for j in load_trace(p)}
     assert set(jobs) == {"pod-a", "pod-b", "pod-d"}
     a, b, d = jobs["pod-a"], jobs["pod-b"], jobs["pod-d"]
     assert (a.submit_s, a.duration_s, a.gpu_milli, a.queue) == (0.0, 1000.0, 460, "LS")

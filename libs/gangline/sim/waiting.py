@@ -1,0 +1,139 @@
+"""Which waiting jobs a cycle needs to see: the rest provably change nothing (pure).
+
+Under contention most waiting jobs cannot fit, and handing them all to the core every cycle costs
+a pre-filter each, every release. `WaitingIndex` keeps the waiting jobs in groups of identical
+requests (queue, shape, priority: everything placement reads except the job's id and duration)
+and, at the start of a cycle, hands over only each group's first `keep` jobs in line order:
+
+* `fit`: how many copies of the shape the free GPUs could hold at most (whole GPUs: per model,
+  the workers of `gpus_per_worker` that the free GPUs of each node hold, over the gang size).
+  An allocate-only cycle only takes GPUs, so no more copies than that can be placed, and as the
+  core is monotone (a request that failed does not fit once GPUs are only taken), the copies it
+  places are the first ones in its order; a group is in that order (submit order, or the queue's
+  line), so its jobs past `fit` would all fail the pre-filter and leave no trace.
+* `admit` (queues only): fair order charges a queue's share for each job its quota would admit,
+  whether it fits or not, and that moves later jobs. Quota also only shrinks within a cycle, so of
+  a group at most `floor(available / request)` jobs are charged, the first ones in the queue's
+  line; a job that is never charged is skipped by fair order, and dropping a skipped job leaves the
+  order of the others unchanged. A group keeps `max(fit, admit)` jobs.
+
+Only for allocate-only profiles (preemption frees GPUs inside a cycle; see `CorePolicy`).
+Fractional and MIG requests are never dropped (their capacity is not counted here).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable
+
+from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
+from gangline.core.snapshot import Snapshot
+
+GroupKey = tuple[object, ...]
+LineKey = tuple[float, str]
+"""A job's place in its group's line: (submit order or submit time, id)."""
+AdmitLimit = Callable[[Job, int], int]
+"""(a job of the group, group size) -> how many of the group quota could admit, at most the size."""
+
+
+def group_key(job: Job) -> GroupKey:
+    """Everything about a job that placement reads, except its id and duration."""
+    return (
+        job.queue,
+        job.priority,
+        job.workers,
+        job.gpus_per_worker,
+        job.gpu_type,
+        job.gpu_memory_mib,
+        job.mig_profile,
+        job.gpu_milli,
+        job.preemptible,
+        job.checkpoint_grace_s,
+        job.topology,
+        job.min_workers,
+    )
+
+
+class WaitingIndex:
+    """Waiting jobs by group, each group in line order (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[GroupKey, list[tuple[LineKey, Job]]] = {}
+        self._where: dict[JobId, tuple[GroupKey, LineKey]] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, job: Job, line: LineKey) -> None:
+        """`job` waits; `line` orders it in its group (unique per job)."""
+        key = group_key(job)
+        group = self._groups.setdefault(key, [])
+        entry = (line, job)
+        if not group or group[-1][0] < line:
+            group.append(entry)
+        else:
+            insort(group, entry, key=lambda e: e[0])
+        self._where[job.id] = (key, line)
+
+    def remove(self, job_id: JobId) -> None:
+        """`job_id` no longer waits (placed); unknown ids are ignored."""
+        where = self._where.pop(job_id, None)
+        if where is None:
+            return
+        key, line = where
+        group = self._groups[key]
+        del group[bisect_left(group, line, key=lambda e: e[0])]
+        if not group:
+            del self._groups[key]
+
+    def candidates(self, snapshot: Snapshot, admit: AdmitLimit | None = None) -> list[tuple[LineKey, Job]]:
+        """The jobs a cycle on `snapshot` may place or charge, with their line keys (unsorted)."""
+        fits = _FitCounter(snapshot)
+        out: list[tuple[LineKey, Job]] = []
+        for group in self._groups.values():
+            job = group[0][1]
+            keep = fits.copies(job, len(group))
+            if admit is not None and keep < len(group):
+                keep = max(keep, admit(job, len(group)))
+            if keep >= len(group):
+                out.extend(group)
+            elif keep > 0:
+                out.extend(group[:keep])
+        return out
+
+
+class _FitCounter:
+    """How many copies of a request the free GPUs could hold at most; cached per shape."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snap = snapshot
+        self._workers: dict[tuple[int, int], int] = {}
+        self._copies: dict[tuple[GpuModel | None, MiB | None, int, int], int] = {}
+
+    def _workers_fit(self, m: int, per_worker: int) -> int:
+        key = (m, per_worker)
+        n = self._workers.get(key)
+        if n is None:
+            buckets = self.snap.buckets[m]
+            n = sum((k // per_worker) * len(b) for k, b in enumerate(buckets) if k >= per_worker and b)
+            self._workers[key] = n
+        return n
+
+    def copies(self, job: Job, limit: int) -> int:
+        """At most this many copies of `job` fit now (`limit` when not counted)."""
+        if job.kind is not GpuMode.WHOLE:
+            return limit
+        key = (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+        n = self._copies.get(key)
+        if n is None:
+            snap = self.snap
+            n = 0
+            for m, model in enumerate(snap.models):
+                if job.gpu_type is not None and model != job.gpu_type:
+                    continue
+                if job.gpu_memory_mib is not None and snap.model_memory[m] < job.gpu_memory_mib:
+                    continue
+                if snap.capacity[m] and job.gpus_per_worker <= snap.max_per_node:
+                    n += self._workers_fit(m, job.gpus_per_worker) // job.fewest_workers
+            self._copies[key] = n
+        return min(n, limit)
