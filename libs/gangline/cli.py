@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gangline.client import commands as client
 from gangline.replay import cli as replay_cli
 from gangline.sim import cli as sim_cli
 from services.agent import main as fake_nodes
@@ -30,6 +31,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("replay", replay_cli.REPLAY_HELP, replay_cli.configure_replay, replay_cli.run_replay),
     Command("export", replay_cli.EXPORT_HELP, replay_cli.configure_export, replay_cli.run_export),
     Command("fake-nodes", fake_nodes.HELP, fake_nodes.configure, fake_nodes.run),
+    Command("submit", client.SUBMIT_HELP, client.configure_submit, client.submit),
+    Command("status", client.STATUS_HELP, client.configure_job, client.status),
+    Command("why", client.WHY_HELP, client.configure_job, client.why),
+    Command("cancel", client.CANCEL_HELP, client.configure_cancel, client.cancel),
+    Command("queues", client.QUEUES_HELP, client.configure_nothing, client.queues),
+    Command("nodes", client.NODES_HELP, client.configure_nothing, client.nodes),
 )
 
 

@@ -4,11 +4,13 @@ from gangline.bus.consumer import Delivery, EventConsumer, decode_or_dead_letter
 from gangline.bus.processor import (
     BatchInfo,
     BeforeCommit,
+    DeadLetterOutputs,
     Handler,
     Outgoing,
     Processor,
     ProcessorFailed,
     ProcessorStats,
+    Select,
 )
 from gangline.bus.producer import EventProducer
 from gangline.bus.records import (
@@ -38,6 +40,7 @@ __all__ = [
     "BatchInfo",
     "BeforeCommit",
     "DeadLetter",
+    "DeadLetterOutputs",
     "Delivery",
     "EventConsumer",
     "EventProducer",
@@ -48,6 +51,7 @@ __all__ = [
     "ProcessorSettings",
     "ProcessorStats",
     "RecordMeta",
+    "Select",
     "dead_letter",
     "decode_or_dead_letter",
     "header",

@@ -85,6 +85,12 @@ class BatchInfo:
     attempt: int
 
 
+DeadLetterOutputs: TypeAlias = Callable[[DeadLetter], Sequence[Outgoing]]
+"""Events to publish, in the same transaction, about a record that was dead-lettered (e.g. a rejection)."""
+
+Select: TypeAlias = Callable[[KafkaRecord], bool]
+"""Whether a record is worth decoding; a record it refuses is skipped (its offset still commits)."""
+
 BeforeCommit: TypeAlias = Callable[[BatchInfo], Awaitable[None]]
 """Awaited after outputs and offsets are in the transaction, before the commit; raising aborts.
 
@@ -125,12 +131,16 @@ class Processor:
         registry: Registry | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         before_commit: BeforeCommit | None = None,
+        dead_letter_outputs: DeadLetterOutputs | None = None,
+        select: Select | None = None,
     ) -> None:
         self._settings = settings
         self._handler = handler
         self._registry = registry
         self._tracer = get_tracer(tracer_provider)
         self._before_commit = before_commit
+        self._dead_letter_outputs = dead_letter_outputs
+        self._select = select
         self._stop = asyncio.Event()
         self._batch_lock = asyncio.Lock()
         self._generation = 0
@@ -165,6 +175,7 @@ class Processor:
                 )
                 if not batch:
                     continue
+                batch = await self._linger(consumer, batch)
                 async with self._batch_lock:
                     if generation != self._generation:
                         # A rebalance happened since the poll: positions were reset to committed offsets.
@@ -172,6 +183,18 @@ class Processor:
                     await self._process(batch)
         finally:
             await self._close()
+
+    async def _linger(
+        self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
+    ) -> dict[TopicPartition, list[Any]]:
+        room = self._settings.max_batch_records - sum(len(records) for records in batch.values())
+        if self._settings.linger_ms <= 0 or room <= 0:
+            return batch
+        await asyncio.sleep(self._settings.linger_ms / 1000)
+        more = await consumer.getmany(timeout_ms=0, max_records=room)
+        for tp, records in more.items():
+            batch.setdefault(tp, []).extend(records)
+        return batch
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -293,6 +316,8 @@ class Processor:
                 self._attempts.pop((tp.topic, tp.partition, record.offset), None)
 
     async def _handle(self, producer: AIOKafkaProducer, record: KafkaRecord) -> list[asyncio.Future[Any]]:
+        if self._select is not None and not self._select(record):
+            return []
         outcome = decode_or_dead_letter(
             record, registry=self._registry, source_service=self._settings.service
         )
@@ -301,7 +326,11 @@ class Processor:
                 "dead-lettered an unreadable record",
                 extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
             )
-            return [await self._send_dead_letter(producer, outcome)]
+            sent = [await self._send_dead_letter(producer, outcome)]
+            if self._dead_letter_outputs is not None:
+                for topic, output in self._dead_letter_outputs(outcome):
+                    sent.append(await send_envelope(producer, self._tracer, topic, output))
+            return sent
         envelope = outcome
         meta = RecordMeta.of(record)
         with self._tracer.start_as_current_span(

@@ -25,6 +25,9 @@ class ProcessorSettings(BaseModel):
     input_topics: Annotated[tuple[str, ...], Field(min_length=1)]
     max_batch_records: int = Field(default=100, ge=1)
     poll_timeout_ms: int = Field(default=200, ge=1)
+    linger_ms: int = Field(default=0, ge=0)
+    """After a poll that returned fewer than ``max_batch_records``, wait this long and take what else
+    arrived into the same transaction: fewer, larger transactions for a little latency (0: off)."""
     max_handler_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.1, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1)

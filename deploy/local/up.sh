@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Start (or stop) the whole system in the background: Kafka, PostgreSQL, every service and a
+# simulated GPU cluster. For people and scripts that bring their own producers.
+#
+#   deploy/local/up.sh up      start what is not running yet; print where things are
+#   deploy/local/up.sh down    stop the services and the simulated cluster; stop Kafka and
+#                              PostgreSQL only if `up` started them
+#   deploy/local/up.sh status  which of our processes run
+#
+# Environment: CLUSTER (deploy/clusters/default.yaml), GANGLINE_TOPIC_PREFIX (""),
+# GANGLINE_FAKE_NODES_ARGS (extra flags for `gangline fake-nodes`, e.g. "--time-scale 0.05"),
+# GANGLINE_API_PORT (8080), plus every GANGLINE_* setting the services read.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY="${GANGLINE_PYTHON:-$ROOT/.venv/bin/python}"
+RUN="$ROOT/.cache/gangline-up"
+CLUSTER="${CLUSTER:-$ROOT/deploy/clusters/default.yaml}"
+export GANGLINE_KAFKA_BOOTSTRAP="${GANGLINE_KAFKA_BOOTSTRAP:-127.0.0.1:${GANGLINE_KAFKA_PORT:-9092}}"
+export GANGLINE_PG_DSN="${GANGLINE_PG_DSN:-postgresql://postgres@127.0.0.1:${GANGLINE_PG_PORT:-55432}/gangline}"
+export GANGLINE_PORT="${GANGLINE_API_PORT:-8080}"
+SERVICES=(admission quota placement preemption node_health ledger api)
+
+log() { printf 'up.sh: %s\n' "$*" >&2; }
+
+running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+start() {  # name, command...: run it under a small supervisor that restarts it when it exits
+    local name="$1"; shift
+    if running "$name"; then log "$name already runs (pid $(cat "$RUN/$name.pid"))"; return; fi
+    (
+        cd "$ROOT"
+        child=
+        trap '[[ -n $child ]] && kill -TERM "$child" 2>/dev/null; [[ -n $child ]] && wait "$child"; exit 0' TERM INT
+        while true; do
+            "$@" &
+            child=$!
+            wait "$child" && rc=0 || rc=$?
+            echo "up.sh: $name exited ($rc); restarting in 2 s"
+            sleep 2
+        done
+    ) >>"$RUN/$name.log" 2>&1 </dev/null &
+    echo $! >"$RUN/$name.pid"
+    log "$name started (supervisor pid $!, log $RUN/$name.log)"
+}
+
+stop() {  # name: SIGTERM, then SIGKILL after 20 s
+    local name="$1" pid
+    [[ -f "$RUN/$name.pid" ]] || return 0
+    pid="$(cat "$RUN/$name.pid")"
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid"
+        for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "$pid" 2>/dev/null && { log "$name did not stop; SIGKILL"; kill -KILL "$pid"; }
+        log "$name stopped"
+    fi
+    rm -f "$RUN/$name.pid"
+}
+
+up() {
+    mkdir -p "$RUN"
+    if "$ROOT/deploy/local/kafka.sh" status >/dev/null 2>&1 || \
+        (exec 3<>"/dev/tcp/${GANGLINE_KAFKA_BOOTSTRAP%:*}/${GANGLINE_KAFKA_BOOTSTRAP##*:}") 2>/dev/null; then
+        log "Kafka already answers at $GANGLINE_KAFKA_BOOTSTRAP; using it"
+    else
+        "$ROOT/deploy/local/kafka.sh" up && touch "$RUN/kafka.ours"
+    fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/${GANGLINE_PG_PORT:-55432}") 2>/dev/null; then
+        log "PostgreSQL already answers; using it"
+    else
+        "$ROOT/deploy/local/postgres.sh" up && touch "$RUN/postgres.ours"
+    fi
+    "$PY" -m gangline.store.migrate >/dev/null
+    "$PY" -m services.common.admin create-topics >&2
+    # The nodes register first, so admission knows the cluster when the first request arrives.
+    # shellcheck disable=SC2086
+    start fake-nodes "$ROOT/.venv/bin/gangline" fake-nodes --spec "$CLUSTER" ${GANGLINE_FAKE_NODES_ARGS:-}
+    sleep 2
+    for s in "${SERVICES[@]}"; do
+        [[ -d "$ROOT/services/$s" ]] && start "$s" "$PY" -m "services.$s"
+    done
+    log "up: Kafka $GANGLINE_KAFKA_BOOTSTRAP, topics prefix '${GANGLINE_TOPIC_PREFIX:-}', cluster $CLUSTER"
+    log "API: http://127.0.0.1:$GANGLINE_PORT (OpenAPI at /docs); logs in $RUN/"
+}
+
+down() {
+    for s in fake-nodes "${SERVICES[@]}"; do stop "$s"; done
+    if [[ -f "$RUN/kafka.ours" ]]; then "$ROOT/deploy/local/kafka.sh" down; rm -f "$RUN/kafka.ours"; fi
+    if [[ -f "$RUN/postgres.ours" ]]; then "$ROOT/deploy/local/postgres.sh" down; rm -f "$RUN/postgres.ours"; fi
+}
+
+status() {
+    local rc=0
+    for s in fake-nodes "${SERVICES[@]}"; do
+        if running "$s"; then echo "$s: running (pid $(cat "$RUN/$s.pid"))"; else echo "$s: stopped"; rc=1; fi
+    done
+    return $rc
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

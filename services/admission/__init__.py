@@ -1,0 +1,1 @@
+"""Admission: validates job requests against schema and policy; admitted or rejected, never silent."""

@@ -1,0 +1,237 @@
+"""Admission's decisions (pure): a request in, ``job.admitted`` or ``job.rejected`` out.
+
+The state is a fold over ``nodes.inventory`` (what the cluster has, to tell whether a request can
+ever fit) and ``jobs.events`` (which job ids were admitted, to deduplicate). A request whose job id
+was admitted before with the same spec is a producer's retry and is dropped; the same id with a
+different spec is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gangline.bus import (
+    DLQ_CODE,
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_REASON,
+    DLQ_TOPIC,
+    DeadLetter,
+    Outgoing,
+    header,
+)
+from gangline.events.base import Envelope, make_envelope
+from gangline.events.jobs import (
+    UNKNOWN_JOB,
+    JobAdmitted,
+    JobCancelRequested,
+    JobRejected,
+    JobRequested,
+    JobSpec,
+)
+from gangline.events.nodes import NodeRegistered
+from gangline.events.types import SAFE_ID_PATTERN, JobId
+from services.common.ids import derived_id
+from services.common.topics import TopicNames
+
+SOURCE = "gangline/admission"
+_SAFE_ID = re.compile(SAFE_ID_PATTERN)
+
+
+@dataclass
+class GpuTypeCapacity:
+    """What the cluster has of one GPU model."""
+
+    total: int = 0
+    most_on_one_node: int = 0
+    largest_memory_mib: int = 0
+    mig_enabled: int = 0
+
+
+@dataclass
+class AdmissionState:
+    topics: TopicNames
+    queues: frozenset[str]
+    nodes: dict[str, NodeRegistered] = field(default_factory=dict)
+    admitted: dict[JobId, str] = field(default_factory=dict)
+    """Job id → canonical JSON of its spec."""
+    _capacity: dict[str, GpuTypeCapacity] | None = None
+
+    # -- folding the log ---------------------------------------------------------------------
+
+    def restore(self, envelope: Envelope) -> None:
+        data = envelope.data
+        if isinstance(data, NodeRegistered):
+            self.nodes[data.node] = data
+            self._capacity = None
+        elif isinstance(data, JobAdmitted):
+            self.admitted.setdefault(data.job_id, _canonical(data.spec))
+
+    def capacity(self) -> dict[str, GpuTypeCapacity]:
+        if self._capacity is None:
+            capacity: dict[str, GpuTypeCapacity] = {}
+            for node in self.nodes.values():
+                per_model: dict[str, int] = {}
+                for gpu in node.gpus:
+                    cap = capacity.setdefault(gpu.model, GpuTypeCapacity())
+                    cap.largest_memory_mib = max(cap.largest_memory_mib, gpu.memory_mib)
+                    if gpu.mig_enabled:
+                        cap.mig_enabled += 1
+                    else:
+                        cap.total += 1
+                        per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
+                for model, count in per_model.items():
+                    capacity[model].most_on_one_node = max(capacity[model].most_on_one_node, count)
+            self._capacity = capacity
+        return self._capacity
+
+
+def _canonical(spec: JobSpec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | None:
+    """``(code, reason)`` when the request can never run here, None when it may be admitted."""
+    if spec.queue not in state.queues:
+        known = ", ".join(sorted(state.queues))
+        return "unknown_queue", f"queue {spec.queue!r} does not exist; the queues are: {known}"
+    capacity = state.capacity()
+    if not capacity:
+        return "no_capacity", "the cluster has no GPU nodes registered, so no job can run yet"
+    if spec.gpu_type is not None and spec.gpu_type not in capacity:
+        known = ", ".join(sorted(capacity))
+        return "unknown_gpu_type", (
+            f"GPU type {spec.gpu_type!r} does not exist in this cluster; it has: {known}"
+        )
+    models = [spec.gpu_type] if spec.gpu_type is not None else sorted(capacity)
+    caps = [capacity[m] for m in models]
+    what = spec.gpu_type or "GPUs"
+    if spec.gpu_memory_mib is not None and all(c.largest_memory_mib < spec.gpu_memory_mib for c in caps):
+        largest = max(c.largest_memory_mib for c in caps)
+        return (
+            "too_large",
+            f"asks for {spec.gpu_memory_mib} MiB per GPU; the largest {what} here has {largest} MiB",
+        )
+    if spec.mig_profile is not None:
+        if all(c.mig_enabled == 0 for c in caps):
+            return "unknown_gpu_type", f"asks for MIG profile {spec.mig_profile}; no {what} here has MIG on"
+        return None
+    if spec.gpu_fraction_milli is not None:
+        return None
+    most_per_node = max(c.most_on_one_node for c in caps)
+    if spec.gpus_per_worker > most_per_node:
+        return (
+            "too_large",
+            f"asks for {spec.gpus_per_worker} GPUs per worker; the largest node has {most_per_node} {what}",
+        )
+    # The largest total of any one model the job could use (a worker never mixes models).
+    total = max(c.total for c in caps)
+    if spec.total_gpus > total:
+        return (
+            "too_large",
+            f"asks for {spec.total_gpus} GPUs ({spec.workers} workers x {spec.gpus_per_worker}); "
+            f"the cluster has {total} {what} in all",
+        )
+    return None
+
+
+def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> list[Outgoing]:
+    """Decide one event read from ``jobs.requests`` or ``nodes.inventory``."""
+    data = envelope.data
+    if isinstance(data, NodeRegistered):
+        state.restore(envelope)
+        return []
+    if isinstance(data, JobCancelRequested):
+        if data.job_id in state.admitted:
+            return []  # cancelling an admitted job is placement's business
+        never = f"job {data.job_id!r} was never admitted"
+        return [_reject(state, envelope, data.job_id, "unknown_job", never, now)]
+    if not isinstance(data, JobRequested):
+        return [
+            _reject(
+                state,
+                envelope,
+                None,
+                "unexpected_event",
+                f"{envelope.type} does not belong on the requests topic; send job.requested",
+                now,
+            )
+        ]
+    spec = data.spec()
+    canonical = _canonical(spec)
+    earlier = state.admitted.get(data.job_id)
+    if earlier is not None:
+        if earlier == canonical:
+            return []  # a retry of the same request
+        return [
+            _reject(
+                state,
+                envelope,
+                data.job_id,
+                "duplicate_job",
+                f"job id {data.job_id!r} was already admitted with a different spec; use a new id",
+                now,
+            )
+        ]
+    problem = policy_problem(spec, state)
+    if problem is not None:
+        return [_reject(state, envelope, data.job_id, *problem, now)]
+    state.admitted[data.job_id] = canonical
+    admitted = JobAdmitted(job_id=data.job_id, spec=spec)
+    return [
+        (
+            state.topics.events,
+            make_envelope(admitted, event_id=derived_id(envelope.id, "admitted"), source=SOURCE, time=now),
+        )
+    ]
+
+
+def _reject(
+    state: AdmissionState, cause: Envelope, job_id: JobId | None, code: str, reason: str, now: datetime
+) -> Outgoing:
+    rejected = JobRejected(job_id=job_id, code=code, reason=reason)
+    return (
+        state.topics.events,
+        make_envelope(rejected, event_id=derived_id(cause.id, "rejected"), source=SOURCE, time=now),
+    )
+
+
+def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: datetime) -> list[Outgoing]:
+    """The ``job.rejected`` a producer reads when its request could not even be decoded."""
+    origin = (header(letter.headers, DLQ_TOPIC) or b"").decode()
+    if origin != state.topics.requests:
+        return []
+    where = "/".join(
+        (header(letter.headers, h) or b"?").decode() for h in (DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET)
+    )
+    code = (header(letter.headers, DLQ_CODE) or b"malformed_message").decode()
+    reason = (header(letter.headers, DLQ_REASON) or b"the message could not be read").decode()
+    rejected = JobRejected(
+        job_id=_job_id_in(letter.value), code=code, reason=f"the request could not be read: {reason}"[:2000]
+    )
+    envelope = make_envelope(
+        rejected, event_id=derived_id(f"dead-letter:{where}", "rejected"), source=SOURCE, time=now
+    )
+    return [(state.topics.events, envelope)]
+
+
+def _job_id_in(value: bytes | None) -> JobId | None:
+    """The job id of a broken request when one can be read from it, so its producer finds the answer."""
+    try:
+        doc = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    candidates: Iterable[object] = ()
+    if isinstance(doc, dict):
+        data = doc.get("data")
+        candidates = (data.get("job_id") if isinstance(data, dict) else None, doc.get("subject"))
+    for candidate in candidates:
+        if isinstance(candidate, str) and len(candidate) <= 128 and _SAFE_ID.match(candidate):
+            if candidate == UNKNOWN_JOB:
+                return None
+            return JobId(candidate)
+    return None

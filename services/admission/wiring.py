@@ -1,0 +1,38 @@
+"""Admission's shell: restore from the log, then decide each request in a Kafka transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from gangline.bus import DeadLetter, Outgoing, RecordMeta
+from gangline.events.base import Envelope
+from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
+from services.admission.settings import AdmissionSettings
+from services.common.env import processor_settings, topic_names
+from services.common.shell import restore_and_process
+
+SERVICE = "admission"
+
+
+def new_state(settings: AdmissionSettings) -> AdmissionState:
+    return AdmissionState(topics=topic_names(settings), queues=frozenset(settings.queues))
+
+
+async def main(settings: AdmissionSettings) -> None:
+    state = new_state(settings)
+    topics = state.topics
+
+    def decide(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        return on_request(envelope, state, now=datetime.now(UTC))
+
+    def reject_unreadable(letter: DeadLetter) -> Sequence[Outgoing]:
+        return rejection_of_dead_letter(letter, state, now=datetime.now(UTC))
+
+    await restore_and_process(
+        processor_settings(settings, SERVICE, [topics.requests, topics.inventory]),
+        state,
+        decide,
+        restore_topics=[topics.inventory, topics.events],
+        dead_letter_outputs=reject_unreadable,
+    )

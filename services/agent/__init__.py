@@ -1,0 +1,1 @@
+"""Node agents: the simulated GPU nodes (``gangline fake-nodes``) that stand in for real ones."""

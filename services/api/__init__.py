@@ -1,0 +1,1 @@
+"""The HTTP API: submit and cancel jobs, read jobs, queues, nodes and the allocation log."""

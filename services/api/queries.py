@@ -1,0 +1,217 @@
+"""What the API reads from the projections (PostgreSQL); no writes here, the ledger owns the tables.
+
+List endpoints page by keyset: the cursor is the sort key of the last row returned, so a page never
+skips or repeats a row when new rows arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from gangline.core.queues import Resource, gpu_resource, mig_resource
+from services.ledger.projections import JOB_EVENT_TYPES
+
+
+class BadCursor(ValueError):
+    """A page cursor this API did not hand out."""
+
+
+def encode_cursor(*key: object) -> str:
+    parts = [k.isoformat() if isinstance(k, datetime) else k for k in key]
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, kinds: Sequence[type]) -> list[Any]:
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(parts, list) or len(parts) != len(kinds):
+            raise ValueError("wrong shape")
+        return [
+            datetime.fromisoformat(p) if k is datetime else k(p) for p, k in zip(parts, kinds, strict=True)
+        ]
+    except (ValueError, TypeError) as error:
+        raise BadCursor(f"not a cursor of this list: {cursor!r}") from error
+
+
+def _loaded(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def job_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items()}
+    for key in ("spec", "topology", "pending_reasons"):
+        if key in out:
+            out[key] = _loaded(out[key])
+    return out
+
+
+async def job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+    return None if row is None else job_json(row)
+
+
+async def job_events(conn: asyncpg.Connection, job_id: str) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        """
+        SELECT event_id, type, source, time, causation_id, traceparent, topic, data FROM events
+        WHERE subject = $1 AND type = ANY($2::text[]) ORDER BY time, recorded_at
+        """,
+        job_id,
+        sorted(JOB_EVENT_TYPES),
+    )
+    return [{**dict(r), "data": _loaded(r["data"])} for r in rows]
+
+
+async def requested_queue(conn: asyncpg.Connection, job_id: str) -> str | None:
+    """The queue a job was asked for in, from its request in the ledger (before any projection has it)."""
+    value = await conn.fetchval(
+        "SELECT data->>'queue' FROM events WHERE subject = $1 AND type = 'gangline.job.requested.v1' LIMIT 1",
+        job_id,
+    )
+    return None if value is None else str(value)
+
+
+async def jobs(
+    conn: asyncpg.Connection,
+    *,
+    queues: Sequence[str] | None,
+    state: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of jobs, newest first, and the cursor of the next page (None on the last)."""
+    rows = await conn.fetch(
+        """
+        SELECT job_id, queue, state, priority, workers, gpus_per_worker, gpu_type, reason, reason_code,
+               submitted_by, submitted_at, updated_at, attempt, allocation_id
+        FROM jobs
+        WHERE ($1::text[] IS NULL OR queue = ANY($1::text[]))
+          AND ($2::text IS NULL OR state = $2)
+          AND ($3::timestamptz IS NULL OR (submitted_at, job_id) < ($3, $4))
+        ORDER BY submitted_at DESC, job_id DESC
+        LIMIT $5
+        """,
+        None if queues is None else list(queues),
+        state,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit + 1,
+    )
+    page = [dict(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return page, encode_cursor(page[-1]["submitted_at"], page[-1]["job_id"]) if more and page else None
+
+
+async def allocations(
+    conn: asyncpg.Connection,
+    *,
+    queues: Sequence[str] | None,
+    job_id: str | None,
+    node: str | None,
+    held: bool | None,
+    limit: int,
+    after: tuple[datetime, str, int] | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the allocation log in grant order (one row per rank), and the next page's cursor."""
+    rows = await conn.fetch(
+        """
+        SELECT a.allocation_id, a.job_id, j.queue, a.rank, a.node, a.gpus, a.granted_at, a.released_at,
+               a.release_reason, a.granted_event_id, a.released_event_id
+        FROM allocations a LEFT JOIN jobs j ON j.job_id = a.job_id
+        WHERE ($1::text[] IS NULL OR j.queue = ANY($1::text[]))
+          AND ($2::text IS NULL OR a.job_id = $2)
+          AND ($3::text IS NULL OR a.node = $3)
+          AND ($4::boolean IS NULL OR (a.released_at IS NULL) = $4)
+          AND ($5::timestamptz IS NULL OR (a.granted_at, a.allocation_id, a.rank) > ($5, $6, $7))
+        ORDER BY a.granted_at, a.allocation_id, a.rank
+        LIMIT $8
+        """,
+        None if queues is None else list(queues),
+        job_id,
+        node,
+        held,
+        after[0] if after else None,
+        after[1] if after else None,
+        after[2] if after else None,
+        limit + 1,
+    )
+    page = [dict(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    cursor = (
+        encode_cursor(page[-1]["granted_at"], page[-1]["allocation_id"], page[-1]["rank"])
+        if more and page
+        else None
+    )
+    return page, cursor
+
+
+async def nodes(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        """
+        SELECT node, state, gpu_count, gpu_model, gpus, nvlink_domain, leaf, spine, labels, health_reason,
+               cordoned_gpus, gpu_health, registered_at, last_heartbeat_at, last_seq,
+               (SELECT count(*) FROM allocations a
+                 WHERE a.node = n.node AND a.released_at IS NULL) AS ranks_held,
+               (SELECT coalesce(sum(cardinality(a.gpus)), 0) FROM allocations a
+                 WHERE a.node = n.node AND a.released_at IS NULL) AS gpus_held
+        FROM nodes n ORDER BY node
+        """
+    )
+    out = []
+    for r in rows:
+        item = dict(r)
+        for key in ("gpus", "labels", "gpu_health"):
+            item[key] = _loaded(item[key])
+        out.append(item)
+    return out
+
+
+def gpu_models(node_rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(node, gpu id) -> GPU model, from the registered inventory."""
+    return {(n["node"], g["id"]): g["model"] for n in node_rows for g in n["gpus"]}
+
+
+def capacity(node_rows: Sequence[Mapping[str, Any]]) -> dict[Resource, int]:
+    """Whole GPUs per model on nodes that can take work (not lost, not cordoned)."""
+    total: Counter[Resource] = Counter()
+    for n in node_rows:
+        if n["state"] in ("lost", "unregistered"):
+            continue
+        cordoned = set(n["cordoned_gpus"])
+        for g in n["gpus"]:
+            if g["id"] not in cordoned:
+                total[gpu_resource(g["model"])] += 1
+    return dict(total)
+
+
+async def queue_usage(
+    conn: asyncpg.Connection, models: Mapping[tuple[str, str], str]
+) -> tuple[dict[str, dict[Resource, int]], dict[str, dict[str, int]]]:
+    """Per queue: resources held now (whole GPUs by model, MIG slices by model/profile) and jobs per state."""
+    held = await conn.fetch(
+        """
+        SELECT j.queue, j.gpu_type, j.mig_profile, j.spec->>'gpu_fraction_milli' AS fraction, a.node, a.gpus
+        FROM allocations a JOIN jobs j ON j.job_id = a.job_id
+        WHERE a.released_at IS NULL
+        """
+    )
+    usage: dict[str, dict[Resource, int]] = defaultdict(lambda: defaultdict(int))
+    for r in held:
+        if r["fraction"] is not None:
+            continue  # a shared slot holds no whole GPU and no quota unit of its own
+        for gpu in r["gpus"]:
+            model = models.get((r["node"], gpu)) or r["gpu_type"] or "gpu"
+            resource = mig_resource(model, r["mig_profile"]) if r["mig_profile"] else gpu_resource(model)
+            usage[r["queue"]][resource] += 1
+    states = await conn.fetch("SELECT queue, state, count(*) AS n FROM jobs GROUP BY queue, state")
+    counts: dict[str, dict[str, int]] = defaultdict(dict)
+    for r in states:
+        counts[r["queue"]][r["state"]] = int(r["n"])
+    return {q: dict(u) for q, u in usage.items()}, dict(counts)

@@ -1,0 +1,1 @@
+"""Benchmarks of the running system (``make bench-e2e``)."""

@@ -1,0 +1,272 @@
+"""``make bench-e2e``: request-to-grant throughput and latency through Kafka, everything running.
+
+Starts the five decision services as real processes and 1,000 simulated 8-GPU nodes on a private
+set of topics, then
+
+1. publishes ``--burst`` one-GPU jobs as fast as a plain aiokafka producer can and measures the
+   sustained rate from the first request to the last grant;
+2. publishes jobs at a fixed ``--offered`` rate for ``--offered-s`` seconds and measures each job's
+   latency from its request's Kafka timestamp to its grant's;
+3. restarts placement on the history just written and reports how long the restore took.
+
+Prints the figures and ends with one JSON line: jobs_per_s, p50_ms, p99_ms, offered_per_s (and more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.events.codec import decode
+from services.common.topics import TopicNames
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("admission", "quota", "placement", "preemption", "node_health")
+
+
+def request(job_id: str, duration_s: int) -> bytes:
+    return json.dumps(
+        {
+            "specversion": "1.0",
+            "id": str(uuid.uuid4()),
+            "source": "bench",
+            "type": "gangline.job.requested.v1",
+            "time": datetime.now(UTC).isoformat(),
+            "subject": job_id,
+            "data": {
+                "job_id": job_id,
+                "queue": "default",
+                "workers": 1,
+                "gpus_per_worker": 1,
+                "duration_hint_s": duration_s,
+            },
+        }
+    ).encode()
+
+
+class Grants:
+    """Reads allocations.log; grant timestamps by job id."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        self.at: dict[str, int] = {}
+
+    async def poll(self) -> None:
+        batch = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
+        for records in batch.values():
+            for r in records:
+                if b"allocation.granted" in (r.value or b""):
+                    envelope = decode(r.value or b"")
+                    self.at.setdefault(envelope.subject, r.timestamp)
+
+    async def wait_for(self, jobs: dict[str, int], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(j in self.at for j in jobs):
+            if time.monotonic() > deadline:
+                missing = sum(1 for j in jobs if j not in self.at)
+                raise SystemExit(f"{missing} of {len(jobs)} jobs got no grant within {timeout_s} s")
+            await self.poll()
+
+
+async def publish(
+    producer: AIOKafkaProducer, topic: str, jobs: list[str], rate: float | None, duration_s: int
+) -> dict[str, int]:
+    """Send the jobs (at ``rate`` per second, or as fast as possible); request timestamps by job id."""
+    sent: dict[str, int] = {}
+    futures = []
+    started = time.monotonic()
+    for k, job in enumerate(jobs):
+        if rate is not None:
+            delay = started + k / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        futures.append((job, await producer.send(topic, value=request(job, duration_s), key=job.encode())))
+    for job, future in futures:
+        sent[job] = (await future).timestamp
+    return sent
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def start(
+    module: str, args: list[str], env: dict[str, str], logs: Path, name: str
+) -> subprocess.Popen[bytes]:
+    # GANGLINE_BENCH_PROFILE=placement,quota runs those under cProfile (<logs>/<name>.prof on exit).
+    profiled = name in os.environ.get("GANGLINE_BENCH_PROFILE", "").split(",")
+    profiler = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if profiled else []
+    return subprocess.Popen(
+        [sys.executable, *profiler, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=(logs / f"{name}.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def bench(args: argparse.Namespace) -> dict[str, float]:
+    bootstrap = args.bootstrap
+    topics = TopicNames(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
+    await ensure_topics(bootstrap, topics.specs())
+    logs = Path(tempfile.mkdtemp(prefix="gangline-bench-"))
+    env = {
+        **os.environ,
+        "GANGLINE_KAFKA_BOOTSTRAP": bootstrap,
+        "GANGLINE_TOPIC_PREFIX": topics.prefix,
+        "GANGLINE_GROUP_PREFIX": f"g-{topics.prefix.rstrip('.')}",
+        "GANGLINE_INSTANCE_ID": "bench",
+        "GANGLINE_SILENCE_S": "60",
+        "GANGLINE_LOG_LEVEL": "WARNING",
+    }
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    figures: dict[str, float] = {}
+    try:
+        procs["fake-nodes"] = start(
+            "services.agent", ["--nodes", str(args.nodes), "--heartbeat-s", "5"], env, logs, "fake-nodes"
+        )
+        await asyncio.sleep(4)
+        for s in SERVICES:
+            procs[s] = start(f"services.{s}", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, s)
+        grants = Grants(bootstrap, topics.allocations)
+        await grants.consumer.start()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        await producer.start()
+        try:
+            # Warm-up: the services are up and the cluster registered when a grant comes back.
+            warm = await publish(
+                producer, topics.requests, [f"warm-{k}" for k in range(20)], None, args.job_s
+            )
+            await grants.wait_for(warm, timeout_s=120)
+
+            jobs = [f"burst-{k:06d}" for k in range(args.burst)]
+            sent = await publish(producer, topics.requests, jobs, None, args.job_s)
+            await grants.wait_for(sent, timeout_s=300)
+            first = min(sent.values())
+            last = max(grants.at[j] for j in jobs)
+            figures["jobs_per_s"] = round(args.burst / max(1e-3, (last - first) / 1000), 1)
+            burst_lat = [float(grants.at[j] - sent[j]) for j in jobs]
+            figures["burst_p50_ms"] = percentile(burst_lat, 0.50)
+            figures["burst_p99_ms"] = percentile(burst_lat, 0.99)
+            print(
+                f"burst: {args.burst} jobs, request->grant sustained {figures['jobs_per_s']} jobs/s "
+                f"(p50 {figures['burst_p50_ms']} ms, p99 {figures['burst_p99_ms']} ms)",
+                flush=True,
+            )
+
+            count = int(args.offered * args.offered_s)
+            jobs = [f"steady-{k:06d}" for k in range(count)]
+            sent = await publish(producer, topics.requests, jobs, args.offered, args.job_s)
+            await grants.wait_for(sent, timeout_s=300)
+            latencies = [float(grants.at[j] - sent[j]) for j in jobs]
+            figures["offered_per_s"] = args.offered
+            figures["p50_ms"] = percentile(latencies, 0.50)
+            figures["p99_ms"] = percentile(latencies, 0.99)
+            figures["mean_ms"] = round(statistics.fmean(latencies), 1)
+            print(
+                f"offered {args.offered} jobs/s for {args.offered_s} s: p50 {figures['p50_ms']} ms, "
+                f"p99 {figures['p99_ms']} ms, mean {figures['mean_ms']} ms",
+                flush=True,
+            )
+        finally:
+            await producer.stop()
+            await grants.consumer.stop()
+
+        cpu = {name: round(cpu_seconds(proc.pid), 1) for name, proc in procs.items()}
+        print(f"CPU seconds used per process: {cpu}", flush=True)
+
+        # Restart placement on the history just written (every job: requested, admitted, queued,
+        # placed, granted, started, completed, released).
+        history = args.burst + int(args.offered * args.offered_s) + 20
+        procs["placement"].terminate()
+        procs["placement"].wait(timeout=30)
+        began = time.monotonic()
+        procs["placement"] = start(
+            "services.placement", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, "placement"
+        )
+        restored = None
+        while restored is None and time.monotonic() - began < 120:
+            await asyncio.sleep(0.2)
+            text = (logs / "placement.log").read_text()
+            found = re.findall(r'"message": "processor started"', text)
+            if len(found) >= 2:
+                restored = time.monotonic() - began
+        seconds = re.findall(
+            r'"state restored from the log", "events": (\d+), "seconds": ([0-9.]+)',
+            (logs / "placement.log").read_text(),
+        )
+        if seconds:
+            events, took = seconds[-1]
+            figures["restore_events"] = int(events)
+            figures["restore_s"] = float(took)
+        if restored is not None:
+            figures["restart_to_ready_s"] = round(restored, 2)
+        print(
+            f"placement restart with {history} jobs of history: state restored from "
+            f"{figures.get('restore_events')} events in {figures.get('restore_s')} s; "
+            f"process start to processing {figures.get('restart_to_ready_s')} s",
+            flush=True,
+        )
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if args.keep_topics:
+            print(f"topics kept under prefix {topics.prefix}", flush=True)
+        else:
+            await delete_topics(bootstrap, [s.name for s in topics.specs()])
+        print(f"logs: {logs}", flush=True)
+    return figures
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="make bench-e2e", description=__doc__)
+    p.add_argument("--bootstrap", default=os.environ.get("GANGLINE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--burst", type=int, default=7000)
+    p.add_argument("--offered", type=float, default=200.0)
+    p.add_argument("--offered-s", type=float, default=15.0)
+    p.add_argument(
+        "--job-s", type=int, default=5, help="each job's duration hint (simulated nodes run it that long)"
+    )
+    p.add_argument("--keep-topics", action="store_true", help="leave the topics for inspection")
+    figures = asyncio.run(bench(p.parse_args()))
+    print(
+        json.dumps({k: figures.get(k) for k in ("jobs_per_s", "p50_ms", "p99_ms", "offered_per_s")} | figures)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""What every decision service shares: topic names, derived ids, settings from the environment, restore."""

@@ -1,0 +1,69 @@
+"""Reading service settings from environment variables (``GANGLINE_<NAME>``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gangline.bus import ProcessorSettings
+from services.common.topics import TopicNames
+
+PREFIX = "GANGLINE_"
+
+
+def env_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every ``GANGLINE_*`` variable, lower-cased, prefix dropped: GANGLINE_TOPIC_PREFIX → topic_prefix."""
+    source = os.environ if environ is None else environ
+    return {k[len(PREFIX) :].lower(): v for k, v in source.items() if k.startswith(PREFIX) and v != ""}
+
+
+class ServiceSettings(BaseModel):
+    """What every decision service needs: the broker, its topics, and who this replica is."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = ""
+    instance_id: str = Field(default_factory=socket.gethostname, min_length=1)
+    group_prefix: str = "gangline"
+    """Consumer groups are ``<group_prefix>.<service>``; tests give each run its own."""
+    max_batch_records: int = Field(default=500, ge=1)
+    log_level: str = "INFO"
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    """How long a silent replica keeps its partitions (and its leadership) before a standby takes over."""
+    linger_ms: int = Field(default=10, ge=0)
+    """How long a processor waits to fill a batch (one transaction) after the first record arrives."""
+    static_membership: bool = True
+    """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
+        return cls.model_validate({**env_values(environ), **overrides})
+
+
+def processor_settings(settings: ServiceSettings, service: str, input_topics: list[str]) -> ProcessorSettings:
+    """The bus processor's settings for ``service`` under this replica's identity."""
+    return ProcessorSettings(
+        bootstrap_servers=settings.kafka_bootstrap,
+        service=service,
+        instance_id=settings.instance_id,
+        group_id=f"{settings.group_prefix}.{service}",
+        input_topics=tuple(input_topics),
+        max_batch_records=settings.max_batch_records,
+        poll_timeout_ms=50,
+        linger_ms=settings.linger_ms,
+        retry_backoff_s=0.05,
+        static_membership=settings.static_membership,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=max(300, settings.session_timeout_ms // 5),
+    )
+
+
+def topic_names(settings: ServiceSettings) -> TopicNames:
+    return TopicNames(prefix=settings.topic_prefix)

@@ -1,0 +1,45 @@
+"""Skipping, before decoding, the records a service has no use for (decoding is most of its CPU).
+
+The event type is read from the raw bytes: the last ``"type":"gangline.<type>.v<N>"`` in the record
+(our codec sorts keys, so the envelope's own ``type`` comes after ``data``). When the type cannot
+be found that way the record is decoded as usual, so a skip is always safe.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from gangline.bus.records import KafkaRecord
+
+_TYPE = re.compile(rb'"type"\s*:\s*"gangline\.([a-z][a-z0-9_.]*)\.v[0-9]+"')
+
+Wanted = Mapping[str, Callable[[], bool] | bool]
+"""Event type (e.g. "job.admitted") → whether to decode it (a callable is asked each time)."""
+
+
+def wire_type_of(value: bytes | None) -> str | None:
+    """The event type named by a raw record ("job.admitted"), or None when it cannot be told cheaply."""
+    if not value:
+        return None
+    found = _TYPE.findall(value)
+    if not found:
+        return None
+    return str(found[-1].decode())
+
+
+def select_types(wanted: Wanted, *, not_ours: frozenset[str] = frozenset()) -> Callable[[KafkaRecord], bool]:
+    """A processor ``select``: decode the types in ``wanted`` (and anything unrecognisable), skip the rest.
+
+    On the topics in ``not_ours`` an unrecognisable record is skipped too: another service owns that
+    topic's dead-lettering (e.g. admission for jobs.requests), so it is not dead-lettered twice.
+    """
+
+    def select(record: KafkaRecord) -> bool:
+        kind = wire_type_of(record.value)
+        if kind is None:
+            return record.topic not in not_ours
+        want = wanted.get(kind, False)
+        return want() if callable(want) else want
+
+    return select

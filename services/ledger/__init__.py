@@ -1,0 +1,1 @@
+"""The ledger: every public event into PostgreSQL, once, with the projections the API reads."""

@@ -1,0 +1,271 @@
+"""The ledger's projections as pure folds: events in, the row they imply out (no I/O).
+
+- A job's row is a fold over all of the job's events (jobs.requests, jobs.events, allocations.log),
+  in time order. The three topics are read independently, so a job's admission may be read before
+  its request; folding the job's whole history each time makes the row independent of that order.
+- A node's row is updated one event at a time: heartbeats are many, and each node event carries
+  everything its change needs. A state change older than the one already applied is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from gangline.events import allocations, jobs, nodes
+from gangline.events.base import Event
+
+JOB_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in (*jobs.EVENTS, *allocations.EVENTS))
+"""Wire types (latest versions) whose subject is a job id."""
+
+NODE_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in nodes.EVENTS)
+"""Wire types whose subject is a node id."""
+
+TERMINAL_STATES = frozenset({"rejected", "completed", "failed", "cancelled"})
+
+# Which state each lifecycle event moves a job to; events not listed leave the state alone.
+_STATE_OF: dict[type[Event], str] = {
+    jobs.JobRequested: "requested",
+    jobs.JobAdmitted: "admitted",
+    jobs.JobRejected: "rejected",
+    jobs.JobQueued: "queued",
+    jobs.JobPending: "pending",
+    jobs.JobPlaced: "placed",
+    jobs.JobStarted: "running",
+    jobs.JobPreempting: "preempting",
+    jobs.JobPreempted: "preempted",
+    jobs.JobRequeued: "requeued",
+    jobs.JobCompleted: "completed",
+    jobs.JobFailed: "failed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event of the ledger, typed again: what the folds read."""
+
+    event_id: str
+    time: datetime
+    data: Event
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """The `jobs` projection row of one job."""
+
+    job_id: str
+    queue: str
+    state: str
+    priority: int
+    workers: int
+    gpus_per_worker: int
+    gpu_type: str | None
+    gpu_memory_mib: int | None
+    mig_profile: str | None
+    topology: dict[str, Any] | None
+    preemptible: bool
+    spec: dict[str, Any]
+    submitted_at: datetime
+    updated_at: datetime
+    last_event_id: str
+    submitted_by: str | None = None
+    reason: str | None = None
+    reason_code: str | None = None
+    pending_reasons: tuple[dict[str, Any], ...] = ()
+    admitted_at: datetime | None = None
+    placed_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    allocation_id: str | None = None
+    attempt: int = 1
+    cancel_requested_at: datetime | None = None
+
+
+def _spec_row(job_id: str, spec: jobs.JobSpec, *, at: StoredEvent) -> JobRow:
+    return JobRow(
+        job_id=job_id,
+        queue=spec.queue,
+        state="requested",
+        priority=spec.priority,
+        workers=spec.workers,
+        gpus_per_worker=spec.gpus_per_worker,
+        gpu_type=spec.gpu_type,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        mig_profile=spec.mig_profile,
+        topology=spec.topology.model_dump(mode="json") if spec.topology is not None else None,
+        preemptible=spec.preemptible,
+        spec=spec.model_dump(mode="json"),
+        submitted_at=at.time,
+        updated_at=at.time,
+        last_event_id=at.event_id,
+        submitted_by=spec.submitted_by,
+    )
+
+
+def _order(event: StoredEvent) -> tuple[datetime, int]:
+    # At equal times the request comes first: nothing can happen to a job before it is asked for.
+    return event.time, 0 if isinstance(event.data, jobs.JobRequested) else 1
+
+
+def fold_job(job_id: str, events: Iterable[StoredEvent]) -> JobRow | None:
+    """The job's row after ``events`` (any order); None until its spec is known (request or admission)."""
+    history = sorted(events, key=_order)
+    row: JobRow | None = None
+    for event in history:
+        data = event.data
+        if row is None:
+            if isinstance(data, jobs.JobRequested):
+                row = _spec_row(job_id, data.spec(), at=event)
+            elif isinstance(data, jobs.JobAdmitted):
+                row = _spec_row(job_id, data.spec, at=event)
+            else:
+                continue
+        row = _apply_job_event(row, event)
+    return row
+
+
+def _apply_job_event(row: JobRow, event: StoredEvent) -> JobRow:
+    data = event.data
+    changes: dict[str, Any] = {"updated_at": max(row.updated_at, event.time), "last_event_id": event.event_id}
+    if isinstance(data, jobs.JobRequested):
+        changes["submitted_at"] = min(row.submitted_at, event.time)
+        changes["submitted_by"] = data.submitted_by or row.submitted_by
+    elif isinstance(data, jobs.JobCancelRequested):
+        changes["cancel_requested_at"] = row.cancel_requested_at or event.time
+    elif isinstance(data, allocations.AllocationGranted):
+        changes["allocation_id"] = data.allocation_id
+    elif (
+        isinstance(data, allocations.AllocationReleased)
+        and data.reason == "cancelled"
+        and row.state not in TERMINAL_STATES
+    ):
+        changes |= {"state": "cancelled", "finished_at": event.time}
+    new_state = _STATE_OF.get(type(data))
+    if new_state is None or row.state in TERMINAL_STATES:
+        return replace(row, **changes)
+    changes["state"] = new_state
+    # The reason describes the current state only: pending, rejected or failed.
+    changes |= {"reason": None, "reason_code": None}
+    if isinstance(data, jobs.JobAdmitted):
+        changes["admitted_at"] = event.time
+    elif isinstance(data, jobs.JobPending):
+        first = data.reasons[0]
+        changes |= {
+            "reason": first.message,
+            "reason_code": first.code,
+            "pending_reasons": tuple(r.model_dump(mode="json") for r in data.reasons),
+        }
+    elif isinstance(data, jobs.JobRejected):
+        changes |= {"reason": data.reason, "reason_code": data.code, "finished_at": event.time}
+    elif isinstance(data, jobs.JobPlaced):
+        changes |= {"placed_at": event.time, "allocation_id": data.allocation_id, "pending_reasons": ()}
+    elif isinstance(data, jobs.JobStarted):
+        changes |= {"started_at": event.time, "attempt": data.attempt, "allocation_id": data.allocation_id}
+    elif isinstance(data, jobs.JobPreempting):
+        changes |= {"reason": data.reason, "reason_code": "preempting"}
+    elif isinstance(data, jobs.JobRequeued):
+        changes |= {"attempt": data.attempt, "reason": f"requeued: {data.reason}", "reason_code": data.reason}
+    elif isinstance(data, jobs.JobCompleted):
+        changes["finished_at"] = event.time
+    elif isinstance(data, jobs.JobFailed):
+        cancelled = data.code.startswith("cancel")
+        changes |= {
+            "state": "cancelled" if cancelled else "failed",
+            "reason": data.reason,
+            "reason_code": data.code,
+            "finished_at": event.time,
+        }
+    return replace(row, **changes)
+
+
+# -- nodes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """The `nodes` projection row of one node."""
+
+    node: str
+    state: str
+    updated_at: datetime
+    last_event_id: str
+    gpu_count: int = 0
+    gpu_model: str | None = None
+    gpus: tuple[dict[str, Any], ...] = ()
+    nvlink_domain: str | None = None
+    leaf: str | None = None
+    spine: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    health_reason: str | None = None
+    registered_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    last_seq: int | None = None
+    gpu_health: Mapping[str, str] = field(default_factory=dict)
+    state_changed_at: datetime | None = None
+
+    @property
+    def cordoned_gpus(self) -> list[str]:
+        """GPUs whose last reported health is failed: no new work goes there."""
+        return sorted(gpu for gpu, health in self.gpu_health.items() if health == "failed")
+
+
+def _health_state(gpu_health: Mapping[str, str]) -> str:
+    return "ready" if all(h == "healthy" for h in gpu_health.values()) else "unhealthy"
+
+
+def apply_node_event(row: NodeRow | None, node: str, event: StoredEvent) -> NodeRow:
+    """Node ``node``'s row after one more event (``row`` None: the first event seen for it)."""
+    data = event.data
+    if row is None:
+        row = NodeRow(node=node, state="unregistered", updated_at=event.time, last_event_id=event.event_id)
+    row = replace(row, updated_at=max(row.updated_at, event.time), last_event_id=event.event_id)
+    newer = row.state_changed_at is None or event.time >= row.state_changed_at
+    if isinstance(data, nodes.NodeRegistered):
+        models = [gpu.model for gpu in data.gpus]
+        row = replace(
+            row,
+            gpu_count=len(data.gpus),
+            gpu_model=max(set(models), key=models.count) if models else None,
+            gpus=tuple(gpu.model_dump(mode="json") for gpu in data.gpus),
+            nvlink_domain=data.nvlink_domain,
+            leaf=data.leaf,
+            spine=data.spine,
+            labels=dict(data.labels),
+            registered_at=event.time,
+        )
+        if newer:
+            row = replace(
+                row,
+                state=_health_state(row.gpu_health),
+                health_reason=None,
+                state_changed_at=event.time,
+            )
+    elif isinstance(data, nodes.NodeHeartbeat | nodes.NodeHeartbeatV1):
+        if row.last_heartbeat_at is None or event.time >= row.last_heartbeat_at:
+            row = replace(row, last_heartbeat_at=event.time, last_seq=data.seq)
+    elif isinstance(data, nodes.GpuHealthChanged):
+        gpu_health = {**row.gpu_health, data.gpu: data.state}
+        row = replace(row, gpu_health=gpu_health)
+        if newer and row.state not in ("lost", "unregistered"):
+            state = _health_state(gpu_health)
+            row = replace(
+                row,
+                state=state,
+                health_reason=None if state == "ready" else f"{data.gpu}: {data.cause.message}",
+                state_changed_at=event.time,
+            )
+    elif isinstance(data, nodes.NodeFailed) and newer:
+        row = replace(row, state="lost", health_reason=data.reason, state_changed_at=event.time)
+    return row
+
+
+def job_subjects(events: Sequence[tuple[str, str]]) -> list[str]:
+    """The distinct job ids among ``(wire type, subject)`` pairs, in first-seen order."""
+    seen: dict[str, None] = {}
+    for wire_type, subject in events:
+        # Rejections of unreadable requests share one placeholder subject; there is no job to fold.
+        if wire_type in JOB_EVENT_TYPES and subject != jobs.UNKNOWN_JOB:
+            seen.setdefault(subject, None)
+    return list(seen)

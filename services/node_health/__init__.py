@@ -1,0 +1,1 @@
+"""Node health: declares silent nodes failed, and frees and requeues the gangs on failed nodes and GPUs."""

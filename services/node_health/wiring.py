@@ -1,0 +1,53 @@
+"""Node health's shell: restore nodes and allocations from the log, then watch heartbeats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from gangline.bus import Outgoing, RecordMeta
+from gangline.events.base import Envelope
+from services.common.env import processor_settings, topic_names
+from services.common.select import select_types
+from services.common.shell import restore_and_process
+from services.node_health.handlers import NodeHealthState, decide
+from services.node_health.settings import NodeHealthSettings
+
+SERVICE = "node_health"
+NODE_HEALTH_EVENTS = (
+    "node.registered",
+    "node.heartbeat",
+    "node.failed",
+    "gpu.health_changed",
+    "allocation.granted",
+    "allocation.released",
+    "job.checkpointed",
+)
+
+
+def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState:
+    return NodeHealthState(
+        topics=topic_names(settings),
+        silence=timedelta(seconds=settings.silence_s),
+        check_every=timedelta(seconds=settings.check_every_s),
+        started=now,
+    )
+
+
+async def main(settings: NodeHealthSettings) -> None:
+    state = new_state(settings, now=datetime.now(UTC))
+    topics = state.topics
+
+    def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        return decide(envelope, state, now=datetime.now(UTC))
+
+    inputs = [topics.inventory, topics.health, topics.allocations, topics.heartbeats]
+    await restore_and_process(
+        processor_settings(settings, SERVICE, [*inputs, topics.events]),
+        state,
+        handle,
+        # Old heartbeats say nothing about now: restore counts silence from the service's start.
+        restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
+        select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
+        lock_topic=topics.inventory,
+    )

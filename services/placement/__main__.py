@@ -1,0 +1,8 @@
+"""``python -m services.placement``: settings from GANGLINE_* environment variables."""
+
+from services.common.process import run_main
+from services.placement.settings import PlacementSettings
+from services.placement.wiring import SERVICE, main
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(SERVICE, PlacementSettings.from_env(), main))

@@ -1,0 +1,133 @@
+"""Between the wire events and the core's model (pure)."""
+
+from __future__ import annotations
+
+from gangline.core.mig import MigProfileName
+from gangline.core.model import (
+    Allocation,
+    DomainId,
+    Gpu,
+    GpuMode,
+    GpuModel,
+    Job,
+    MigSlot,
+    Milli,
+    Node,
+    Seconds,
+    TopologyConstraint,
+    TopologyLevel,
+    TopologyMode,
+    WorkerPlacement,
+)
+from gangline.core.model import (
+    AllocationId as CoreAllocationId,
+)
+from gangline.core.model import (
+    GpuId as CoreGpuId,
+)
+from gangline.core.model import (
+    JobId as CoreJobId,
+)
+from gangline.core.model import (
+    MiB as CoreMiB,
+)
+from gangline.core.model import (
+    NodeId as CoreNodeId,
+)
+from gangline.core.model import (
+    QueueName as CoreQueueName,
+)
+from gangline.events.allocations import AllocationGranted, MigSlice, Placement
+from gangline.events.jobs import JobSpec
+from gangline.events.nodes import NodeRegistered
+from gangline.events.types import GpuId, JobId, NodeId
+
+SEPARATOR = "/"
+
+
+def core_gpu_id(node: str, gpu: str) -> CoreGpuId:
+    """The core needs cluster-unique GPU ids; on the wire a GPU id is unique inside its node."""
+    return CoreGpuId(f"{node}{SEPARATOR}{gpu}")
+
+
+def wire_gpu_id(core_id: str) -> GpuId:
+    return GpuId(core_id.split(SEPARATOR, 1)[1])
+
+
+def core_node(node: NodeRegistered, *, cordoned: bool, failed_gpus: frozenset[str]) -> Node:
+    return Node(
+        id=CoreNodeId(node.node),
+        gpus=tuple(
+            Gpu(
+                id=core_gpu_id(node.node, g.id),
+                index=g.index,
+                model=GpuModel(g.model),
+                memory_mib=CoreMiB(g.memory_mib),
+                healthy=g.id not in failed_gpus,
+                mode=GpuMode.MIG if g.mig_enabled else GpuMode.WHOLE,
+            )
+            for g in node.gpus
+        ),
+        leaf=DomainId(node.leaf),
+        spine=DomainId(node.spine),
+        nvlink_domain=DomainId(node.nvlink_domain),
+        cordoned=cordoned,
+    )
+
+
+def core_job(job_id: JobId, spec: JobSpec) -> Job:
+    topology = (
+        TopologyConstraint(TopologyLevel.parse(spec.topology.level), TopologyMode(spec.topology.mode))
+        if spec.topology is not None
+        else None
+    )
+    return Job(
+        id=CoreJobId(job_id),
+        queue=CoreQueueName(spec.queue),
+        workers=spec.workers,
+        gpus_per_worker=max(1, spec.gpus_per_worker),
+        gpu_type=GpuModel(spec.gpu_type) if spec.gpu_type is not None else None,
+        gpu_memory_mib=CoreMiB(spec.gpu_memory_mib) if spec.gpu_memory_mib is not None else None,
+        mig_profile=MigProfileName(spec.mig_profile) if spec.mig_profile is not None else None,
+        gpu_milli=Milli(spec.gpu_fraction_milli) if spec.gpu_fraction_milli is not None else None,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        checkpoint_grace_s=Seconds(spec.checkpoint_grace_s),
+        topology=topology,
+        min_workers=spec.min_workers,
+        duration_hint_s=Seconds(spec.duration_hint_s) if spec.duration_hint_s is not None else None,
+    )
+
+
+def wire_placements(allocation: Allocation) -> tuple[Placement, ...]:
+    placements = []
+    for p in allocation.placements:
+        gpus = tuple(wire_gpu_id(g) for g in p.gpus)
+        mig = None
+        if p.mig is not None:
+            mig = MigSlice(gpu=gpus[0], profile=p.mig.profile, instance_id=p.mig.start)
+        placements.append(
+            Placement(rank=p.rank, node=NodeId(p.node), gpus=gpus, mig=mig, gpu_fraction_milli=p.milli)
+        )
+    return tuple(placements)
+
+
+def core_allocation(granted: AllocationGranted) -> Allocation:
+    return Allocation(
+        id=CoreAllocationId(granted.allocation_id),
+        job_id=CoreJobId(granted.job_id),
+        placements=tuple(
+            WorkerPlacement(
+                rank=p.rank,
+                node=CoreNodeId(p.node),
+                gpus=tuple(core_gpu_id(p.node, g) for g in p.gpus),
+                mig=_core_mig(p.mig),
+                milli=Milli(p.gpu_fraction_milli) if p.gpu_fraction_milli is not None else None,
+            )
+            for p in granted.placements
+        ),
+    )
+
+
+def _core_mig(mig: MigSlice | None) -> MigSlot | None:
+    return MigSlot(MigProfileName(mig.profile), mig.instance_id or 0) if mig is not None else None

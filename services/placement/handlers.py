@@ -1,0 +1,382 @@
+"""Placement's decisions (pure): fold the log into cluster state, run scheduling cycles, emit grants.
+
+State is a fold over ``nodes.inventory``, ``nodes.health``, ``jobs.events`` and ``allocations.log``
+(our own grants included), written so the order between topics does not matter: a job's status is
+derived from counts (attempts allowed, grants, releases), not from the order they arrived in.
+
+A job may be placed when it was admitted (or, ``gated``, queued by the quota service), holds no
+live allocation, is not finished, and has had fewer grants than attempts allowed (one, plus one per
+``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
+and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gangline.bus import Outgoing
+from gangline.core.framework.cycle import apply_plan, run_cycle
+from gangline.core.framework.profile import Profile
+from gangline.core.framework.status import Reason
+from gangline.core.model import AllocationId as CoreAllocationId
+from gangline.core.model import JobId as CoreJobId
+from gangline.core.snapshot import RunningJob, Snapshot
+from gangline.events.allocations import AllocationGranted, AllocationReleased
+from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.jobs import (
+    DecisionReason,
+    JobAdmitted,
+    JobCancelRequested,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempting,
+    JobQueued,
+    JobRequeued,
+    JobSpec,
+    PendingReason,
+)
+from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
+from gangline.events.types import AllocationId, JobId, NodeId
+from services.common.ids import derived_id
+from services.common.topics import TopicNames
+from services.placement.convert import core_allocation, core_job, core_node, wire_placements
+
+log = logging.getLogger(__name__)
+
+SOURCE = "gangline/placement"
+FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass
+class JobRecord:
+    job_id: JobId
+    spec: JobSpec | None = None
+    queued: set[str] = field(default_factory=set)
+    """Ids of the job.queued events seen (the quota service queues once per attempt)."""
+    requeued_attempt: int = 1
+    grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
+    released: set[AllocationId] = field(default_factory=set)
+    finished: bool = False
+    arrival: int = 0
+
+    def live(self) -> AllocationGranted | None:
+        for allocation_id, granted in self.grants.items():
+            if allocation_id not in self.released:
+                return granted
+        return None
+
+    def allowed_attempts(self, gated: bool) -> int:
+        return len(self.queued) if gated else self.requeued_attempt
+
+    def waiting(self, gated: bool) -> bool:
+        if self.spec is None or self.finished or self.live() is not None:
+            return False
+        return len(self.grants) < self.allowed_attempts(gated)
+
+    def next_allocation_id(self) -> AllocationId:
+        candidate = f"{self.job_id}.{len(self.grants) + 1}"
+        if len(candidate) <= 128:
+            return AllocationId(candidate)
+        return AllocationId(derived_id(self.job_id, "allocation", len(self.grants) + 1))
+
+
+@dataclass
+class PlacementState:
+    topics: TopicNames
+    profile: Profile
+    gated: bool = True
+    max_jobs_per_cycle: int = 256
+    nodes: dict[NodeId, NodeRegistered] = field(default_factory=dict)
+    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
+    failed_at: dict[NodeId, datetime] = field(default_factory=dict)
+    failed_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
+    jobs: dict[JobId, JobRecord] = field(default_factory=dict)
+    waiting: dict[JobId, JobRecord] = field(default_factory=dict)
+    """Jobs that may be placed now, in arrival order."""
+    last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
+    preemptors: set[JobId] = field(default_factory=set)
+    """Jobs for which running work was asked to give its GPUs back (job.preempting names them)."""
+    cycle: int = 0
+    needs_cycle: bool = True
+    """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
+    _arrivals: int = 0
+    _snapshot: Snapshot | None = None
+
+    # -- folding the log ---------------------------------------------------------------------
+
+    def restore(self, envelope: Envelope) -> None:
+        self.fold(envelope)
+
+    def fold(self, envelope: Envelope) -> bool:
+        """Apply one fact; True when it may let a waiting job run (new capacity or a new job)."""
+        data = envelope.data
+        if isinstance(data, NodeRegistered):
+            self.nodes[data.node] = data
+            self.registered_at[data.node] = envelope.time
+            self.failed_gpus.pop(data.node, None)
+            self._snapshot = None
+            return True
+        if isinstance(data, NodeFailed):
+            self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
+            self._snapshot = None
+            return False
+        if isinstance(data, GpuHealthChanged):
+            failed = self.failed_gpus.setdefault(data.node, set())
+            if data.state == "failed":
+                failed.add(data.gpu)
+            else:
+                failed.discard(data.gpu)
+            self._snapshot = None
+            return bool(data.state != "failed")
+        if isinstance(data, JobAdmitted):
+            record = self._record(data.job_id)
+            if record.spec is None:
+                record.spec = data.spec
+                self._arrivals += 1
+                record.arrival = self._arrivals
+            return self._refresh(record)
+        if isinstance(data, JobQueued):
+            record = self._record(data.job_id)
+            record.queued.add(envelope.id)
+            return self._refresh(record)
+        if isinstance(data, JobRequeued):
+            record = self._record(data.job_id)
+            record.requeued_attempt = max(record.requeued_attempt, data.attempt)
+            return self._refresh(record)
+        if isinstance(data, JobPreempting):
+            if data.preemptor_job_id is not None:
+                self.preemptors.add(data.preemptor_job_id)
+            return False
+        if isinstance(data, JobCompleted | JobFailed):
+            record = self._record(data.job_id)
+            record.finished = True
+            self._refresh(record)
+            return False
+        if isinstance(data, AllocationGranted):
+            record = self._record(data.job_id)
+            if data.allocation_id in record.grants:
+                return False
+            record.grants[data.allocation_id] = data
+            if data.allocation_id not in record.released and self._snapshot is not None:
+                self._grant_in_snapshot(self._snapshot, record, data)
+            self._refresh(record)
+            return False
+        if isinstance(data, AllocationReleased):
+            record = self._record(data.job_id)
+            if data.allocation_id in record.released:
+                return False
+            was_live = record.live()
+            record.released.add(data.allocation_id)
+            if data.reason in FINAL_RELEASES:
+                record.finished = True
+            if (
+                was_live is not None
+                and was_live.allocation_id == data.allocation_id
+                and self._snapshot is not None
+            ):
+                self._snapshot.release(CoreJobId(data.job_id))
+            self._refresh(record)
+            return True
+        return False
+
+    def _record(self, job_id: JobId) -> JobRecord:
+        record = self.jobs.get(job_id)
+        if record is None:
+            record = self.jobs[job_id] = JobRecord(job_id)
+        return record
+
+    def _refresh(self, record: JobRecord) -> bool:
+        if record.waiting(self.gated):
+            new = record.job_id not in self.waiting
+            self.waiting[record.job_id] = record
+            return new
+        self.waiting.pop(record.job_id, None)
+        self.last_pending.pop(record.job_id, None)
+        return False
+
+    # -- the cluster as the core sees it ---------------------------------------------------
+
+    def cordoned(self, node: NodeId) -> bool:
+        failed = self.failed_at.get(node)
+        return failed is not None and failed >= self.registered_at.get(node, failed)
+
+    def snapshot(self) -> Snapshot:
+        if self._snapshot is None:
+            nodes = [
+                core_node(
+                    n, cordoned=self.cordoned(n.node), failed_gpus=frozenset(self.failed_gpus.get(n.node, ()))
+                )
+                for n in self.nodes.values()
+            ]
+            snap = Snapshot(nodes)
+            for record in self.jobs.values():
+                live = record.live()
+                if live is not None:
+                    self._grant_in_snapshot(snap, record, live)
+            self._snapshot = snap
+        return self._snapshot
+
+    @staticmethod
+    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> None:
+        spec = record.spec or JobSpec(queue=granted.queue, workers=granted.workers, gpus_per_worker=1)
+        status = snap.grant(core_job(record.job_id, spec), core_allocation(granted))
+        if not status.ok:
+            # The log is the truth; a grant we cannot mirror (e.g. a node not registered yet) is logged.
+            log.warning("cannot mirror a grant in the snapshot: %s", status.message)
+
+    def running(self) -> list[RunningJob]:
+        return list(self.snapshot().running.values())
+
+
+def decide(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
+    """Fold one event; when it may let jobs run, run a cycle and return its decisions."""
+    if isinstance(envelope.data, JobCancelRequested):
+        outputs = cancel(envelope.data, state, cause=envelope.id, now=now)
+        if outputs and state.waiting:
+            outputs += schedule(state, cause=envelope.id, now=now)
+        return outputs
+    changed = state.fold(envelope)
+    if not (changed or state.needs_cycle) or not state.waiting:
+        return []
+    state.needs_cycle = False
+    return schedule(state, cause=envelope.id, now=now)
+
+
+def cancel(
+    request: JobCancelRequested, state: PlacementState, *, cause: str, now: datetime
+) -> list[Outgoing]:
+    """A running job gives its GPUs back (released: cancelled); a waiting one is dropped. Both end failed."""
+    record = state.jobs.get(request.job_id)
+    if record is None or record.spec is None or record.finished:
+        return []
+    why = request.reason or "cancelled by request"
+    if request.requested_by:
+        why = f"{why} (by {request.requested_by})"
+    outputs: list[Outgoing] = []
+    live = record.live()
+    if live is not None:
+        released = AllocationReleased(
+            job_id=record.job_id, allocation_id=live.allocation_id, reason="cancelled"
+        )
+        outputs.append(_out(state.topics.allocations, released, cause, "released-cancelled", now))
+        failed = JobFailed(
+            job_id=record.job_id, allocation_id=live.allocation_id, code="cancelled_while_running", reason=why
+        )
+    else:
+        failed = JobFailed(job_id=record.job_id, code="cancelled", reason=why)
+    outputs.append(_out(state.topics.events, failed, cause, "failed-cancelled", now))
+    for _, envelope in outputs:
+        state.fold(envelope)
+    return outputs
+
+
+def _order_key(record: JobRecord) -> tuple[int, int]:
+    spec = record.spec
+    return (-(spec.priority if spec is not None else 0), record.arrival)
+
+
+def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:
+    """One scheduling cycle over the waiting jobs; the events that announce its decisions."""
+    snap = state.snapshot()
+    if not snap.nodes:
+        return []
+    waiting = sorted(state.waiting.values(), key=_order_key)
+    held = hold_for_preemptors(state, waiting)
+    candidates = [r for r in waiting if r.job_id not in held][: state.max_jobs_per_cycle]
+    jobs = [core_job(r.job_id, r.spec) for r in candidates if r.spec is not None]
+    ids: dict[CoreJobId, AllocationId] = {CoreJobId(r.job_id): r.next_allocation_id() for r in candidates}
+
+    def allocation_id(job: CoreJobId, cycle: int) -> CoreAllocationId:
+        return CoreAllocationId(ids[job])
+
+    state.cycle += 1
+    plan = run_cycle(snap, jobs, state.profile, cycle=state.cycle, allocation_id=allocation_id)
+    problems = apply_plan(snap, plan)
+    if problems:
+        log.error("a plan could not be applied: %s", [p.message for p in problems])
+    outputs: list[Outgoing] = []
+    for placed in plan.placed:
+        job_id = JobId(placed.job.id)
+        record = state.jobs[job_id]
+        spec = record.spec
+        assert spec is not None
+        granted = AllocationGranted(
+            job_id=job_id,
+            allocation_id=AllocationId(placed.allocation.id),
+            queue=spec.queue,
+            gpu_type=spec.gpu_type,
+            placements=wire_placements(placed.allocation),
+        )
+        job_placed = JobPlaced(
+            job_id=job_id,
+            allocation_id=granted.allocation_id,
+            nodes=tuple(NodeId(n) for n in placed.allocation.nodes),
+            cycle=state.cycle,
+            score=placed.score,
+            reasons=tuple(_decision_reason(r) for r in placed.reasons),
+        )
+        record.grants[granted.allocation_id] = granted
+        state._refresh(record)
+        outputs.append(_out(state.topics.allocations, granted, cause, "granted", now))
+        outputs.append(_out(state.topics.events, job_placed, cause, "placed", now))
+    for job_id, reason in held.items():
+        key: tuple[str, ...] = (f"{reason.code}:{reason.message}",)
+        if state.last_pending.get(job_id) != key:
+            state.last_pending[job_id] = key
+            held_event = JobPending(job_id=job_id, cycle=state.cycle, reasons=(reason,))
+            outputs.append(_out(state.topics.events, held_event, cause, "pending", now))
+    for pending in plan.pending:
+        job_id = JobId(pending.job_id)
+        reasons = tuple(_pending_reason(r) for r in pending.reasons) or (
+            PendingReason(code="capacity", constraint="placement", message="no placement fits right now"),
+        )
+        key = tuple(f"{r.code}:{r.message}" for r in reasons)
+        if state.last_pending.get(job_id) == key:
+            continue
+        state.last_pending[job_id] = key
+        event = JobPending(job_id=job_id, cycle=state.cycle, reasons=reasons)
+        outputs.append(_out(state.topics.events, event, cause, "pending", now))
+    return outputs
+
+
+def hold_for_preemptors(state: PlacementState, waiting: list[JobRecord]) -> dict[JobId, PendingReason]:
+    """Lower-priority jobs wait while GPUs are being freed for a preemptor, so they cannot take them first."""
+    preemptors = [r for r in waiting if r.job_id in state.preemptors and r.spec is not None]
+    if not preemptors:
+        return {}
+    top = max(preemptors, key=lambda r: r.spec.priority if r.spec is not None else 0)
+    assert top.spec is not None
+    floor = top.spec.priority
+    reason = PendingReason(
+        code="reservation",
+        constraint="preemption",
+        message=f"GPUs are being freed for job {top.job_id} (priority {floor}); lower priorities wait",
+        details={"preemptor_priority": floor},
+        unblock=f"wait until job {top.job_id} is placed",
+    )
+    return {r.job_id: reason for r in waiting if r.spec is not None and r.spec.priority < floor}
+
+
+def _out(topic: str, event: Event, cause: str, kind: str, now: datetime) -> Outgoing:
+    envelope = make_envelope(
+        event, event_id=derived_id(cause, kind, event.subject()), source=SOURCE, time=now
+    )
+    return (topic, envelope)
+
+
+def _decision_reason(reason: Reason) -> DecisionReason:
+    return DecisionReason(plugin=reason.plugin or "placement", message=reason.message or reason.code.value)
+
+
+def _pending_reason(reason: Reason) -> PendingReason:
+    details = {k[:64]: v for k, v in reason.details.items() if isinstance(v, int | str) and k}
+    return PendingReason(
+        code=reason.code.value,
+        constraint=(reason.plugin or "placement")[:128],
+        message=(reason.message or reason.code.value)[:2000],
+        details=details,
+    )

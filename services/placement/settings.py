@@ -1,0 +1,17 @@
+"""Placement settings (environment: GANGLINE_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.common.env import ServiceSettings
+
+
+class PlacementSettings(ServiceSettings):
+    """``gated``: place only jobs the quota service queued (job.queued); otherwise every admitted job."""
+
+    gated: bool = True
+    profile_path: str | None = None
+    """A scheduling profile YAML; the built-in default profile when unset."""
+    max_jobs_per_cycle: int = Field(default=256, ge=1)
+    """The most waiting jobs one cycle considers (highest priority first, then oldest)."""

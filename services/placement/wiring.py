@@ -1,0 +1,75 @@
+"""Placement's shell: restore the cluster and jobs from the log, then decide in Kafka transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from gangline.bus import Outgoing, RecordMeta
+from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.profile import load_profile_file
+from gangline.events.base import Envelope
+from services.common.env import processor_settings, topic_names
+from services.common.select import select_types
+from services.common.shell import restore_and_process
+from services.placement.handlers import PlacementState, decide
+from services.placement.settings import PlacementSettings
+
+SERVICE = "placement"
+PLACEMENT_EVENTS = (
+    "node.registered",
+    "node.failed",
+    "gpu.health_changed",
+    "job.admitted",
+    "job.queued",
+    "job.requeued",
+    "job.completed",
+    "job.failed",
+    "job.preempting",
+    "allocation.granted",
+    "allocation.released",
+)
+"""What placement's state is a fold of (cancellations, read from jobs.requests, end as job.failed)."""
+
+
+def new_state(settings: PlacementSettings) -> PlacementState:
+    profile = (
+        load_profile_file(settings.profile_path, placement_registry())
+        if settings.profile_path
+        else default_profile()
+    )
+    return PlacementState(
+        topics=topic_names(settings),
+        profile=profile,
+        gated=settings.gated,
+        max_jobs_per_cycle=settings.max_jobs_per_cycle,
+    )
+
+
+async def main(settings: PlacementSettings) -> None:
+    state = new_state(settings)
+    topics = state.topics
+
+    def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        return decide(envelope, state, now=datetime.now(UTC))
+
+    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
+    await restore_and_process(
+        # Heartbeats are the clock: after a restart the first one starts a cycle even when all is quiet.
+        processor_settings(settings, SERVICE, [*inputs, topics.heartbeats, topics.requests]),
+        state,
+        handle,
+        restore_topics=inputs,
+        # Placement is the only writer of grants: read back while running they change nothing.
+        select=select_types(
+            {
+                **dict.fromkeys(PLACEMENT_EVENTS, True),
+                "allocation.granted": False,
+                "job.cancel_requested": True,
+                "node.heartbeat": lambda: state.needs_cycle,
+            },
+            not_ours=frozenset({topics.requests}),
+        ),
+        restore_select=select_types(dict.fromkeys(PLACEMENT_EVENTS, True)),
+        lock_topic=topics.inventory,
+    )

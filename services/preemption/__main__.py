@@ -1,0 +1,8 @@
+"""``python -m services.preemption``: settings from GANGLINE_* environment variables."""
+
+from services.common.process import run_main
+from services.preemption.settings import PreemptionSettings
+from services.preemption.wiring import SERVICE, main
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(SERVICE, PreemptionSettings.from_env(), main))

@@ -1,0 +1,56 @@
+"""Preemption's shell: mirror the cluster from the log, then act on pending urgent jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from gangline.bus import Outgoing, RecordMeta
+from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.profile import load_profile_file
+from gangline.events.base import Envelope
+from services.common.env import processor_settings, topic_names
+from services.common.select import select_types
+from services.common.shell import restore_and_process
+from services.placement.handlers import PlacementState
+from services.placement.wiring import PLACEMENT_EVENTS
+from services.preemption.handlers import PreemptionState, decide
+from services.preemption.settings import PreemptionSettings
+
+SERVICE = "preemption"
+
+
+def new_state(settings: PreemptionSettings) -> PreemptionState:
+    profile = (
+        load_profile_file(settings.profile_path, placement_registry())
+        if settings.profile_path
+        else default_profile()
+    )
+    return PreemptionState(
+        mirror=PlacementState(topics=topic_names(settings), profile=profile, gated=settings.gated)
+    )
+
+
+async def main(settings: PreemptionSettings) -> None:
+    state = new_state(settings)
+    topics = state.mirror.topics
+
+    def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        return decide(envelope, state, now=datetime.now(UTC))
+
+    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
+    await restore_and_process(
+        processor_settings(settings, SERVICE, [*inputs, topics.heartbeats]),
+        state,
+        handle,
+        restore_topics=inputs,
+        select=select_types(
+            {
+                **dict.fromkeys(PLACEMENT_EVENTS, True),
+                "job.pending": True,
+                "job.checkpointed": True,
+                "node.heartbeat": lambda: bool(state.in_flight),
+            }
+        ),
+        lock_topic=topics.inventory,
+    )

@@ -1,0 +1,281 @@
+"""Helpers for end-to-end tests: a private set of topics, services as tasks or processes, log readers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.events.allocations import AllocationGranted, AllocationReleased
+from gangline.events.base import Envelope
+from gangline.events.codec import DecodeError, decode
+from services.common.topics import TopicNames
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.asynccontextmanager
+async def private_topics(bootstrap: str, name: str) -> AsyncIterator[TopicNames]:
+    """The catalogue's topics under a fresh prefix, deleted afterwards."""
+    topics = TopicNames(prefix=f"e2e-{name}-{uuid.uuid4().hex[:8]}.")
+    specs = topics.specs()
+    await ensure_topics(bootstrap, specs)
+    try:
+        yield topics
+    finally:
+        await delete_topics(bootstrap, [s.name for s in specs])
+
+
+def service_env(bootstrap: str, topics: TopicNames, **extra: str) -> dict[str, str]:
+    return {
+        "GANGLINE_KAFKA_BOOTSTRAP": bootstrap,
+        "GANGLINE_TOPIC_PREFIX": topics.prefix,
+        "GANGLINE_GROUP_PREFIX": f"g-{topics.prefix.rstrip('.')}",
+        "GANGLINE_INSTANCE_ID": "i0",
+        **{f"GANGLINE_{k.upper()}": v for k, v in extra.items()},
+    }
+
+
+class Tasks:
+    """Services run as tasks of the test's event loop; all cancelled on exit."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def start(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks[name] = task
+        return task
+
+    def check(self) -> None:
+        """Fail loudly when a service task died."""
+        for name, task in self.tasks.items():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise AssertionError(f"service {name} died") from task.exception()
+
+    async def stop(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        for task in self.tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+class Proc:
+    """A service as a real subprocess (``python -m services.<name>``), logging to a file."""
+
+    def __init__(self, module: str, env: Mapping[str, str], log_path: Path) -> None:
+        self.module = module
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LogReader:
+    """Reads topics from the beginning (read_committed) and keeps every decoded event and raw record."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.events: dict[str, list[Envelope]] = {t: [] for t in topics}
+        self.raw: dict[str, list[bytes | None]] = {t: [] for t in topics}
+        self.headers: dict[str, list[list[tuple[str, bytes]]]] = {t: [] for t in topics}
+        self.stamped: dict[str, list[tuple[int, Envelope]]] = {t: [] for t in topics}
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> LogReader:
+        self._consumer = AIOKafkaConsumer(
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def poll(self) -> int:
+        assert self._consumer is not None
+        batch = await self._consumer.getmany(timeout_ms=200, max_records=5000)
+        n = 0
+        for tp, records in batch.items():
+            for record in records:
+                self.raw[tp.topic].append(record.value)
+                self.headers[tp.topic].append(list(record.headers))
+                with contextlib.suppress(DecodeError):
+                    envelope = decode(record.value or b"")
+                    self.events[tp.topic].append(envelope)
+                    self.stamped[tp.topic].append((record.timestamp, envelope))
+                n += 1
+        return n
+
+    async def until(
+        self, done: Callable[[], bool], *, timeout_s: float, check: Callable[[], None] = lambda: None
+    ) -> None:
+        """Poll until ``done()``; raises TimeoutError after ``timeout_s`` (a bound, not a timed assertion)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not done():
+            check()
+            if loop.time() > deadline:
+                raise TimeoutError(
+                    f"the expected events did not all arrive; the log so far:\n{self.summary()}"
+                )
+            await self.poll()
+
+    def summary(self, last: int = 40) -> str:
+        lines = []
+        for topic, events in self.events.items():
+            lines.append(f"{topic}: {len(events)} events")
+            lines += [f"  {e.type} {e.subject} {e.data.model_dump_json()[:300]}" for e in events[-last:]]
+        return "\n".join(lines)
+
+    def of(self, topic: str, kind: type[Any]) -> list[Any]:
+        return [e.data for e in self.events[topic] if isinstance(e.data, kind)]
+
+
+async def end_offsets(bootstrap: str, topic: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in parts]
+        ends = await consumer.end_offsets(tps)
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+def audit_allocations(stamped: list[tuple[int, Envelope]]) -> list[str]:
+    """Replay allocations.log: problems when a GPU is held by two jobs at once or a gang is partial.
+
+    Partitions are merged by record timestamp (a release is always written before the grant it
+    made possible); on a tie the release goes first.
+    """
+    ordered = sorted(stamped, key=lambda te: (te[0], 0 if isinstance(te[1].data, AllocationReleased) else 1))
+    events = [e for _, e in ordered]
+    problems: list[str] = []
+    holder: dict[tuple[str, str], str] = {}
+    live: dict[str, AllocationGranted] = {}
+    for envelope in events:
+        data = envelope.data
+        if isinstance(data, AllocationGranted):
+            if data.allocation_id in live:
+                problems.append(f"allocation {data.allocation_id} granted twice")
+                continue
+            ranks = sorted(p.rank for p in data.placements)
+            if ranks != list(range(len(ranks))):
+                problems.append(f"allocation {data.allocation_id} has ranks {ranks}")
+            for p in data.placements:
+                for gpu in p.gpus:
+                    other = holder.get((p.node, gpu))
+                    if other is not None:
+                        problems.append(
+                            f"GPU {p.node}/{gpu} granted to {data.allocation_id} while {other} holds it"
+                        )
+                    holder[(p.node, gpu)] = data.allocation_id
+            live[data.allocation_id] = data
+        elif isinstance(data, AllocationReleased):
+            granted = live.pop(data.allocation_id, None)
+            if granted is None:
+                continue
+            for p in granted.placements:
+                for gpu in p.gpus:
+                    if holder.get((p.node, gpu)) == data.allocation_id:
+                        del holder[(p.node, gpu)]
+    return problems
+
+
+def start_pipeline(tasks: Tasks, env: Mapping[str, str], *, only: tuple[str, ...] | None = None) -> None:
+    """Every decision service (or those named in ``only``) as a task of the running loop."""
+    from services.admission.settings import AdmissionSettings
+    from services.admission.wiring import main as admission_main
+    from services.node_health.settings import NodeHealthSettings
+    from services.node_health.wiring import main as node_health_main
+    from services.placement.settings import PlacementSettings
+    from services.placement.wiring import main as placement_main
+    from services.preemption.settings import PreemptionSettings
+    from services.preemption.wiring import main as preemption_main
+    from services.quota.settings import QuotaSettings
+    from services.quota.wiring import main as quota_main
+
+    mains: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
+        "admission": lambda: admission_main(AdmissionSettings.from_env(env)),
+        "quota": lambda: quota_main(QuotaSettings.from_env(env)),
+        "placement": lambda: placement_main(PlacementSettings.from_env(env)),
+        "preemption": lambda: preemption_main(PreemptionSettings.from_env(env)),
+        "node_health": lambda: node_health_main(NodeHealthSettings.from_env(env)),
+    }
+    for name, make in mains.items():
+        if only is None or name in only:
+            tasks.start(name, make())
+
+
+def request_bytes(job_id: str, **data: Any) -> bytes:
+    """A job.requested envelope as any producer would write it: plain JSON, no Gangline code."""
+    import json
+    from datetime import UTC, datetime
+
+    return json.dumps(
+        {
+            "specversion": "1.0",
+            "id": str(uuid.uuid4()),
+            "source": "test/raw-producer",
+            "type": "gangline.job.requested.v1",
+            "time": datetime.now(UTC).isoformat(),
+            "subject": job_id,
+            "datacontenttype": "application/json",
+            "data": {"job_id": job_id, **data},
+        }
+    ).encode()
+
+
+async def send_raw(bootstrap: str, topic: str, messages: list[tuple[str, bytes]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, raw in messages:
+            await producer.send(topic, value=raw, key=key.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()

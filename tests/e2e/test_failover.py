@@ -1,0 +1,96 @@
+"""Two placement replicas: one decides, the other waits; kill -9 the first and the second takes over."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from e2e.harness import (
+    ROOT,
+    LogReader,
+    Proc,
+    Tasks,
+    audit_allocations,
+    private_topics,
+    request_bytes,
+    send_raw,
+    service_env,
+    start_pipeline,
+)
+from gangline.events.allocations import AllocationGranted
+from services.agent.cluster import load_cluster
+from services.agent.fake import FakeCluster
+
+JOBS = 120
+
+
+async def test_a_standby_placement_takes_over_when_the_leader_dies(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    rng = random.Random(3)
+    jobs = [
+        (
+            f"f-{i:03d}",
+            request_bytes(
+                f"f-{i:03d}",
+                queue="default",
+                workers=rng.choice([1, 2]),
+                gpus_per_worker=rng.choice([1, 2, 4]),
+                duration_hint_s=1,
+            ),
+        )
+        for i in range(JOBS)
+    ]
+    async with private_topics(kafka_bootstrap, "failover") as topics:
+        env = service_env(kafka_bootstrap, topics, session_timeout_ms="3000")
+        replicas = [
+            Proc(
+                "services.placement",
+                {**env, "GANGLINE_INSTANCE_ID": f"p{k}"},
+                tmp_path / f"placement-{k}.log",
+            )
+            for k in range(2)
+        ]
+        cluster = FakeCluster(
+            spec=load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
+            bootstrap=kafka_bootstrap,
+            topics=topics,
+            group_id=f"g-{topics.prefix}fake",
+            time_scale=0.2,
+            heartbeat_s=0.5,
+        )
+        tasks = Tasks()
+        try:
+            tasks.start("fake-nodes", cluster.run())
+            await cluster.ready.wait()
+            start_pipeline(tasks, env, only=("admission", "quota"))
+            replicas[0].start()
+            await asyncio.sleep(3)  # p0 takes the lock first
+            replicas[1].start()
+            await send_raw(kafka_bootstrap, topics.requests, jobs[: JOBS // 2])
+            async with LogReader(kafka_bootstrap, [topics.allocations]) as log:
+
+                def granted() -> set[str]:
+                    return {g.job_id for g in log.of(topics.allocations, AllocationGranted)}
+
+                await log.until(lambda: len(granted()) >= JOBS // 4, timeout_s=90, check=tasks.check)
+                leader_log = replicas[0].log_path.read_text()
+                standby_log = replicas[1].log_path.read_text()
+                assert "leadership acquired" in leader_log
+                assert "leadership acquired" not in standby_log
+                replicas[0].kill9()
+                await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
+                await log.until(lambda: len(granted()) == JOBS, timeout_s=120, check=tasks.check)
+                for _ in range(10):
+                    await log.poll()
+            assert "leadership acquired" in replicas[1].log_path.read_text()
+            per_job: dict[str, int] = {}
+            for g in log.of(topics.allocations, AllocationGranted):
+                per_job[g.job_id] = per_job.get(g.job_id, 0) + 1
+            assert [j for j, n in per_job.items() if n != 1] == []
+            assert audit_allocations(log.stamped[topics.allocations]) == []
+        finally:
+            for proc in replicas:
+                proc.terminate()
+            await tasks.stop()

@@ -1,0 +1,317 @@
+"""The API with httpx against the real database and broker: auth, validation, publishing, reads, paging."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+from aiokafka import AIOKafkaConsumer
+from api_helpers import World, envelopes, seed
+
+from gangline.bus import EventProducer
+from gangline.events import allocations, jobs, nodes
+from gangline.events.codec import decode
+from services.api.app import Resources, create_app
+from services.api.auth import Authenticator, TokenConfig
+from services.api.settings import ApiSettings
+
+
+def uid(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:10]}"
+
+
+async def read_topic(bootstrap: str, topic: str, want: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    try:
+        found: list[Any] = []
+        for _ in range(50):
+            batch = await consumer.getmany(timeout_ms=200)
+            found += [decode(r.value) for rs in batch.values() for r in rs]
+            if len(found) >= want:
+                break
+        return found
+    finally:
+        await consumer.stop()
+
+
+async def test_every_endpoint_but_health_and_docs_needs_a_valid_token(world: World) -> None:
+    for path in ("/v1/jobs", "/v1/queues", "/v1/nodes", "/v1/allocations", "/v1/jobs/x"):
+        assert (await world.client.get(path)).status_code == 401
+        assert (await world.client.get(path, headers=world.auth("wrong-token-123"))).status_code == 401
+    assert (await world.client.get("/healthz")).json() == {"status": "ok"}
+    spec = (await world.client.get("/openapi.json")).json()
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/queues", "/v1/nodes"} <= set(
+        spec["paths"]
+    )
+    assert (await world.client.get("/docs")).status_code == 200
+
+
+async def test_a_submitted_job_is_published_as_job_requested_by_its_tenant(
+    world: World, kafka_bootstrap: str
+) -> None:
+    job_id = uid("job")
+    body = {"job_id": job_id, "queue": world.research, "workers": 2, "gpus_per_worker": 8, "priority": 3}
+    response = await world.client.post("/v1/jobs", json=body, headers=world.auth(world.research_token))
+    assert response.status_code == 202, response.text
+    assert response.json()["status_url"] == f"/v1/jobs/{job_id}"
+    published = [
+        e for e in await read_topic(kafka_bootstrap, world.prefix + "jobs.requests", 1) if e.subject == job_id
+    ]
+    assert len(published) == 1
+    event = published[0]
+    assert isinstance(event.data, jobs.JobRequested)
+    assert (event.data.workers, event.data.gpus_per_worker, event.data.priority) == (2, 8, 3)
+    assert event.data.submitted_by == "research" and event.source == "gangline/api"
+    assert event.id == response.json()["event_id"]
+
+
+async def test_an_invalid_job_is_refused_with_422_naming_the_field(world: World) -> None:
+    body = {"queue": world.research, "workers": 0, "gpus_per_worker": 8, "colour": "blue"}
+    response = await world.client.post("/v1/jobs", json=body, headers=world.auth(world.research_token))
+    assert response.status_code == 422
+    problems = {p["field"]: p["message"] for p in response.json()["detail"]}
+    assert problems["workers"] == "workers: must be >= 1 (got 0)"
+    assert problems["colour"] == "colour: is not a field of this event"
+
+
+async def test_a_tenant_may_submit_to_its_own_queues_and_default_only(world: World) -> None:
+    def body(queue: str) -> dict[str, object]:
+        return {"queue": queue, "workers": 1, "gpus_per_worker": 1}
+
+    refused = await world.client.post(
+        "/v1/jobs", json=body(world.vision), headers=world.auth(world.research_token)
+    )
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == f"tenant 'research' may not act on queue '{world.vision}'"
+    for token in (world.research_token, world.vision_token):
+        assert (
+            await world.client.post("/v1/jobs", json=body("default"), headers=world.auth(token))
+        ).status_code == 202
+    admin = await world.client.post(
+        "/v1/jobs", json=body(world.vision), headers=world.auth(world.admin_token)
+    )
+    assert admin.status_code == 202
+
+
+async def test_a_job_shows_its_events_and_why_it_is_pending(world: World, pg_pool: asyncpg.Pool) -> None:
+    job_id = uid("job")
+    request = jobs.JobRequested(job_id=job_id, queue=world.research, workers=2, gpus_per_worker=8)
+    reason = jobs.PendingReason(
+        code="topology",
+        constraint="topology",
+        message="needs 16 GPUs in one NVLink domain; largest free is 8",
+        details={"needed_gpus": 16, "largest_free_domain": 8},
+        unblock="wait for a free NVLink domain or relax topology to leaf",
+    )
+    await seed(
+        pg_pool,
+        envelopes(
+            (0, request),
+            (1, jobs.JobAdmitted(job_id=job_id, spec=request.spec())),
+            (2, jobs.JobQueued(job_id=job_id, queue=world.research)),
+            (3, jobs.JobPending(job_id=job_id, reasons=(reason,))),
+        ),
+    )
+    response = await world.client.get(f"/v1/jobs/{job_id}", headers=world.auth(world.research_token))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["job"]["state"] == "pending"
+    assert [e["type"] for e in body["events"]] == [
+        "gangline.job.requested.v1",
+        "gangline.job.admitted.v1",
+        "gangline.job.queued.v1",
+        "gangline.job.pending.v1",
+    ]
+    assert body["why"]["pending"] is True
+    assert body["why"]["summary"] == "needs 16 GPUs in one NVLink domain; largest free is 8"
+    assert body["why"]["reasons"][0]["details"] == {"needed_gpus": 16, "largest_free_domain": 8}
+    other = await world.client.get(f"/v1/jobs/{job_id}", headers=world.auth(world.vision_token))
+    assert other.status_code == 403 and world.research in other.json()["detail"]
+    assert (
+        await world.client.get(f"/v1/jobs/{job_id}", headers=world.auth(world.admin_token))
+    ).status_code == 200
+    missing = await world.client.get(f"/v1/jobs/{uid('nope')}", headers=world.auth(world.admin_token))
+    assert missing.status_code == 404
+
+
+async def test_cancel_publishes_a_cancel_request_for_a_job_the_caller_may_act_on(
+    world: World, pg_pool: asyncpg.Pool, kafka_bootstrap: str
+) -> None:
+    job_id = uid("job")
+    await seed(
+        pg_pool,
+        envelopes((0, jobs.JobRequested(job_id=job_id, queue=world.vision, workers=1, gpus_per_worker=1))),
+    )
+    refused = await world.client.post(f"/v1/jobs/{job_id}/cancel", headers=world.auth(world.research_token))
+    assert refused.status_code == 403
+    response = await world.client.post(
+        f"/v1/jobs/{job_id}/cancel", json={"reason": "wrong dataset"}, headers=world.auth(world.vision_token)
+    )
+    assert response.status_code == 202
+    found = [
+        e for e in await read_topic(kafka_bootstrap, world.prefix + "jobs.requests", 1) if e.subject == job_id
+    ]
+    assert [(type(e.data).__name__, e.data.reason, e.data.requested_by) for e in found] == [
+        ("JobCancelRequested", "wrong dataset", "vision")
+    ]
+    duplicate = await world.client.post(
+        "/v1/jobs",
+        json={"job_id": job_id, "queue": world.vision, "workers": 1, "gpus_per_worker": 1},
+        headers=world.auth(world.vision_token),
+    )
+    assert duplicate.status_code == 409
+
+
+async def test_jobs_page_newest_first_without_gaps_or_repeats_and_filter_by_state(
+    world: World, pg_pool: asyncpg.Pool
+) -> None:
+    ids = [uid("page") for _ in range(5)]
+    await seed(
+        pg_pool,
+        envelopes(
+            *[
+                (i, jobs.JobRequested(job_id=j, queue=world.research, workers=1, gpus_per_worker=1))
+                for i, j in enumerate(ids)
+            ]
+        ),
+    )
+    await seed(
+        pg_pool,
+        envelopes((10, jobs.JobRejected(job_id=ids[0], code="unknown_queue", reason="no such queue"))),
+    )
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"queue": world.research, "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = (
+            await world.client.get("/v1/jobs", params=params, headers=world.auth(world.research_token))
+        ).json()
+        seen += [j["job_id"] for j in page["items"] if j["job_id"].startswith("page-")]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [j for j in seen if j in ids] == list(reversed(ids))
+    rejected = await world.client.get(
+        "/v1/jobs",
+        params={"queue": world.research, "state": "rejected"},
+        headers=world.auth(world.research_token),
+    )
+    assert [j["job_id"] for j in rejected.json()["items"]] == [ids[0]]
+    assert (
+        await world.client.get(
+            "/v1/jobs", params={"cursor": "garbage"}, headers=world.auth(world.admin_token)
+        )
+    ).status_code == 400
+    other = await world.client.get("/v1/jobs", headers=world.auth(world.vision_token))
+    assert not {j["job_id"] for j in other.json()["items"]} & set(ids)
+
+
+async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncpg.Pool) -> None:
+    run = uuid.uuid4().hex[:6]
+    node_names = [f"node-{run}-{i}" for i in range(2)]
+    gpus = tuple(
+        nodes.GpuInfo(id=f"gpu{i}", index=i, uuid=f"GPU-{run}-{i}", model="H100", memory_mib=81920)
+        for i in range(4)
+    )
+    job_id = uid("job")
+    request = jobs.JobRequested(job_id=job_id, queue=world.research, workers=2, gpus_per_worker=2)
+    borrower = jobs.JobRequested(job_id=uid("job"), queue=world.vision, workers=2, gpus_per_worker=2)
+    lent = tuple(allocations.Placement(rank=r, node=node_names[r], gpus=("gpu2", "gpu3")) for r in range(2))
+    placements = tuple(
+        allocations.Placement(rank=r, node=node_names[r], gpus=("gpu0", "gpu1")) for r in range(2)
+    )
+    await seed(
+        pg_pool,
+        envelopes(
+            *[
+                (
+                    0,
+                    nodes.NodeRegistered(
+                        node=n, address="10.0.0.1", gpus=gpus, nvlink_domain=n, leaf="l0", spine="s0"
+                    ),
+                )
+                for n in node_names
+            ],
+            (1, request),
+            (2, jobs.JobAdmitted(job_id=job_id, spec=request.spec())),
+            (
+                3,
+                allocations.AllocationGranted(
+                    job_id=job_id, allocation_id=f"{job_id}-a", queue=world.research, placements=placements
+                ),
+            ),
+            (4, jobs.JobStarted(job_id=job_id, allocation_id=f"{job_id}-a")),
+            (5, borrower),
+            (
+                6,
+                allocations.AllocationGranted(
+                    job_id=borrower.job_id,
+                    allocation_id=f"{borrower.job_id}-a",
+                    queue=world.vision,
+                    placements=lent,
+                ),
+            ),
+        ),
+    )
+    listed = (await world.client.get("/v1/nodes", headers=world.auth(world.research_token))).json()["items"]
+    mine = {n["node"]: n for n in listed if n["node"] in node_names}
+    assert {n: (v["state"], v["gpu_count"], v["gpus_held"]) for n, v in mine.items()} == {
+        node_names[0]: ("ready", 4, 4),
+        node_names[1]: ("ready", 4, 4),
+    }
+
+    queues = (await world.client.get("/v1/queues", headers=world.auth(world.research_token))).json()
+    by_name = {q["queue"]: q for q in queues["items"]}
+    assert set(by_name) == {world.research, "default"}  # the vision queue is not this tenant's to see
+    research = by_name[world.research]
+    assert research["usage"] == {"H100": 4} and research["jobs"] == {"running": 1}
+    assert research["borrowed"] == {}  # 4 of a nominal 8
+    assert research["quota"] == {"H100": {"nominal": 8, "borrowing_limit": None, "lending_limit": None}}
+    assert research["weight"] == 2 and research["dominant_resource"] == "H100"
+    assert research["dominant_share"] == round(4 / queues["capacity"]["H100"] / 2, 6)
+
+    log = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"job_id": job_id, "limit": 1}
+        if cursor:
+            params["cursor"] = cursor
+        page = (
+            await world.client.get("/v1/allocations", params=params, headers=world.auth(world.research_token))
+        ).json()
+        log += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [(a["rank"], a["node"], a["gpus"], a["released_at"]) for a in log] == [
+        (0, node_names[0], ["gpu0", "gpu1"], None),
+        (1, node_names[1], ["gpu0", "gpu1"], None),
+    ]
+    everything = (await world.client.get("/v1/queues", headers=world.auth(world.admin_token))).json()
+    vision = next(q for q in everything["items"] if q["queue"] == world.vision)
+    assert (vision["usage"], vision["borrowed"]) == ({"H100": 4}, {"H100": 2})  # nominal 2, holds 4
+    hidden = await world.client.get(
+        "/v1/allocations", params={"job_id": job_id}, headers=world.auth(world.vision_token)
+    )
+    assert hidden.json()["items"] == []
+
+
+async def test_health_says_503_while_the_producer_is_down(
+    kafka_bootstrap: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    settings = ApiSettings.from_env({}, kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn)
+    stopped = EventProducer(kafka_bootstrap)
+    app = create_app(
+        settings, resources=Resources(pg_pool, stopped), authenticator=Authenticator(TokenConfig())
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        response = await client.get("/healthz")
+    assert response.status_code == 503
+    assert "not started" in response.json()["detail"]

@@ -1,0 +1,285 @@
+"""The ledger against the real broker and database: once per event id, nothing lost across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer
+
+from gangline.bus import Delivery, EventProducer
+from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.events import allocations, jobs, nodes
+from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.codec import decode
+from gangline.events.registry import Registry
+from gangline.events.topics import topic_for
+from services.common.topics import TopicNames
+from services.ledger import wiring
+from services.ledger.settings import LedgerSettings
+from services.ledger.wiring import Ledger
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def prefix(kafka_bootstrap: str) -> AsyncIterator[str]:
+    """Every public topic (and DLQ twin) under a prefix of this test's own."""
+    prefix = f"t-ledger-{uuid.uuid4().hex[:8]}."
+    specs = TopicNames(prefix=prefix).specs()
+    await ensure_topics(kafka_bootstrap, specs)
+    try:
+        yield prefix
+    finally:
+        await delete_topics(kafka_bootstrap, [s.name for s in specs])
+
+
+def settings(bootstrap: str, prefix: str, pg_dsn: str) -> LedgerSettings:
+    return LedgerSettings.from_env(
+        {},
+        kafka_bootstrap=bootstrap,
+        topic_prefix=prefix,
+        group_prefix=prefix + "g",
+        pg_dsn=pg_dsn,
+        max_batch_records=4,
+        poll_timeout_ms=100,
+    )
+
+
+def envelope(data: Event, seconds: int) -> Envelope:
+    return make_envelope(
+        data, event_id=str(uuid.uuid4()), source="tests/ledger", time=T0 + timedelta(seconds=seconds)
+    )
+
+
+def job_history(job_id: str) -> list[Envelope]:
+    spec = {"job_id": job_id, "queue": "default", "workers": 2, "gpus_per_worker": 1}
+    placements = (
+        allocations.Placement(rank=0, node="n0", gpus=("gpu0",)),
+        allocations.Placement(rank=1, node="n1", gpus=("gpu0",)),
+    )
+    alloc = f"{job_id}-a1"
+    events: list[Event] = [
+        jobs.JobRequested.model_validate(spec),
+        jobs.JobAdmitted(job_id=job_id, spec=jobs.JobRequested.model_validate(spec).spec()),
+        jobs.JobPlaced(job_id=job_id, allocation_id=alloc, nodes=("n0", "n1")),
+        allocations.AllocationGranted(
+            job_id=job_id, allocation_id=alloc, queue="default", placements=placements
+        ),
+        jobs.JobStarted(job_id=job_id, allocation_id=alloc),
+        jobs.JobCompleted(job_id=job_id, allocation_id=alloc),
+        allocations.AllocationReleased(job_id=job_id, allocation_id=alloc, reason="completed"),
+    ]
+    return [envelope(e, i) for i, e in enumerate(events)]
+
+
+async def publish(bootstrap: str, prefix: str, envelopes: Sequence[Envelope]) -> None:
+    async with EventProducer(bootstrap) as producer:
+        for env in envelopes:
+            await producer.publish(prefix + topic_for(env.data), env)
+
+
+async def count_events(pool: asyncpg.Pool, envelopes: Sequence[Envelope]) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM events WHERE event_id = ANY($1::text[])", [e.id for e in envelopes]
+        )
+    )
+
+
+async def until(predicate: object, timeout_s: float = 30.0) -> None:
+    """Poll an async predicate until it holds (a deadline guards the test, nothing is timed)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.1)
+
+
+async def run_ledger(ledger: Ledger) -> asyncio.Task[None]:
+    task = asyncio.create_task(ledger.run())
+    await asyncio.wait_for(ledger.started.wait(), 30)
+    return task
+
+
+async def stop(ledger: Ledger, task: asyncio.Task[None]) -> None:
+    ledger.request_stop()
+    await asyncio.wait_for(task, 30)
+
+
+async def test_a_job_history_becomes_one_job_row_and_two_allocation_rows(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    history = job_history(job_id)
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool)
+    task = await run_ledger(ledger)
+    try:
+        await publish(kafka_bootstrap, prefix, history)
+        await until(lambda: _equals(count_events(pg_pool, history), len(history)))
+        await until(lambda: _job_state(pg_pool, job_id, "completed"))
+    finally:
+        await stop(ledger, task)
+    job = await pg_pool.fetchrow("SELECT * FROM jobs WHERE job_id = $1", job_id)
+    assert job is not None and (job["queue"], job["workers"], job["allocation_id"]) == (
+        "default",
+        2,
+        f"{job_id}-a1",
+    )
+    rows = await pg_pool.fetch("SELECT * FROM allocations WHERE job_id = $1 ORDER BY rank", job_id)
+    assert [(r["rank"], r["node"], r["gpus"], r["release_reason"]) for r in rows] == [
+        (0, "n0", ["gpu0"], "completed"),
+        (1, "n1", ["gpu0"], "completed"),
+    ]
+    stored = await pg_pool.fetchrow("SELECT topic, subject FROM events WHERE event_id = $1", history[0].id)
+    assert (stored["topic"], stored["subject"]) == (prefix + "jobs.requests", job_id)
+
+
+async def test_the_same_events_fed_twice_leave_one_row_each(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    history = job_history(job_id)
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    beat = envelope(nodes.NodeHeartbeat(node=node, seq=1), 1)
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool)
+    task = await run_ledger(ledger)
+    try:
+        await publish(kafka_bootstrap, prefix, [*history, beat])
+        await publish(kafka_bootstrap, prefix, [*history, beat])  # a producer retrying everything
+        await until(lambda: _seen(ledger, 2 * (len(history) + 1)))
+    finally:
+        await stop(ledger, task)
+    assert await count_events(pg_pool, history) == len(history)
+    assert await count_events(pg_pool, [beat]) == 0  # liveness, not history: only the node row moves
+    assert ledger.stats.events_new == len(history)
+    assert await pg_pool.fetchval("SELECT count(*) FROM jobs WHERE job_id = $1", job_id) == 1
+    assert await pg_pool.fetchval("SELECT count(*) FROM allocations WHERE job_id = $1", job_id) == 2
+    assert await pg_pool.fetchval("SELECT last_seq FROM nodes WHERE node = $1", node) == 1
+
+
+async def test_a_crash_between_the_database_commit_and_the_offset_commit_loses_and_duplicates_nothing(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    job_ids = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    histories = [e for job_id in job_ids for e in job_history(job_id)]
+    config = settings(kafka_bootstrap, prefix, pg_dsn)
+
+    class Crash(Exception):
+        pass
+
+    async def crash_on_second_batch(batch: Sequence[Delivery]) -> None:
+        if first.stats.batches == 2:
+            raise Crash("killed after the database commit, before the offset commit")
+
+    first = Ledger(config, pg_pool, after_db_commit=crash_on_second_batch)
+    task = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.started.wait(), 30)
+    await publish(kafka_bootstrap, prefix, histories)
+    with pytest.raises(Crash):
+        await asyncio.wait_for(task, 30)
+    written_before_restart = await count_events(pg_pool, histories)
+    assert 0 < written_before_restart < len(histories)
+
+    second = Ledger(config, pg_pool)  # same consumer group: resumes from the committed offsets
+    task = await run_ledger(second)
+    more = job_history(f"job-{uuid.uuid4().hex[:8]}")
+    try:
+        await publish(kafka_bootstrap, prefix, more)
+        await until(lambda: _equals(count_events(pg_pool, [*histories, *more]), len(histories) + len(more)))
+        await until(lambda: _seen(second, len(histories) + len(more) - 4))
+    finally:
+        await stop(second, task)
+    # The crashed batch was read again: seen twice, stored once.
+    assert second.stats.events_seen > second.stats.events_new
+    for job_id in job_ids:
+        assert await pg_pool.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id) == "completed"
+
+
+async def test_an_undecodable_record_goes_to_the_dead_letter_topic_and_the_ledger_carries_on(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    history = job_history(job_id)[:1]
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool)
+    task = await run_ledger(ledger)
+    try:
+        async with EventProducer(kafka_bootstrap) as producer:
+            await producer.raw.send_and_wait(prefix + "jobs.events", value=b"{not json", key=b"x")
+        await publish(kafka_bootstrap, prefix, history)
+        await until(lambda: _equals(count_events(pg_pool, history), 1))
+    finally:
+        await stop(ledger, task)
+    dlq = AIOKafkaConsumer(
+        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await dlq.start()
+    try:
+        batch = await dlq.getmany(timeout_ms=10_000)
+    finally:
+        await dlq.stop()
+    records = [r for rs in batch.values() for r in rs]
+    assert [r.value for r in records] == [b"{not json"]
+    assert dict(records[0].headers)["gangline-dlq-source-service"] == b"ledger"
+
+
+async def _equals(value: object, expected: int) -> bool:
+    return await value == expected  # type: ignore[misc]
+
+
+async def _seen(ledger: Ledger, events: int) -> bool:
+    return ledger.stats.events_seen >= events
+
+
+async def _job_state(pool: asyncpg.Pool, job_id: str, state: str) -> bool:
+    return await pool.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id) == state
+
+
+async def test_an_event_the_database_keeps_refusing_is_dead_lettered_and_the_rest_are_stored(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    history = job_history(f"job-{uuid.uuid4().hex[:8]}")
+    poison = history[2]
+    real_project_batch = wiring.project_batch
+
+    async def refuse_the_poison(
+        conn: asyncpg.Connection, deliveries: Sequence[Delivery], registry: Registry, **options: bool
+    ) -> int:
+        if any(d.envelope.id == poison.id for d in deliveries):
+            raise asyncpg.DataError("value out of range")  # what a projection bug would look like
+        return await real_project_batch(conn, deliveries, registry, **options)
+
+    monkeypatch.setattr(wiring, "project_batch", refuse_the_poison)
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool, retry_backoff_s=0.01)
+    task = await run_ledger(ledger)
+    try:
+        await publish(kafka_bootstrap, prefix, history)
+        await until(lambda: _equals(count_events(pg_pool, history), len(history) - 1))
+        await until(lambda: _dead_lettered(ledger))
+    finally:
+        await stop(ledger, task)
+    assert ledger.stats.retries >= 2 and ledger.stats.dead_lettered == 1
+    dlq = AIOKafkaConsumer(
+        prefix + topic_for(poison.data) + ".dlq",
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+    )
+    await dlq.start()
+    try:
+        batch = await dlq.getmany(timeout_ms=10_000)
+    finally:
+        await dlq.stop()
+    [record] = [r for rs in batch.values() for r in rs]
+    assert decode(record.value).id == poison.id
+    headers = dict(record.headers)
+    assert headers["gangline-dlq-code"] == b"handler_failed"
+    assert b"value out of range" in headers["gangline-dlq-reason"]
+
+
+async def _dead_lettered(ledger: Ledger) -> bool:
+    return ledger.stats.dead_lettered > 0

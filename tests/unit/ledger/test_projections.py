@@ -1,0 +1,187 @@
+"""The ledger's folds: a job's row from its history in any order, a node's row event by event."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gangline.events import allocations, jobs, nodes
+from gangline.events.base import Event
+from services.ledger.projections import NodeRow, StoredEvent, apply_node_event, fold_job
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+JOB = "job-7"
+
+
+def at(seconds: int, data: Event, event_id: str | None = None) -> StoredEvent:
+    return StoredEvent(event_id or f"e{seconds}", T0 + timedelta(seconds=seconds), data)
+
+
+def requested(**extra: object) -> jobs.JobRequested:
+    return jobs.JobRequested.model_validate(
+        {"job_id": JOB, "queue": "research", "workers": 2, "gpus_per_worker": 4, **extra}
+    )
+
+
+def pending(message: str, code: str = "gang_size") -> jobs.JobPending:
+    reason = jobs.PendingReason(code=code, constraint="gang", message=message, unblock="free 8 GPUs")
+    return jobs.JobPending(job_id=JOB, reasons=(reason,))
+
+
+def granted() -> allocations.AllocationGranted:
+    return allocations.AllocationGranted(
+        job_id=JOB,
+        allocation_id="a1",
+        queue="research",
+        placements=(
+            allocations.Placement(rank=0, node="n0", gpus=("gpu0", "gpu1", "gpu2", "gpu3")),
+            allocations.Placement(rank=1, node="n1", gpus=("gpu0", "gpu1", "gpu2", "gpu3")),
+        ),
+    )
+
+
+LIFE = [
+    at(0, requested(priority=5, submitted_by="alice")),
+    at(1, jobs.JobAdmitted(job_id=JOB, spec=requested(priority=5).spec())),
+    at(2, jobs.JobQueued(job_id=JOB, queue="research")),
+    at(3, pending("needs 8 GPUs in one NVLink domain; largest free is 6")),
+    at(4, jobs.JobPlaced(job_id=JOB, allocation_id="a1", nodes=("n0", "n1"))),
+    at(5, granted()),
+    at(6, jobs.JobStarted(job_id=JOB, allocation_id="a1")),
+]
+
+
+def test_the_lifecycle_folds_to_a_running_job_with_its_request_fields() -> None:
+    row = fold_job(JOB, LIFE)
+    assert row is not None
+    assert (row.state, row.queue, row.priority, row.workers, row.gpus_per_worker) == (
+        "running",
+        "research",
+        5,
+        2,
+        4,
+    )
+    assert row.submitted_by == "alice"
+    assert row.submitted_at == T0 and row.admitted_at == T0 + timedelta(seconds=1)
+    assert row.started_at == T0 + timedelta(seconds=6)
+    assert row.allocation_id == "a1" and row.last_event_id == "e6"
+    assert row.reason is None and row.pending_reasons == ()
+
+
+def test_the_row_does_not_depend_on_the_order_the_topics_were_read_in() -> None:
+    expected = fold_job(JOB, LIFE)
+    for order in itertools.islice(itertools.permutations(LIFE), 0, 5040, 97):
+        assert fold_job(JOB, order) == expected
+
+
+def test_a_pending_job_carries_every_reason_and_the_first_as_its_reason() -> None:
+    row = fold_job(JOB, LIFE[:4])
+    assert row is not None
+    assert row.state == "pending"
+    assert row.reason == "needs 8 GPUs in one NVLink domain; largest free is 6"
+    assert row.reason_code == "gang_size"
+    assert row.pending_reasons[0]["unblock"] == "free 8 GPUs"
+
+
+def test_no_row_until_the_spec_is_known() -> None:
+    assert fold_job(JOB, [at(3, pending("waiting"))]) is None
+    row = fold_job(
+        JOB, [at(3, pending("waiting")), at(1, jobs.JobAdmitted(job_id=JOB, spec=requested().spec()))]
+    )
+    assert row is not None and row.state == "pending"
+
+
+@pytest.mark.parametrize(
+    ("final", "state"),
+    [
+        (jobs.JobCompleted(job_id=JOB, allocation_id="a1"), "completed"),
+        (jobs.JobFailed(job_id=JOB, code="worker_exit", reason="rank 1 exited 3"), "failed"),
+        (jobs.JobFailed(job_id=JOB, code="cancelled", reason="cancelled by alice"), "cancelled"),
+        (allocations.AllocationReleased(job_id=JOB, allocation_id="a1", reason="cancelled"), "cancelled"),
+    ],
+)
+def test_a_finished_job_stays_finished(final: Event, state: str) -> None:
+    late = at(20, pending("a late word from a slow cycle"))
+    row = fold_job(JOB, [*LIFE, at(10, final), late])
+    assert row is not None
+    assert row.state == state
+    assert row.finished_at == T0 + timedelta(seconds=10)
+
+
+def test_a_requeued_job_counts_its_attempt_and_runs_again() -> None:
+    history = [
+        *LIFE,
+        at(7, jobs.JobPreempting(job_id=JOB, allocation_id="a1", deadline=T0, reason="urgent job u1")),
+        at(8, jobs.JobPreempted(job_id=JOB, allocation_id="a1", checkpointed=True)),
+        at(9, jobs.JobRequeued(job_id=JOB, reason="preempted", attempt=2, resume_from="s3://ck/7")),
+    ]
+    row = fold_job(JOB, history)
+    assert row is not None and (row.state, row.attempt, row.reason_code) == ("requeued", 2, "preempted")
+    row = fold_job(JOB, [*history, at(12, jobs.JobStarted(job_id=JOB, allocation_id="a2", attempt=2))])
+    assert row is not None and (row.state, row.allocation_id) == ("running", "a2")
+
+
+def test_a_rejection_keeps_its_reason_and_a_cancel_request_is_remembered() -> None:
+    rejected = jobs.JobRejected(job_id=JOB, code="unknown_queue", reason="queue 'research' does not exist")
+    row = fold_job(JOB, [LIFE[0], at(1, rejected), at(2, jobs.JobCancelRequested(job_id=JOB))])
+    assert row is not None
+    assert (row.state, row.reason_code) == ("rejected", "unknown_queue")
+    assert row.cancel_requested_at == T0 + timedelta(seconds=2)
+
+
+def gpu(i: int) -> nodes.GpuInfo:
+    return nodes.GpuInfo(id=f"gpu{i}", index=i, uuid=f"GPU-{i}", model="H100", memory_mib=81920)
+
+
+def registered() -> nodes.NodeRegistered:
+    return nodes.NodeRegistered(
+        node="n0", address="10.0.0.1", gpus=(gpu(0), gpu(1)), nvlink_domain="n0", leaf="l0", spine="s0"
+    )
+
+
+def fold_node(*events: StoredEvent) -> NodeRow:
+    row: NodeRow | None = None
+    for event in events:
+        row = apply_node_event(row, "n0", event)
+    assert row is not None
+    return row
+
+
+def test_a_registered_node_is_ready_with_its_gpus_and_topology() -> None:
+    row = fold_node(at(0, registered()), at(5, nodes.NodeHeartbeat(node="n0", seq=3)))
+    assert (row.state, row.gpu_count, row.gpu_model, row.leaf) == ("ready", 2, "H100", "l0")
+    assert row.last_heartbeat_at == T0 + timedelta(seconds=5) and row.last_seq == 3
+
+
+def test_a_heartbeat_read_before_the_registration_leaves_an_unregistered_node_until_it_arrives() -> None:
+    beat = at(5, nodes.NodeHeartbeat(node="n0", seq=1))
+    assert fold_node(beat).state == "unregistered"
+    row = fold_node(beat, at(0, registered()))
+    assert row.state == "ready" and row.last_heartbeat_at == T0 + timedelta(seconds=5)
+
+
+def test_a_failed_gpu_is_cordoned_until_it_recovers() -> None:
+    def health(seconds: int, state: nodes.HealthState, kind: str) -> StoredEvent:
+        cause = nodes.HealthCause.model_validate(
+            {"kind": kind, "message": "XID 79: fell off the bus", "xid": 79}
+        )
+        return at(
+            seconds,
+            nodes.GpuHealthChanged(node="n0", gpu="gpu1", previous="healthy", state=state, cause=cause),
+        )
+
+    row = fold_node(at(0, registered()), health(1, "failed", "xid"))
+    assert (row.state, row.cordoned_gpus) == ("unhealthy", ["gpu1"])
+    assert row.health_reason == "gpu1: XID 79: fell off the bus"
+    row = fold_node(at(0, registered()), health(1, "failed", "xid"), health(2, "healthy", "recovered"))
+    assert (row.state, row.cordoned_gpus) == ("ready", [])
+
+
+def test_a_lost_node_stays_lost_until_it_registers_again_and_old_news_changes_nothing() -> None:
+    failed = at(10, nodes.NodeFailed(node="n0", code="heartbeat_timeout", reason="no heartbeat for 30 s"))
+    row = fold_node(at(0, registered()), failed)
+    assert (row.state, row.health_reason) == ("lost", "no heartbeat for 30 s")
+    assert fold_node(at(0, registered()), failed, at(5, registered())).state == "lost"
+    assert fold_node(at(0, registered()), failed, at(20, registered())).state == "ready"

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from svc_helpers import T0, cluster, env
+
+from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter
+from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested
+from gangline.events.types import JobId
+from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
+from services.common.topics import TopicNames
+
+TOPICS = TopicNames(prefix="t.")
+
+
+def state_with_cluster() -> AdmissionState:
+    state = AdmissionState(topics=TOPICS, queues=frozenset({"default", "research"}))
+    for node in cluster(("a", 2, 8), ("b", 1, 4)).nodes():
+        state.restore(env(node))
+    return state
+
+
+def ask(state: AdmissionState, job_id: str, **spec: object) -> list[JobAdmitted | JobRejected]:
+    fields: dict[str, object] = {"queue": "default", "workers": 1, "gpus_per_worker": 1, **spec}
+    outputs = on_request(env(JobRequested(job_id=JobId(job_id), **fields)), state, now=T0)  # type: ignore[arg-type]
+    assert all(topic == TOPICS.events for topic, _ in outputs)
+    return [envelope.data for _, envelope in outputs]  # type: ignore[misc]
+
+
+def test_a_request_that_fits_is_admitted_with_its_spec() -> None:
+    [out] = ask(state_with_cluster(), "j1", workers=2, gpus_per_worker=8)
+    assert isinstance(out, JobAdmitted) and out.spec.total_gpus == 16
+
+
+def test_policy_rejections_name_the_problem() -> None:
+    state = state_with_cluster()
+    cases = {
+        "q": ({"queue": "nope"}, "unknown_queue", "queue 'nope' does not exist"),
+        "t": ({"gpu_type": "TPU"}, "unknown_gpu_type", "GPU type 'TPU' does not exist"),
+        "w": ({"gpus_per_worker": 9}, "too_large", "largest node has 8"),
+        "g": ({"workers": 3, "gpus_per_worker": 8}, "too_large", "has 20 GPUs"),
+        "m": ({"gpu_memory_mib": 200_000}, "too_large", "81920 MiB"),
+    }
+    for job_id, (spec, code, words) in cases.items():
+        [out] = ask(state, job_id, **spec)
+        assert isinstance(out, JobRejected), job_id
+        assert (out.job_id, out.code) == (job_id, code)
+        assert words in out.reason, out.reason
+
+
+def test_no_nodes_registered_rejects_with_a_reason() -> None:
+    [out] = ask(AdmissionState(topics=TOPICS, queues=frozenset({"default"})), "j")
+    assert isinstance(out, JobRejected) and out.code == "no_capacity"
+
+
+def test_a_retry_is_dropped_and_a_different_spec_under_the_same_id_rejected() -> None:
+    state = state_with_cluster()
+    assert isinstance(ask(state, "j1")[0], JobAdmitted)
+    assert ask(state, "j1") == []
+    [out] = ask(state, "j1", gpus_per_worker=2)
+    assert isinstance(out, JobRejected) and out.code == "duplicate_job"
+
+
+def test_admitted_jobs_are_known_after_a_restore() -> None:
+    state = state_with_cluster()
+    [admitted] = ask(state, "j1")
+    restarted = state_with_cluster()
+    restarted.restore(env(admitted))
+    assert ask(restarted, "j1") == []
+
+
+def test_cancelling_an_unknown_job_is_rejected() -> None:
+    state = state_with_cluster()
+    outputs = on_request(env(JobCancelRequested(job_id=JobId("ghost"))), state, now=T0)
+    [(_, envelope)] = outputs
+    assert isinstance(envelope.data, JobRejected) and envelope.data.code == "unknown_job"
+
+
+def test_an_undecodable_request_gets_a_rejection_naming_its_job_when_readable() -> None:
+    state = state_with_cluster()
+    headers = [
+        (DLQ_TOPIC, TOPICS.requests.encode()),
+        (DLQ_CODE, b"schema_violation"),
+        (DLQ_REASON, b"data.gpus_per_worker: must be >= 0"),
+    ]
+    raw = b'{"type": "gangline.job.requested.v1", "data": {"job_id": "bad-1", "gpus_per_worker": -1}}'
+    [(topic, envelope)] = rejection_of_dead_letter(
+        DeadLetter(topic=TOPICS.requests + ".dlq", key=b"bad-1", value=raw, headers=headers), state, now=T0
+    )
+    assert topic == TOPICS.events
+    assert isinstance(envelope.data, JobRejected)
+    assert envelope.data.job_id == "bad-1" and envelope.data.code == "schema_violation"
+    assert "gpus_per_worker" in envelope.data.reason
+    [(_, garbage)] = rejection_of_dead_letter(
+        DeadLetter(topic="x", key=None, value=b"\xff", headers=headers), state, now=T0
+    )
+    assert isinstance(garbage.data, JobRejected) and garbage.data.job_id is None

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from svc_helpers import T0, cluster, env
+
+from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
+from gangline.events.jobs import JobRequeued
+from gangline.events.nodes import GpuHealthChanged, HealthCause, NodeFailed, NodeHeartbeat
+from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
+from services.common.topics import TopicNames
+from services.node_health.handlers import NodeHealthState, decide
+
+TOPICS = TopicNames()
+
+
+def new_state() -> NodeHealthState:
+    state = NodeHealthState(
+        topics=TOPICS, silence=timedelta(seconds=10), check_every=timedelta(seconds=1), started=T0
+    )
+    for node in cluster(("a", 3, 8)).nodes():
+        state.restore(env(node))
+    return state
+
+
+def grant(job: str, *nodes: str) -> AllocationGranted:
+    return AllocationGranted(
+        job_id=JobId(job),
+        allocation_id=AllocationId(f"{job}.1"),
+        queue=QueueName("default"),
+        placements=tuple(
+            Placement(rank=r, node=NodeId(n), gpus=(GpuId("gpu0"), GpuId("gpu1")))
+            for r, n in enumerate(nodes)
+        ),
+    )
+
+
+def beat(node: str, seq: int, at: float) -> object:
+    return env(NodeHeartbeat(node=NodeId(node), seq=seq), at=at)
+
+
+def test_a_silent_node_fails_and_its_gangs_are_released_and_requeued() -> None:
+    state = new_state()
+    state.restore(env(grant("g", "a-0", "a-1")))
+    state.restore(env(grant("other", "a-2")))
+    assert decide(beat("a-0", 1, 1), state, now=T0 + timedelta(seconds=1)) == []  # type: ignore[arg-type]
+    decide(beat("a-1", 1, 5), state, now=T0 + timedelta(seconds=5))  # type: ignore[arg-type]
+    decide(beat("a-2", 1, 5), state, now=T0 + timedelta(seconds=5))  # type: ignore[arg-type]
+    # a-0 has been silent for 12 s at t=13; the others spoke at t=5 and t=13.
+    out = decide(beat("a-2", 2, 13), state, now=T0 + timedelta(seconds=13))  # type: ignore[arg-type]
+    kinds = [(topic, e.data) for topic, e in out]
+    failed = [d for _, d in kinds if isinstance(d, NodeFailed)]
+    assert [(f.node, f.code, f.last_seq) for f in failed] == [("a-0", "heartbeat_timeout", 1)]
+    releases = [d for _, d in kinds if isinstance(d, AllocationReleased)]
+    assert [(r.job_id, r.reason) for r in releases] == [("g", "node_failed")]
+    [requeued] = [d for _, d in kinds if isinstance(d, JobRequeued)]
+    assert (requeued.job_id, requeued.attempt, requeued.reason) == ("g", 2, "node_failed")
+    # Declared once only.
+    assert decide(env(failed[0]), state, now=T0 + timedelta(seconds=14)) == []
+
+
+def test_a_failed_gpu_releases_only_the_jobs_that_use_it() -> None:
+    state = new_state()
+    state.restore(env(grant("uses-gpu0", "a-0")))
+    other = AllocationGranted(
+        job_id=JobId("elsewhere"),
+        allocation_id=AllocationId("elsewhere.1"),
+        queue=QueueName("default"),
+        placements=(Placement(rank=0, node=NodeId("a-0"), gpus=(GpuId("gpu5"),)),),
+    )
+    state.restore(env(other))
+    xid = GpuHealthChanged(
+        node=NodeId("a-0"),
+        gpu=GpuId("gpu0"),
+        previous="healthy",
+        state="failed",
+        cause=HealthCause(kind="xid", message="XID 79", xid=79),
+    )
+    out = decide(env(xid), state, now=T0)
+    released = [e.data.job_id for _, e in out if isinstance(e.data, AllocationReleased)]
+    assert released == ["uses-gpu0"]
+    [requeued] = [e.data for _, e in out if isinstance(e.data, JobRequeued)]
+    assert requeued.reason == "gpu_failed"
+
+
+def test_restore_counts_silence_from_the_service_start() -> None:
+    state = new_state()
+    state.restore(beat("a-0", 7, -3600))  # type: ignore[arg-type]
+    assert decide(beat("a-1", 1, 1), state, now=T0 + timedelta(seconds=1)) == []  # type: ignore[arg-type]

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from svc_helpers import T0, admitted, cluster, env
+
+from gangline.core.defaults import default_profile
+from gangline.events.allocations import AllocationGranted, AllocationReleased
+from gangline.events.base import Envelope
+from gangline.events.jobs import (
+    JobCancelRequested,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempting,
+    JobQueued,
+    JobRequeued,
+)
+from gangline.events.nodes import NodeFailed
+from gangline.events.types import AllocationId, JobId, QueueName
+from services.common.topics import TopicNames
+from services.placement.handlers import PlacementState, decide
+
+TOPICS = TopicNames()
+
+
+def new_state(*groups: tuple[str, int, int], gated: bool = False) -> PlacementState:
+    state = PlacementState(topics=TOPICS, profile=default_profile(), gated=gated)
+    for node in cluster(*groups).nodes():
+        state.restore(env(node))
+    state.needs_cycle = False
+    return state
+
+
+def feed(state: PlacementState, envelope: Envelope) -> list[Envelope]:
+    outputs = decide(envelope, state, now=T0)
+    # Our own outputs come back from the log; folding them again must change nothing.
+    for _, out in outputs:
+        state.fold(out)
+    return [e for _, e in outputs]
+
+
+def grants(outputs: list[Envelope]) -> list[AllocationGranted]:
+    return [e.data for e in outputs if isinstance(e.data, AllocationGranted)]
+
+
+def test_a_gang_gets_one_grant_with_a_placement_per_rank_and_a_job_placed() -> None:
+    state = new_state(("a", 2, 8))
+    out = feed(state, admitted("g", workers=2, gpus_per_worker=8))
+    [grant] = grants(out)
+    assert [p.rank for p in grant.placements] == [0, 1]
+    assert {p.node for p in grant.placements} == {"a-0", "a-1"}
+    assert all(len(p.gpus) == 8 for p in grant.placements)
+    [placed] = [e.data for e in out if isinstance(e.data, JobPlaced)]
+    assert placed.allocation_id == grant.allocation_id == "g.1"
+    assert all(e.causationid is None for e in out)  # the processor stamps causation, not the handler
+
+
+def test_no_gpu_is_granted_twice_and_a_gang_that_cannot_fit_waits_with_reasons() -> None:
+    state = new_state(("a", 1, 8))
+    first = grants(feed(state, admitted("j1", gpus_per_worker=6)))
+    out = feed(state, admitted("j2", gpus_per_worker=4))
+    assert grants(out) == []
+    [pending] = [e.data for e in out if isinstance(e.data, JobPending)]
+    assert pending.job_id == "j2" and pending.reasons
+    # The same reason is not repeated on the next cycle.
+    assert [e for e in feed(state, admitted("j3", gpus_per_worker=2)) if isinstance(e.data, JobPending)] == []
+    held = {g for p in first[0].placements for g in p.gpus}
+    release = AllocationReleased(job_id=JobId("j1"), allocation_id=first[0].allocation_id, reason="completed")
+    after = grants(feed(state, env(release)))
+    assert [g.job_id for g in after] == ["j2"]
+    assert held & {g for p in after[0].placements for g in p.gpus}
+
+
+def test_gated_jobs_wait_for_job_queued() -> None:
+    state = new_state(("a", 1, 8), gated=True)
+    assert feed(state, admitted("j1")) == []
+    out = feed(state, env(JobQueued(job_id=JobId("j1"), queue=QueueName("default"))))
+    assert [g.job_id for g in grants(out)] == ["j1"]
+
+
+def test_failed_nodes_are_cordoned_and_a_requeued_gang_gets_its_next_allocation_elsewhere() -> None:
+    state = new_state(("a", 3, 8))
+    [grant] = grants(feed(state, admitted("g", workers=2, gpus_per_worker=8)))
+    dead = grant.placements[0].node
+    feed(state, env(NodeFailed(node=dead, code="heartbeat_timeout", reason="silent"), at=5))
+    release = AllocationReleased(job_id=JobId("g"), allocation_id=grant.allocation_id, reason="node_failed")
+    assert grants(feed(state, env(release))) == []  # not until it is requeued
+    out = feed(state, env(JobRequeued(job_id=JobId("g"), reason="node_failed", attempt=2)))
+    [again] = grants(out)
+    assert again.allocation_id == "g.2"
+    assert dead not in {p.node for p in again.placements}
+
+
+def test_restore_rebuilds_holdings_whatever_the_order_between_topics() -> None:
+    state = new_state(("a", 1, 8))
+    [grant] = grants(feed(state, admitted("j1", gpus_per_worker=8)))
+    restarted = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
+    # allocations.log read before jobs.events, nodes last: the result is the same cluster.
+    restarted.restore(env(grant))
+    restarted.restore(admitted("j1", gpus_per_worker=8))
+    for node in cluster(("a", 1, 8)).nodes():
+        restarted.restore(env(node))
+    assert restarted.waiting == {}
+    out = feed(restarted, admitted("j2", gpus_per_worker=1))
+    assert grants(out) == [] and restarted.needs_cycle is False
+
+
+def test_lower_priorities_wait_while_gpus_are_freed_for_a_preemptor() -> None:
+    state = new_state(("a", 1, 8))
+    [low] = grants(feed(state, admitted("low", gpus_per_worker=8, preemptible=True)))
+    feed(state, admitted("urgent", gpus_per_worker=8, priority=10))
+    asking = JobPreempting(
+        job_id=JobId("low"),
+        allocation_id=AllocationId(low.allocation_id),
+        deadline=T0 + timedelta(seconds=30),
+        reason="urgent needs it",
+        preemptor_job_id=JobId("urgent"),
+    )
+    feed(state, env(asking))
+    feed(state, env(JobRequeued(job_id=JobId("low"), reason="preempted", attempt=2)))
+    release = AllocationReleased(job_id=JobId("low"), allocation_id=low.allocation_id, reason="preempted")
+    out = feed(state, env(release))
+    # Both wait now; the urgent job is placed and the victim told why it waits.
+    assert [g.job_id for g in grants(out)] == ["urgent"]
+    [held] = [e.data for e in out if isinstance(e.data, JobPending)]
+    assert held.job_id == "low" and held.reasons[0].code == "reservation"
+
+
+def test_cancelling_frees_a_running_gang_and_drops_a_waiting_job() -> None:
+    state = new_state(("a", 1, 8))
+    [running] = grants(feed(state, admitted("run", gpus_per_worker=8)))
+    assert grants(feed(state, admitted("wait", gpus_per_worker=8))) == []
+    out = feed(state, env(JobCancelRequested(job_id=JobId("wait"), reason="not needed")))
+    [failed] = [e.data for e in out if isinstance(e.data, JobFailed)]
+    assert (failed.job_id, failed.code, failed.reason) == ("wait", "cancelled", "not needed")
+    assert "wait" not in state.waiting
+    feed(state, admitted("next", gpus_per_worker=8))
+    out = feed(state, env(JobCancelRequested(job_id=JobId("run"), requested_by="alice")))
+    released = [e.data for e in out if isinstance(e.data, AllocationReleased)]
+    assert [(r.allocation_id, r.reason) for r in released] == [(running.allocation_id, "cancelled")]
+    assert [f.code for f in (e.data for e in out) if isinstance(f, JobFailed)] == ["cancelled_while_running"]
+    # The freed GPUs go to the next job in the same transaction; a second cancel changes nothing.
+    assert [g.job_id for g in grants(out)] == ["next"]
+    assert feed(state, env(JobCancelRequested(job_id=JobId("run")))) == []

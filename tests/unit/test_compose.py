@@ -1,0 +1,229 @@
+"""docker-compose.yml, read without Docker: every command runs a module that exists, every variable
+is one its settings class reads, ports and versions agree with the rest of the repository."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from gangline.store.pool import DSN_ENV
+from services.api.auth import load_tokens
+from services.api.queues_config import load_queues
+from services.common.env import PREFIX, ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+GANGLINE = {name: s for name, s in SERVICES.items() if s.get("image") == "gangline:dev"}
+LONG_RUNNING = {"admission", "quota", "placement", "preemption", "node-health", "ledger", "api", "fake-nodes"}
+# Modules that read GANGLINE_* without a settings class, and the variables they read.
+PLAIN_ENV = {"gangline.store.migrate": {DSN_ENV}, "gangline.bus.admin": set()}
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolated(value: object) -> str:
+    """The value as compose would see it with none of the variables set (their defaults)."""
+    return _VARIABLE.sub(lambda m: m.group(2) or "", str(value))
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    return {k: interpolated(v) for k, v in (service.get("environment") or {}).items()}
+
+
+def module_of(service: dict[str, Any]) -> str:
+    command = service["command"]
+    assert command[:2] == ["python", "-m"], f"run modules with python -m: {command}"
+    return str(command[2])
+
+
+def module_file(module: str) -> Path:
+    base = ROOT / "libs" if module.startswith("gangline.") else ROOT
+    path = base.joinpath(*module.split("."))
+    return path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def settings_class(module: str) -> type[ServiceSettings]:
+    """The service's settings class: the ServiceSettings subclass in services/<name>/settings.py."""
+    package = module.removesuffix(".__main__")
+    if not (ROOT.joinpath(*package.split(".")) / "settings.py").exists():
+        return ServiceSettings
+    settings = importlib.import_module(f"{package}.settings")
+    found = [
+        cls
+        for _, cls in inspect.getmembers(settings, inspect.isclass)
+        if issubclass(cls, ServiceSettings)
+        and cls is not ServiceSettings
+        and cls.__module__ == settings.__name__
+    ]
+    assert len(found) == 1, f"{package}.settings should define one settings class, found {found}"
+    return found[0]
+
+
+def test_the_whole_system_is_there() -> None:
+    assert {"kafka", "postgres", "topic-init", "db-migrate"} | LONG_RUNNING <= set(SERVICES)
+    assert {module_of(SERVICES[s]) for s in LONG_RUNNING} == {
+        "services.admission",
+        "services.quota",
+        "services.placement",
+        "services.preemption",
+        "services.node_health",
+        "services.ledger",
+        "services.api",
+        "services.agent",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(GANGLINE))
+def test_every_command_runs_a_module_that_exists(name: str) -> None:
+    module = module_of(GANGLINE[name])
+    path = module_file(module)
+    assert path.is_file(), f"{name}: {module} is not a module here ({path})"
+    if path.name != "__main__.py":
+        assert 'if __name__ == "__main__":' in path.read_text(), f"{module} cannot be run with python -m"
+
+
+@pytest.mark.parametrize("name", sorted(GANGLINE))
+def test_every_variable_is_one_the_settings_class_reads(name: str) -> None:
+    module = module_of(GANGLINE[name])
+    env = environment(GANGLINE[name])
+    assert all(k.startswith(PREFIX) for k in env), f"{name}: only GANGLINE_* variables configure services"
+    if module in PLAIN_ENV:
+        assert set(env) <= PLAIN_ENV[module], f"{name}: {module} reads only {PLAIN_ENV[module]}"
+        return
+    cls = settings_class(module)
+    unknown = sorted(k for k in env if k.removeprefix(PREFIX).lower() not in cls.model_fields)
+    assert not unknown, f"{name}: {cls.__name__} has no field for {unknown}"
+    settings = cls.from_env(env)  # and the values are valid for it
+    assert isinstance(settings, BaseModel)
+    assert settings.kafka_bootstrap == "kafka:9092"
+
+
+def test_images_are_pinned_and_kafka_matches_the_broker_the_tests_run() -> None:
+    pom = ET.parse(ROOT / "deploy" / "kafka" / "pom.xml").getroot()
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    kafka_version = pom.findtext("m:properties/m:kafka.version", namespaces=ns)
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{kafka_version}"
+    assert SERVICES["postgres"]["image"].startswith("postgres:")
+    for name, service in SERVICES.items():
+        image = service["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image ({image})"
+
+
+def test_the_image_is_built_from_the_dockerfile_on_the_projects_python() -> None:
+    for service in GANGLINE.values():
+        build = service["build"]
+        dockerfile = ROOT / build["context"] / build["dockerfile"]
+        assert dockerfile.is_file()
+    text = dockerfile.read_text()
+    base = re.search(r"^FROM python:(\d+\.\d+)", text, re.MULTILINE)
+    assert base is not None and base.group(1) == "3.11"
+    assert "USER " in text, "the services do not run as root"
+
+
+def test_ports_are_published_on_loopback_and_agree_with_the_settings() -> None:
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: publish on 127.0.0.1 only ({port})"
+    api = SERVICES["api"]
+    api_port = environment(api)["GANGLINE_PORT"]
+    assert [p.rsplit(":", 1)[1] for p in api["ports"]] == [api_port]
+    assert f"127.0.0.1:{api_port}/healthz" in " ".join(api["healthcheck"]["test"])
+    advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert "PLAINTEXT://kafka:9092" in advertised.split(",")
+    postgres = SERVICES["postgres"]["environment"]
+    for name, service in SERVICES.items():
+        dsn = environment(service).get(DSN_ENV)
+        if dsn is None:
+            continue
+        url = urlsplit(dsn)
+        assert (url.hostname, url.port, url.path) == ("postgres", 5432, "/" + postgres["POSTGRES_DB"]), name
+        assert url.password == interpolated(postgres["POSTGRES_PASSWORD"]), name
+
+
+def test_start_order_waits_on_health_and_one_shots() -> None:
+    for name, service in SERVICES.items():
+        for dependency, rule in (service.get("depends_on") or {}).items():
+            assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
+            condition = rule["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in SERVICES[dependency], f"{dependency} has no healthcheck"
+            elif condition == "service_completed_successfully":
+                assert SERVICES[dependency].get("restart") == "no", f"{dependency} is not a one-shot"
+    for name in LONG_RUNNING:
+        assert SERVICES[name]["depends_on"]["topic-init"]["condition"] == "service_completed_successfully"
+    for name in ("ledger", "api"):
+        assert SERVICES[name]["depends_on"]["db-migrate"]["condition"] == "service_completed_successfully"
+    assert SERVICES["topic-init"]["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+
+
+def test_the_files_the_services_are_given_exist_and_parse() -> None:
+    tokens = ROOT / COMPOSE["secrets"]["api_tokens"]["file"]
+    assert load_tokens(file=tokens, inline=None).tenants
+    queues_in_image = environment(SERVICES["api"])["GANGLINE_QUEUES_FILE"].removeprefix("/app/")
+    tree = load_queues(ROOT / queues_in_image)
+    admitted = environment(SERVICES["admission"])["GANGLINE_QUEUES"].split(",")
+    assert sorted(admitted) == sorted(tree.queue_names())
+    spec = SERVICES["fake-nodes"]["command"]
+    assert (ROOT / spec[spec.index("--spec") + 1]).is_file()
+    for volume in SERVICES["otel-collector"]["volumes"]:
+        assert (ROOT / volume.split(":")[0]).is_file()
+
+
+K8S = ROOT / "deploy" / "k8s"
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    return [
+        doc
+        for resource in kustomization["resources"]
+        for doc in yaml.safe_load_all((K8S / resource).read_text())
+        if doc
+    ]
+
+
+def test_k8s_manifests_run_modules_that_exist_with_variables_their_settings_read() -> None:
+    docs = k8s_documents()
+    shared = next(
+        d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gangline-env"
+    )
+    containers = [
+        c
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet", "Job")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    modules = set()
+    for container in containers:
+        command = " ".join(container["command"])
+        module = re.search(r"python -m ([\w.]+)", command)
+        assert module is not None, f"{container['name']}: run a module with python -m"
+        modules.add(module.group(1))
+        assert module_file(module.group(1)).is_file()
+        names = {e["name"] for e in container.get("env", [])}
+        if any(
+            ref.get("configMapRef", {}).get("name") == "gangline-env" for ref in container.get("envFrom", [])
+        ):
+            names |= set(shared)
+        if module.group(1) in PLAIN_ENV:
+            assert names <= PLAIN_ENV[module.group(1)] | set(shared)
+            continue
+        fields = settings_class(module.group(1)).model_fields
+        unknown = sorted(n for n in names if n.removeprefix(PREFIX).lower() not in fields)
+        assert not unknown, f"{container['name']}: no settings field for {unknown}"
+    assert {module_of(SERVICES[s]) for s in LONG_RUNNING} - {"services.agent"} <= modules
+    for doc in docs:
+        if doc["kind"] == "StatefulSet":  # a stable instance id is what fences a restarted replica
+            env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+            instance = next(e for e in env if e["name"] == "GANGLINE_INSTANCE_ID")
+            assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
