@@ -19,6 +19,8 @@ CLUSTER="${CLUSTER:-$ROOT/deploy/clusters/default.yaml}"
 export GANGLINE_KAFKA_BOOTSTRAP="${GANGLINE_KAFKA_BOOTSTRAP:-127.0.0.1:${GANGLINE_KAFKA_PORT:-9092}}"
 export GANGLINE_PG_DSN="${GANGLINE_PG_DSN:-postgresql://postgres@127.0.0.1:${GANGLINE_PG_PORT:-55432}/gangline}"
 export GANGLINE_PORT="${GANGLINE_API_PORT:-8080}"
+# Development tokens (loopback only): the `ops` admin token and one per team; replace for anything shared.
+export GANGLINE_TOKENS_FILE="${GANGLINE_TOKENS_FILE:-$ROOT/deploy/docker/api-tokens.dev.yaml}"
 SERVICES=(admission quota placement preemption node_health ledger api)
 
 log() { printf 'up.sh: %s\n' "$*" >&2; }
@@ -81,6 +83,7 @@ up() {
     done
     log "up: Kafka $GANGLINE_KAFKA_BOOTSTRAP, topics prefix '${GANGLINE_TOPIC_PREFIX:-}', cluster $CLUSTER"
     log "API: http://127.0.0.1:$GANGLINE_PORT (OpenAPI at /docs); logs in $RUN/"
+    log "CLI: export GANGLINE_API_URL=http://127.0.0.1:$GANGLINE_PORT GANGLINE_TOKEN=dev-ops-admin-token; .venv/bin/gangline queues"
 }
 
 down() {
