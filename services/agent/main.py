@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from gangline.bus import run_service
 from gangline.telemetry import setup_logging
+from services.agent import standin
 from services.agent.cluster import load_cluster, uniform_cluster
 from services.agent.fake import FakeCluster
 from services.common.env import ServiceSettings, topic_names
@@ -25,6 +26,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fail", action="append", default=[], metavar="NODE@SECONDS", help="silence NODE after SECONDS"
     )
+    standin.configure(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +44,8 @@ async def simulate(args: argparse.Namespace, settings: ServiceSettings) -> None:
         spec = uniform_cluster(args.nodes)
     else:
         raise SystemExit("give --spec cluster.yaml or --nodes N")
+    if args.nvml == "standin":
+        return await standin.simulate(spec, args, settings)
     cluster = FakeCluster(
         spec=spec,
         bootstrap=settings.kafka_bootstrap,

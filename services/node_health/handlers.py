@@ -1,4 +1,5 @@
-"""Node health's decisions (pure): silent nodes fail; failed nodes and GPUs give their gangs back.
+"""Node health's decisions (pure): silent nodes fail; failed nodes and GPUs give their gangs back;
+GPUs whose errors repeat are drained before they fail.
 
 Time comes from the caller (``now``): every heartbeat consumed is also a clock tick, and at most
 every ``check_every_s`` the service looks for nodes silent longer than ``silence_s``. (While every
@@ -8,6 +9,13 @@ For a failed node (declared here, reported by an agent, or by an operator) or a 
 live allocation that uses it is released (``node_failed``) and its job requeued as its next attempt
 (the gang is whole again elsewhere; placement decides where). Ids derive from the node, its last
 heartbeat sequence and the allocation, so a retried or repeated decision has the same ids.
+
+Agents report job-fault XIDs and correctable ECC errors on nodes.health (``gpu.health_changed``, often
+with ``previous == state``: a report, not a change). Per-GPU rolling windows over them
+(:class:`~services.node_health.rates.GpuErrorRates`, in the events' time) mark a GPU ``degraded``
+once they reach their limit: one ``gpu.health_changed`` (healthy -> degraded) from node_health, so no
+new work lands there while the running job may finish. The GPU stays degraded until its node
+registers again (reset / repair).
 """
 
 from __future__ import annotations
@@ -19,10 +27,18 @@ from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobCheckpointed, JobRequeued
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeHeartbeat, NodeRegistered
-from gangline.events.types import AllocationId, JobId, NodeId
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    HealthCause,
+    HealthState,
+    NodeFailed,
+    NodeHeartbeat,
+    NodeRegistered,
+)
+from gangline.events.types import AllocationId, GpuId, JobId, NodeId
 from services.common.ids import derived_id
 from services.common.topics import TopicNames
+from services.node_health.rates import GpuErrorRates, GpuKey
 
 SOURCE = "gangline/node-health"
 
@@ -41,6 +57,15 @@ class NodeHealthState:
     grants_per_job: dict[JobId, set[AllocationId]] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
+    rates: GpuErrorRates = field(
+        default_factory=lambda: GpuErrorRates(
+            timedelta(hours=1), job_fault_limit=3, correctable_ecc_limit=100
+        )
+    )
+    gpu_state: dict[GpuKey, HealthState] = field(default_factory=dict)
+    """Each GPU's state as its agent last reported it."""
+    degraded: set[GpuKey] = field(default_factory=set)
+    """GPUs node_health itself drained for repeated errors."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -49,6 +74,9 @@ class NodeHealthState:
         data = envelope.data
         if isinstance(data, NodeRegistered):
             self.failed.discard(data.node)
+            self.rates.reset_node(data.node)
+            self.degraded = {k for k in self.degraded if k[0] != data.node}
+            self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
             self.last_seen[data.node] = max(envelope.time, self.started)
         elif isinstance(data, NodeHeartbeat):
             if data.node not in self.failed:
@@ -56,6 +84,14 @@ class NodeHealthState:
                 self.last_seq[data.node] = data.seq
         elif isinstance(data, NodeFailed):
             self.failed.add(data.node)
+        elif isinstance(data, GpuHealthChanged):
+            key = (data.node, data.gpu)
+            if envelope.source == SOURCE:
+                if data.state == "degraded":
+                    self.degraded.add(key)
+            else:
+                self.gpu_state[key] = data.state
+                self.rates.record(data, envelope.time)
         elif isinstance(data, AllocationGranted):
             self.grants_per_job.setdefault(data.job_id, set()).add(data.allocation_id)
             if data.allocation_id not in self.released:
@@ -75,9 +111,11 @@ def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list
         return release_on(state, data.node, None, now=now) if first else []
     if isinstance(data, GpuHealthChanged):
         state.fold(envelope)
-        if data.state != "failed":
+        if envelope.source == SOURCE:
             return []
-        return release_on(state, data.node, data.gpu, now=now)
+        if data.state == "failed":
+            return release_on(state, data.node, data.gpu, now=now)
+        return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
     state.fold(envelope)
     if isinstance(data, NodeHeartbeat):
         return check_silence(state, now=now)
@@ -107,6 +145,28 @@ def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
         state.fold(envelope)
         out += release_on(state, node, None, now=now)
     return out
+
+
+def check_error_rate(
+    state: NodeHealthState, node: NodeId, gpu: GpuId, *, cause: str, at: datetime
+) -> list[Outgoing]:
+    """Drain a healthy GPU whose reported errors reached a limit within the window (once)."""
+    key = (node, gpu)
+    if key in state.degraded or node in state.failed or state.gpu_state.get(key, "healthy") != "healthy":
+        return []
+    verdict = state.rates.over_limit(node, gpu, at)
+    if verdict is None:
+        return []
+    message = verdict.sentence(node, gpu, state.rates.window)
+    health_cause = (
+        HealthCause(kind="xid", message=message, xid=verdict.last_xid)
+        if verdict.kind == "job_fault"
+        else HealthCause(kind="ecc", message=message)
+    )
+    changed = GpuHealthChanged(node=node, gpu=gpu, previous="healthy", state="degraded", cause=health_cause)
+    envelope = _envelope(changed, cause, f"degraded-{gpu}", at)
+    state.fold(envelope)
+    return [(state.topics.health, envelope)]
 
 
 def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: datetime) -> list[Outgoing]:

@@ -8,7 +8,14 @@ from services.common.env import ServiceSettings
 
 
 class NodeHealthSettings(ServiceSettings):
-    """``silence_s``: a node that has not heartbeaten for this long is declared failed."""
+    """``silence_s``: a node that has not heartbeaten for this long is declared failed.
+
+    ``error_window_s``, ``job_fault_xids_limit``, ``correctable_ecc_limit``: a GPU with this many
+    job-fault XIDs (or correctable ECC errors) reported within the window is drained (degraded).
+    """
 
     silence_s: float = Field(default=10.0, gt=0)
     check_every_s: float = Field(default=0.5, gt=0)
+    error_window_s: float = Field(default=3600.0, gt=0)
+    job_fault_xids_limit: int = Field(default=3, ge=1)
+    correctable_ecc_limit: int = Field(default=100, ge=1)

@@ -11,6 +11,7 @@ from services.common.env import processor_settings, topic_names
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.node_health.handlers import NodeHealthState, decide
+from services.node_health.rates import GpuErrorRates
 from services.node_health.settings import NodeHealthSettings
 
 SERVICE = "node_health"
@@ -31,6 +32,11 @@ def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState
         silence=timedelta(seconds=settings.silence_s),
         check_every=timedelta(seconds=settings.check_every_s),
         started=now,
+        rates=GpuErrorRates(
+            timedelta(seconds=settings.error_window_s),
+            job_fault_limit=settings.job_fault_xids_limit,
+            correctable_ecc_limit=settings.correctable_ecc_limit,
+        ),
     )
 
 

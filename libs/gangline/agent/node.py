@@ -93,10 +93,24 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, MiB, NodeId, Seconds
-from gangline.nvml.health import SEVERITY, Action, GpuHealthMonitor, HealthFinding, HealthPolicy
+from gangline.nvml.health import (
+    SEVERITY,
+    Action,
+    GpuHealthMonitor,
+    HealthFinding,
+    HealthPolicy,
+    classify_xid,
+)
 from gangline.nvml.reader import NvmlApi, NvmlEventWatcher, NvmlReader
 from gangline.nvml.standin import NvmlStandIn
-from gangline.nvml.types import GpuHealthSample, GpuState, GpuUuid, NodeInventory
+from gangline.nvml.types import (
+    GpuEvent,
+    GpuEventKind,
+    GpuHealthSample,
+    GpuState,
+    GpuUuid,
+    NodeInventory,
+)
 from gangline.nvml.types import GpuInfo as NvmlGpuInfo
 
 log = logging.getLogger(__name__)
@@ -889,7 +903,10 @@ class NodeAgent:
                 now = self._clock()
                 for event in result.events:
                     findings = self._monitor.observe_event(event, now)
+                    before = dict(self._health)
                     self._apply(findings)
+                    if s.report_repeated_errors:
+                        self._report_error(event, before)
                     self._fail_jobs_on(findings)
             except Exception:
                 log.exception("agent %s: XID watcher failed", s.node)
@@ -914,6 +931,24 @@ class NodeAgent:
             )
             log.warning("agent %s: %s %s -> %s (%s)", self.node, gid, previous, state, cause.message)
             self._enqueue(self.settings.topics.health, self._envelope(changed, self._new_id()))
+
+    def _report_error(self, event: GpuEvent, before: dict[GpuId, HealthState]) -> None:
+        """One job-fault / warning XID or correctable ECC error that did not change the GPU's state."""
+        gid = self._id_of.get(event.uuid) if event.uuid is not None else None
+        if gid is None or self._health.get(gid) != before.get(gid):
+            return  # no GPU, or _apply already published the change with this cause
+        if event.kind is GpuEventKind.SINGLE_BIT_ECC:
+            cause = HealthCause(kind="ecc", message="ecc.sbe: correctable (single-bit) ECC error")
+        elif event.kind is GpuEventKind.XID and event.xid is not None:
+            rule = classify_xid(event.xid)
+            if rule.action not in (Action.FAIL_JOB, Action.WATCH):
+                return
+            cause = HealthCause(kind="xid", message=f"xid.{rule.xid}: {rule.meaning}", xid=rule.xid)
+        else:
+            return
+        state = self._health.get(gid, "healthy")
+        report = GpuHealthChanged(node=NodeId(self.node), gpu=gid, previous=state, state=state, cause=cause)
+        self._enqueue(self.settings.topics.health, self._envelope(report, self._new_id()))
 
     def _fail_jobs_on(self, findings: list[HealthFinding]) -> None:
         """A simulated rank on a GPU whose fault kills the job dies, as its process would."""

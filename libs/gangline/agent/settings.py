@@ -100,6 +100,10 @@ class NodeAgentSettings(BaseModel):
     release_on_finish: bool = True
     """Rank 0's node follows job.completed / job.failed with allocation.released (completed / failed):
     the agent is the one that knows the GPUs are free again."""
+    report_repeated_errors: bool = False
+    """Also publish each job-fault XID and correctable ECC error that leaves the GPU's state as it was,
+    as ``gpu.health_changed`` with ``previous == state`` (a report, not a change): node_health keeps
+    rolling error rates over them and drains a GPU whose errors repeat before it fails."""
     restart_policy: Literal["never", "on_failure"] = "on_failure"
     max_restarts: Annotated[int, Field(ge=0)] = 3
     restart_backoff_s: Annotated[float, Field(ge=0)] = 1.0
