@@ -5,8 +5,9 @@ set of topics, then
 
 1. publishes ``--burst`` one-GPU jobs as fast as a plain aiokafka producer can and measures the
    sustained rate from the first request to the last grant;
-2. publishes jobs at a fixed ``--offered`` rate for ``--offered-s`` seconds and measures each job's
-   latency from its request's Kafka timestamp to its grant's;
+2. once the burst's jobs are released (and ``--settle-s`` more seconds), publishes jobs at a
+   fixed ``--offered`` rate for ``--offered-s`` seconds and measures each job's latency from its
+   request's Kafka timestamp to its grant's, in total and per stage (admitted, queued, granted);
 3. restarts placement on the history just written and reports how long the restore took.
 
 Prints the figures and ends with one JSON line: jobs_per_s, p50_ms, p99_ms, offered_per_s (and more).
@@ -58,26 +59,46 @@ def request(job_id: str, duration_s: int) -> bytes:
     ).encode()
 
 
-class Grants:
-    """Reads allocations.log; grant timestamps by job id."""
+STAGES = (b"job.admitted", b"job.queued")
+"""The job.events types whose Kafka timestamps split request->grant into stages."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+
+class Grants:
+    """Reads allocations.log (grant timestamps by job id) and jobs.events (admitted, queued: per stage)."""
+
+    def __init__(self, bootstrap: str, topic: str, events_topic: str) -> None:
         self.consumer = AIOKafkaConsumer(
             topic,
+            events_topic,
             bootstrap_servers=bootstrap,
             group_id=None,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
         )
         self.at: dict[str, int] = {}
+        self.released: set[str] = set()
+        self.stage_at: dict[bytes, dict[str, int]] = {stage: {} for stage in STAGES}
 
     async def poll(self) -> None:
         batch = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
         for records in batch.values():
             for r in records:
-                if b"allocation.granted" in (r.value or b""):
-                    envelope = decode(r.value or b"")
+                value = r.value or b""
+                if b"allocation.granted" in value:
+                    envelope = decode(value)
                     self.at.setdefault(envelope.subject, r.timestamp)
+                    continue
+                if b"allocation.released" in value:
+                    self.released.add((r.key or b"").decode())
+                    continue
+                for stage in STAGES:
+                    if b'"type":"gangline.' + stage in value:
+                        self.stage_at[stage].setdefault((r.key or b"").decode(), r.timestamp)
+
+    async def wait_for_releases(self, jobs: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(j in self.released for j in jobs) and time.monotonic() < deadline:
+            await self.poll()
 
     async def wait_for(self, jobs: dict[str, int], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -106,6 +127,20 @@ async def publish(
     return sent
 
 
+def stage_figures(grants: Grants, sent: dict[str, int]) -> str:
+    """p50/p99 of request->admitted, admitted->queued, queued->granted (jobs seen at every stage)."""
+    admitted, queued = grants.stage_at[b"job.admitted"], grants.stage_at[b"job.queued"]
+    seen = [j for j in sent if j in admitted and j in queued and j in grants.at]
+    if not seen:
+        return "n/a"
+    stages = {
+        "request->admitted": [float(admitted[j] - sent[j]) for j in seen],
+        "admitted->queued": [float(queued[j] - admitted[j]) for j in seen],
+        "queued->granted": [float(grants.at[j] - queued[j]) for j in seen],
+    }
+    return ", ".join(f"{k} {percentile(v, 0.5):.0f}/{percentile(v, 0.99):.0f}" for k, v in stages.items())
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -118,11 +153,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start(
-    module: str, args: list[str], env: dict[str, str], logs: Path, name: str
+    module: str, args: list[str], env: dict[str, str], logs: Path, name: str, run: str = ""
 ) -> subprocess.Popen[bytes]:
-    # GANGLINE_BENCH_PROFILE=placement,quota runs those under cProfile (<logs>/<name>.prof on exit).
+    # GANGLINE_BENCH_PROFILE=placement,quota runs those under cProfile (<logs>/<name><run>.prof on exit).
     profiled = name in os.environ.get("GANGLINE_BENCH_PROFILE", "").split(",")
-    profiler = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if profiled else []
+    profiler = ["-m", "cProfile", "-o", str(logs / f"{name}{run}.prof")] if profiled else []
     return subprocess.Popen(
         [sys.executable, *profiler, "-m", module, *args],
         cwd=ROOT,
@@ -155,7 +190,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         await asyncio.sleep(4)
         for s in SERVICES:
             procs[s] = start(f"services.{s}", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, s)
-        grants = Grants(bootstrap, topics.allocations)
+        grants = Grants(bootstrap, topics.allocations, topics.events)
         await grants.consumer.start()
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
         await producer.start()
@@ -181,6 +216,17 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                 flush=True,
             )
 
+            # The burst's jobs end (started, completed, released: thousands of events) about --job-s
+            # after their grants; the fixed-load phase measures the steady state after that.
+            if args.settle_s > 0:
+                began = time.monotonic()
+                await grants.wait_for_releases(jobs, timeout_s=args.job_s + 10)
+                await asyncio.sleep(args.settle_s)
+                unreleased = sum(1 for j in jobs if j not in grants.released)
+                print(
+                    f"settled {time.monotonic() - began:.1f} s ({unreleased} burst jobs not released yet)",
+                    flush=True,
+                )
             count = int(args.offered * args.offered_s)
             jobs = [f"steady-{k:06d}" for k in range(count)]
             sent = await publish(producer, topics.requests, jobs, args.offered, args.job_s)
@@ -194,6 +240,15 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                 f"offered {args.offered} jobs/s for {args.offered_s} s: p50 {figures['p50_ms']} ms, "
                 f"p99 {figures['p99_ms']} ms, mean {figures['mean_ms']} ms",
                 flush=True,
+            )
+            print(f"  per stage (p50/p99 ms): {stage_figures(grants, sent)}", flush=True)
+            # For looking at the tail: when each job was requested, admitted, queued and granted.
+            admitted, queued = grants.stage_at[b"job.admitted"], grants.stage_at[b"job.queued"]
+            (logs / "steady.csv").write_text(
+                "job,requested_ms,admitted_ms,queued_ms,granted_ms\n"
+                + "".join(
+                    f"{j},{sent[j]},{admitted.get(j, '')},{queued.get(j, '')},{grants.at[j]}\n" for j in jobs
+                )
             )
         finally:
             await producer.stop()
@@ -209,7 +264,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         procs["placement"].wait(timeout=30)
         began = time.monotonic()
         procs["placement"] = start(
-            "services.placement", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, "placement"
+            "services.placement", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, "placement", "-restart"
         )
         restored = None
         while restored is None and time.monotonic() - began < 120:
@@ -259,6 +314,12 @@ def main() -> int:
     p.add_argument("--offered-s", type=float, default=15.0)
     p.add_argument(
         "--job-s", type=int, default=5, help="each job's duration hint (simulated nodes run it that long)"
+    )
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=3.0,
+        help="after the burst's jobs are released, pause this long before the fixed-load phase (0: no pause)",
     )
     p.add_argument("--keep-topics", action="store_true", help="leave the topics for inspection")
     figures = asyncio.run(bench(p.parse_args()))

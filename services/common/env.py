@@ -37,6 +37,8 @@ class ServiceSettings(BaseModel):
     """How long a silent replica keeps its partitions (and its leadership) before a standby takes over."""
     linger_ms: int = Field(default=10, ge=0)
     """How long a processor waits to fill a batch (one transaction) after the first record arrives."""
+    producer_retry_backoff_ms: int = Field(default=5, ge=1)
+    """How soon a refused transactional request is retried (see ProcessorSettings); latency, mostly."""
     static_membership: bool = True
     """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
     otlp_endpoint: str | None = None
@@ -59,6 +61,7 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         poll_timeout_ms=50,
         linger_ms=settings.linger_ms,
         retry_backoff_s=0.05,
+        producer_retry_backoff_ms=settings.producer_retry_backoff_ms,
         static_membership=settings.static_membership,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.session_timeout_ms // 5),

@@ -17,12 +17,17 @@
 The processor may call a handler twice for one event (a batch aborted and retried). Handlers here
 change the state when they decide, so a retry would see its own effect and decide nothing; the
 :class:`Replayed` cache returns the outputs of the first call instead, keeping retries identical.
+
+A service may also decide once per batch (``end_batch``: placement runs one scheduling cycle per
+poll instead of one per event). Those outputs are caused by the batch's last event and cached with
+that event's own outputs, so a retried batch publishes them again, and only once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections import OrderedDict
@@ -47,14 +52,34 @@ class Restorable(Protocol):
 
 Decide = Callable[[Envelope, RecordMeta], Sequence[Outgoing]]
 
+EndBatch = Callable[[str], Sequence[Outgoing]]
+"""Decide once after a batch of events was folded; given the id of the event to name as the cause."""
+
 
 class Replayed:
     """Wraps a state-changing handler so a retried event gets the outputs of its first call."""
 
-    def __init__(self, decide: Decide, *, remember: int = 100_000) -> None:
+    def __init__(self, decide: Decide, *, end_batch: EndBatch | None = None, remember: int = 10_000) -> None:
+        # A retry re-handles one uncommitted batch (max_batch_records, 500 by default): remembering many
+        # more outputs only keeps objects alive for the garbage collector to walk.
         self._decide = decide
+        self._end_batch = end_batch
         self._remember = remember
         self._outputs: OrderedDict[str, Sequence[Outgoing]] = OrderedDict()
+
+    def flush(self, given: Sequence[Envelope]) -> Sequence[Outgoing]:
+        """The processor's per-batch hook: ``end_batch``'s outputs, remembered as the last event's."""
+        if self._end_batch is None or not given:
+            return []
+        cause = given[-1].id
+        outputs = [
+            (topic, envelope.model_copy(update={"causationid": cause}))
+            for topic, envelope in self._end_batch(cause)
+        ]
+        if outputs:
+            # A retry of this batch replays the cause with these outputs (the state already holds them).
+            self._outputs[cause] = [*self._outputs.get(cause, ()), *outputs]
+        return outputs
 
     def __call__(self, envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
         done = self._outputs.get(envelope.id)
@@ -140,15 +165,24 @@ async def restore_and_process(
     select: Select | None = None,
     restore_select: Select | None = None,
     lock_topic: str | None = None,
+    end_batch: EndBatch | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
+
+    With ``end_batch`` the state decides once per batch too, after ``decide`` folded each event.
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
     """
     if lock_topic is None:
         await _restore_and_process(
-            settings, state, decide, restore_topics, dead_letter_outputs, select, restore_select or select
+            settings,
+            state,
+            Replayed(decide, end_batch=end_batch, remember=_remember(settings)),
+            restore_topics,
+            dead_letter_outputs,
+            select,
+            restore_select or select,
         )
         return
     leadership = Leadership(
@@ -162,7 +196,13 @@ async def restore_and_process(
         await leadership.acquire()
         work = asyncio.create_task(
             _restore_and_process(
-                settings, state, decide, restore_topics, dead_letter_outputs, select, restore_select or select
+                settings,
+                state,
+                Replayed(decide, end_batch=end_batch, remember=_remember(settings)),
+                restore_topics,
+                dead_letter_outputs,
+                select,
+                restore_select or select,
             )
         )
         lost = asyncio.create_task(leadership.lost.wait())
@@ -181,6 +221,27 @@ async def restore_and_process(
         await leadership.release()
 
 
+def settle_garbage_collector() -> None:
+    """Keep the collector's pauses short while deciding: a full collection walks every object alive.
+
+    The restored state (tens of thousands of events folded) is frozen out of the collector's reach,
+    and young collections run less often; what lives on is still collected, only in fewer, larger steps.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 100)
+
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between young collections (CPython's default is 700)."""
+
+
+def _remember(settings: ProcessorSettings) -> int:
+    """How many events' outputs the replay cache keeps: a few batches' worth, at least 10,000."""
+    batch: int = settings.max_batch_records
+    return max(10_000, 4 * batch)
+
+
 class LeadershipLost(Exception):
     """Another replica holds the lock now; this process must stop (and may be restarted as a standby)."""
 
@@ -188,7 +249,7 @@ class LeadershipLost(Exception):
 async def _restore_and_process(
     settings: ProcessorSettings,
     state: Restorable,
-    decide: Decide,
+    decide: Replayed,
     restore_topics: Sequence[str],
     dead_letter_outputs: DeadLetterOutputs | None,
     select: Select | None,
@@ -207,5 +268,8 @@ async def _restore_and_process(
         "state restored from the log",
         extra={"events": events, "seconds": round(time.perf_counter() - started, 3)},
     )
-    processor = Processor(settings, Replayed(decide), dead_letter_outputs=dead_letter_outputs, select=select)
+    settle_garbage_collector()
+    processor = Processor(
+        settings, decide, dead_letter_outputs=dead_letter_outputs, select=select, flush=decide.flush
+    )
     await processor.run()

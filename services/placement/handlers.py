@@ -8,6 +8,9 @@ A job may be placed when it was admitted (or, ``gated``, queued by the quota ser
 live allocation, is not finished, and has had fewer grants than attempts allowed (one, plus one per
 ``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
 and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
+
+The service folds every event of a poll (:func:`fold_event`) and runs one cycle per batch
+(:func:`end_batch`); :func:`decide` does both for a single event.
 """
 
 from __future__ import annotations
@@ -103,6 +106,8 @@ class PlacementState:
     cycle: int = 0
     needs_cycle: bool = True
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
+    cycle_due: bool = False
+    """An event folded since the last cycle may let a waiting job run (see :func:`end_batch`)."""
     _arrivals: int = 0
     _snapshot: Snapshot | None = None
 
@@ -234,16 +239,41 @@ class PlacementState:
 
 def decide(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
     """Fold one event; when it may let jobs run, run a cycle and return its decisions."""
+    outputs = fold_event(envelope, state, now=now)
+    return outputs + end_batch(state, cause=envelope.id, now=now, max_cycles=1)
+
+
+def fold_event(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
+    """Fold one event and note whether a cycle is due; only a cancellation has outputs of its own."""
     if isinstance(envelope.data, JobCancelRequested):
         outputs = cancel(envelope.data, state, cause=envelope.id, now=now)
-        if outputs and state.waiting:
-            outputs += schedule(state, cause=envelope.id, now=now)
+        state.cycle_due = state.cycle_due or bool(outputs)
         return outputs
     changed = state.fold(envelope)
-    if not (changed or state.needs_cycle) or not state.waiting:
+    state.cycle_due = state.cycle_due or changed or state.needs_cycle
+    return []
+
+
+def end_batch(state: PlacementState, *, cause: str, now: datetime, max_cycles: int = 64) -> list[Outgoing]:
+    """The cycle the events folded since the last one call for (none when none is due), caused by ``cause``.
+
+    A cycle looks at ``max_jobs_per_cycle`` waiting jobs; while it places some and more are waiting
+    beyond that window, another cycle follows (up to ``max_cycles``), as one cycle per event would.
+    """
+    if not state.cycle_due or not state.waiting:
+        state.cycle_due = False
         return []
+    state.cycle_due = False
     state.needs_cycle = False
-    return schedule(state, cause=envelope.id, now=now)
+    outputs: list[Outgoing] = []
+    for k in range(max_cycles):
+        more = len(state.waiting) > state.max_jobs_per_cycle
+        decided = schedule(state, cause=cause if k == 0 else f"{cause}/cycle-{k + 1}", now=now)
+        outputs += decided
+        placed = any(isinstance(envelope.data, JobPlaced) for _, envelope in decided)
+        if not (more and placed and state.waiting):
+            break
+    return outputs
 
 
 def cancel(

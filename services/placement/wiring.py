@@ -12,7 +12,7 @@ from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
 from services.common.select import select_types
 from services.common.shell import restore_and_process
-from services.placement.handlers import PlacementState, decide
+from services.placement.handlers import PlacementState, end_batch, fold_event
 from services.placement.settings import PlacementSettings
 
 SERVICE = "placement"
@@ -51,7 +51,11 @@ async def main(settings: PlacementSettings) -> None:
     topics = state.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
-        return decide(envelope, state, now=datetime.now(UTC))
+        return fold_event(envelope, state, now=datetime.now(UTC))
+
+    def cycle(cause: str) -> Sequence[Outgoing]:
+        # One scheduling cycle per batch: every event of the poll is folded first.
+        return end_batch(state, cause=cause, now=datetime.now(UTC))
 
     inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
     await restore_and_process(
@@ -72,4 +76,5 @@ async def main(settings: PlacementSettings) -> None:
         ),
         restore_select=select_types(dict.fromkeys(PLACEMENT_EVENTS, True)),
         lock_topic=topics.inventory,
+        end_batch=cycle,
     )

@@ -91,6 +91,16 @@ DeadLetterOutputs: TypeAlias = Callable[[DeadLetter], Sequence[Outgoing]]
 Select: TypeAlias = Callable[[KafkaRecord], bool]
 """Whether a record is worth decoding; a record it refuses is skipped (its offset still commits)."""
 
+Flush: TypeAlias = Callable[[Sequence[Envelope]], Sequence[Outgoing] | Awaitable[Sequence[Outgoing]]]
+"""Called once per batch, after the handler, with the events it was given (in order, at least one).
+
+In the same transaction; returns more events to publish. For services that fold each event and
+decide once per batch (one scheduling cycle per poll, not one per record). Its outputs are sent as
+they are: each envelope names its own ``causationid``; each is traced as a child of the consumed
+event with the same subject (else of the batch's last). Like a handler it may be called again for
+a retried batch.
+"""
+
 BeforeCommit: TypeAlias = Callable[[BatchInfo], Awaitable[None]]
 """Awaited after outputs and offsets are in the transaction, before the commit; raising aborts.
 
@@ -133,8 +143,10 @@ class Processor:
         before_commit: BeforeCommit | None = None,
         dead_letter_outputs: DeadLetterOutputs | None = None,
         select: Select | None = None,
+        flush: Flush | None = None,
     ) -> None:
         self._settings = settings
+        self._flush = flush
         self._handler = handler
         self._registry = registry
         self._tracer = get_tracer(tracer_provider)
@@ -206,6 +218,7 @@ class Processor:
             transactional_id=settings.transactional_id,
             transaction_timeout_ms=settings.transaction_timeout_ms,
             request_timeout_ms=settings.request_timeout_ms,
+            retry_backoff_ms=settings.producer_retry_backoff_ms,
             enable_idempotence=True,
         )
         consumer = AIOKafkaConsumer(
@@ -296,11 +309,14 @@ class Processor:
         deliveries: list[asyncio.Future[Any]] = []
         offsets: dict[TopicPartition, int] = {}
         handled = 0
+        given: list[Envelope] = []
         for tp, records in batch.items():
             for record in records:
-                deliveries += await self._handle(producer, record)
+                deliveries += await self._handle(producer, record, given)
                 handled += 1
             offsets[tp] = records[-1].offset + 1
+        if self._flush is not None and given:
+            deliveries += await self._send_flushed(producer, given)
         await asyncio.gather(*deliveries)
         await producer.send_offsets_to_transaction(offsets, self._settings.group_id)
         if self._before_commit is not None:
@@ -315,7 +331,9 @@ class Processor:
             for record in records:
                 self._attempts.pop((tp.topic, tp.partition, record.offset), None)
 
-    async def _handle(self, producer: AIOKafkaProducer, record: KafkaRecord) -> list[asyncio.Future[Any]]:
+    async def _handle(
+        self, producer: AIOKafkaProducer, record: KafkaRecord, given: list[Envelope]
+    ) -> list[asyncio.Future[Any]]:
         if self._select is not None and not self._select(record):
             return []
         outcome = decode_or_dead_letter(
@@ -347,11 +365,32 @@ class Processor:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
                 return [await self._after_handler_failure(producer, record, error)]
+            given.append(envelope)
             deliveries = []
             for topic, output in outputs:
                 caused = output.model_copy(update={"causationid": envelope.id})
                 deliveries.append(await send_envelope(producer, self._tracer, topic, caused))
             return deliveries
+
+    async def _send_flushed(
+        self, producer: AIOKafkaProducer, given: Sequence[Envelope]
+    ) -> list[asyncio.Future[Any]]:
+        assert self._flush is not None
+        result = self._flush(given)
+        outputs = await result if inspect.isawaitable(result) else result
+        by_subject = {envelope.subject: envelope for envelope in given}
+        deliveries = []
+        for topic, output in outputs:
+            # Traced under the consumed event about the same subject (the job), else the batch's last.
+            parent = by_subject.get(output.subject, given[-1])
+            with self._tracer.start_as_current_span(
+                "decide batch",
+                context=context_from_traceparent(parent.traceparent),
+                kind=SpanKind.INTERNAL,
+                attributes={semconv.EVENT_TYPE: output.type, semconv.EVENT_SUBJECT: output.subject},
+            ):
+                deliveries.append(await send_envelope(producer, self._tracer, topic, output))
+        return deliveries
 
     async def _after_handler_failure(
         self, producer: AIOKafkaProducer, record: KafkaRecord, error: Exception

@@ -34,6 +34,10 @@ class ProcessorSettings(BaseModel):
     heartbeat_interval_ms: int = Field(default=3_000, ge=1)
     transaction_timeout_ms: int = Field(default=60_000, ge=1)
     request_timeout_ms: int = Field(default=40_000, ge=1)
+    producer_retry_backoff_ms: int = Field(default=100, ge=1)
+    """The producer's wait before retrying a request. Right after a commit the next transaction's
+    AddPartitionsToTxn / AddOffsetsToTxn are often refused (CONCURRENT_TRANSACTIONS) until the
+    broker has written the previous markers, a few ms: a short backoff keeps that off the latency."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     static_membership: bool = False
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 from bus_kafka_helpers import (
+    NOW,
     REGISTRY,
     Ping,
     Pong,
@@ -35,7 +36,7 @@ from gangline.bus import (
     RecordMeta,
     header,
 )
-from gangline.events.base import Envelope
+from gangline.events.base import Envelope, make_envelope
 from gangline.events.codec import encode
 
 pytestmark = pytest.mark.kafka
@@ -172,3 +173,52 @@ async def test_a_poison_message_is_retried_then_dead_lettered(kafka_bootstrap: s
     assert header(letter.headers, DLQ_CODE) == b"handler_failed"
     assert b"ValueError: cannot place ping 2" in (header(letter.headers, DLQ_REASON) or b"")
     assert letter.value == encode(ping(2))
+
+
+async def test_a_flush_decides_once_per_batch_in_the_same_transaction(
+    kafka_bootstrap: str, topic_factory
+) -> None:  # type: ignore[no-untyped-def]
+    source = await topic_factory(partitions=1)
+    sink = await topic_factory(partitions=1)
+    await produce_pings(kafka_bootstrap, source.name, range(12))
+    failures = iter([True, False, True])
+    calls: list[list[str]] = []
+
+    async def crash_before_commit(batch: BatchInfo) -> None:
+        if next(failures, False):
+            raise ConnectionError("simulated crash between produce and commit")
+
+    def summary(given: Sequence[Envelope]) -> Sequence[Outgoing]:
+        # One event per batch naming how many pings it folded (n), caused by the batch's last event.
+        calls.append([e.id for e in given])
+        last = given[-1]
+        pong = Pong(job_id="summary", n=len(given))
+        out = make_envelope(
+            pong, event_id=f"sum-{last.id}", source="test/pong", time=NOW, causationid=last.id
+        )
+        return [(sink.name, out)]
+
+    processor = Processor(
+        _settings(kafka_bootstrap, source.name, max_batch_records=4),
+        lambda envelope, meta: [],
+        registry=REGISTRY,
+        before_commit=crash_before_commit,
+        flush=summary,
+    )
+    task = asyncio.create_task(processor.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        committed: list[Envelope] = []
+        while sum(e.data.n for e in committed if isinstance(e.data, Pong)) < 12:
+            assert asyncio.get_running_loop().time() < deadline, "the summaries never covered every ping"
+            committed = envelopes(await read_all(kafka_bootstrap, sink.name, at_least=1, timeout_s=30))
+    finally:
+        processor.request_stop()
+        await asyncio.wait_for(task, timeout=30)
+
+    assert processor.stats.batches_aborted == 2
+    # Aborted batches' summaries are invisible: the committed ones count every ping exactly once.
+    assert sum(e.data.n for e in committed if isinstance(e.data, Pong)) == 12
+    assert all(1 <= e.data.n <= 4 for e in committed if isinstance(e.data, Pong))
+    assert all(e.causationid is not None and e.id == f"sum-{e.causationid}" for e in committed)
+    assert all(ids for ids in calls) and len(calls) == processor.stats.batches_committed + 2
