@@ -54,7 +54,8 @@ def wire_gpu_id(core_id: str) -> GpuId:
     return GpuId(core_id.split(SEPARATOR, 1)[1])
 
 
-def core_node(node: NodeRegistered, *, cordoned: bool, failed_gpus: frozenset[str]) -> Node:
+def core_node(node: NodeRegistered, *, cordoned: bool, unusable_gpus: frozenset[str]) -> Node:
+    """The core's view of a registered node; `unusable_gpus` (failed or degraded) take no new work."""
     return Node(
         id=CoreNodeId(node.node),
         gpus=tuple(
@@ -63,7 +64,7 @@ def core_node(node: NodeRegistered, *, cordoned: bool, failed_gpus: frozenset[st
                 index=g.index,
                 model=GpuModel(g.model),
                 memory_mib=CoreMiB(g.memory_mib),
-                healthy=g.id not in failed_gpus,
+                healthy=g.id not in unusable_gpus,
                 mode=GpuMode.MIG if g.mig_enabled else GpuMode.WHOLE,
             )
             for g in node.gpus

@@ -97,6 +97,8 @@ class PlacementState:
     registered_at: dict[NodeId, datetime] = field(default_factory=dict)
     failed_at: dict[NodeId, datetime] = field(default_factory=dict)
     failed_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
+    degraded_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
+    """GPUs node_health or the agent marked degraded: their running work stays, new work goes elsewhere."""
     jobs: dict[JobId, JobRecord] = field(default_factory=dict)
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
     """Jobs that may be placed now, in arrival order."""
@@ -123,6 +125,7 @@ class PlacementState:
             self.nodes[data.node] = data
             self.registered_at[data.node] = envelope.time
             self.failed_gpus.pop(data.node, None)
+            self.degraded_gpus.pop(data.node, None)
             self._snapshot = None
             return True
         if isinstance(data, NodeFailed):
@@ -130,13 +133,18 @@ class PlacementState:
             self._snapshot = None
             return False
         if isinstance(data, GpuHealthChanged):
+            if data.previous == data.state:
+                return False  # a repeated-error report for node_health's windows, not a change of state
             failed = self.failed_gpus.setdefault(data.node, set())
+            degraded = self.degraded_gpus.setdefault(data.node, set())
+            failed.discard(data.gpu)
+            degraded.discard(data.gpu)
             if data.state == "failed":
                 failed.add(data.gpu)
-            else:
-                failed.discard(data.gpu)
+            elif data.state == "degraded":
+                degraded.add(data.gpu)
             self._snapshot = None
-            return bool(data.state != "failed")
+            return bool(data.state == "healthy")
         if isinstance(data, JobAdmitted):
             record = self._record(data.job_id)
             if record.spec is None:
@@ -213,7 +221,11 @@ class PlacementState:
         if self._snapshot is None:
             nodes = [
                 core_node(
-                    n, cordoned=self.cordoned(n.node), failed_gpus=frozenset(self.failed_gpus.get(n.node, ()))
+                    n,
+                    cordoned=self.cordoned(n.node),
+                    unusable_gpus=frozenset(
+                        self.failed_gpus.get(n.node, set()) | self.degraded_gpus.get(n.node, set())
+                    ),
                 )
                 for n in self.nodes.values()
             ]

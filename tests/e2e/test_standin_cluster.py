@@ -26,7 +26,7 @@ SPEC = ClusterSpec(
     groups=(
         NodeGroup(
             name="n",
-            count=3,
+            count=4,
             gpu_model="H100-SXM5-80GB",
             gpus_per_node=8,
             memory_mib=81920,
@@ -62,12 +62,12 @@ async def test_standin_cluster_runs_jobs_and_moves_a_gang_off_a_gpu_that_fell_of
 
                 # 1. Registration from the stand-in's NVML inventory.
                 await log.until(
-                    lambda: len(log.of(topics.inventory, NodeRegistered)) == 3,
+                    lambda: len(log.of(topics.inventory, NodeRegistered)) == 4,
                     timeout_s=30,
                     check=tasks.check,
                 )
                 registered = log.of(topics.inventory, NodeRegistered)
-                assert {r.node for r in registered} == {"n-0", "n-1", "n-2"}
+                assert {r.node for r in registered} == {"n-0", "n-1", "n-2", "n-3"}
                 for r in registered:
                     assert r.labels["gangline/nvml"] == "standin"
                     assert [g.id for g in r.gpus] == [f"gpu{k}" for k in range(8)]
@@ -131,6 +131,8 @@ async def test_standin_cluster_runs_jobs_and_moves_a_gang_off_a_gpu_that_fell_of
             second = grants("gang")[1]
             assert len(second.placements) == 2 and all(len(p.gpus) == 8 for p in second.placements)
             assert hit.node not in {p.node for p in second.placements}  # 7 healthy GPUs cannot hold a rank
+            # The drained GPU keeps no new work: neither placement of the gang uses n-2.
+            assert "n-2" not in {p.node for p in first.placements + second.placements}
             assert audit_allocations(log.stamped[topics.allocations]) == []
         finally:
             await tasks.stop()

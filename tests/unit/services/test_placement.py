@@ -16,7 +16,7 @@ from gangline.events.jobs import (
     JobQueued,
     JobRequeued,
 )
-from gangline.events.nodes import NodeFailed
+from gangline.events.nodes import GpuHealthChanged, NodeFailed
 from gangline.events.types import AllocationId, JobId, QueueName
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, decide
@@ -143,3 +143,36 @@ def test_cancelling_frees_a_running_gang_and_drops_a_waiting_job() -> None:
     # The freed GPUs go to the next job in the same transaction; a second cancel changes nothing.
     assert [g.job_id for g in grants(out)] == ["next"]
     assert feed(state, env(JobCancelRequested(job_id=JobId("run")))) == []
+
+
+def _health(node: str, gpu: str, previous: str, state: str) -> Envelope:
+    return env(
+        GpuHealthChanged.model_validate(
+            {
+                "node": node,
+                "gpu": gpu,
+                "previous": previous,
+                "state": state,
+                "cause": {"kind": "xid", "message": "XID 13 three times in an hour", "xid": 13},
+            }
+        )
+    )
+
+
+def test_a_degraded_gpu_keeps_its_running_work_but_takes_no_new_work() -> None:
+    state = new_state(("a", 1, 8))
+    [running] = grants(feed(state, admitted("j1", gpus_per_worker=4)))
+    held = {g for p in running.placements for g in p.gpus}
+    free = sorted({f"gpu{i}" for i in range(8)} - held)
+    assert feed(state, _health("a-0", free[0], "healthy", "degraded")) == []
+    # A repeated-error report (previous == state) is not a recovery.
+    assert feed(state, _health("a-0", free[0], "healthy", "healthy")) == []
+    out = feed(state, admitted("j2", gpus_per_worker=4))
+    assert grants(out) == []  # only 3 usable free GPUs are left
+    assert [e.data.job_id for e in out if isinstance(e.data, JobPending)] == ["j2"]
+    [j3] = grants(feed(state, admitted("j3", gpus_per_worker=3)))
+    # A real recovery makes the GPU usable again.
+    release = AllocationReleased(job_id=JobId("j3"), allocation_id=j3.allocation_id, reason="completed")
+    assert grants(feed(state, env(release))) == []  # 3 usable GPUs free: still not enough for j2
+    back = grants(feed(state, _health("a-0", free[0], "degraded", "healthy")))
+    assert [g.job_id for g in back] == ["j2"]
