@@ -105,7 +105,10 @@ class FakeCluster:
 
     async def run(self) -> None:
         async with EventProducer(
-            self.bootstrap, client_id=f"fake-nodes-{self.spec.name}", linger_ms=5
+            self.bootstrap,
+            client_id=f"fake-nodes-{self.spec.name}",
+            linger_ms=5,
+            chained_topics=(self.topics.allocations,),
         ) as producer:
             self._producer = producer
             await self._register_all()
@@ -265,6 +268,7 @@ class FakeCluster:
                 tracer,
                 topic,
                 make_envelope(event, event_id=event_id, source=self._source, time=now),
+                chain=producer.chain,
             )
             for topic, event, event_id in items
         ]

@@ -65,6 +65,7 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         static_membership=settings.static_membership,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.session_timeout_ms // 5),
+        chained_topics=(topic_names(settings).allocations,),
     )
 
 

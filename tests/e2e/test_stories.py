@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from e2e.harness import (
     LogReader,
     Tasks,
@@ -15,6 +17,9 @@ from e2e.harness import (
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobCheckpointed, JobPreempted, JobPreempting, JobRequeued
 from gangline.events.nodes import NodeFailed
+from gangline.replay.chain import verify_chain
+from gangline.replay.kafka import KafkaSource
+from gangline.replay.log import read_jsonl, write_jsonl
 from services.agent.cluster import ClusterSpec, NodeGroup
 from services.agent.fake import FakeCluster
 
@@ -35,7 +40,7 @@ def h100_nodes(count: int) -> ClusterSpec:
     )
 
 
-async def test_preemption_story(kafka_bootstrap: str) -> None:
+async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
     async with private_topics(kafka_bootstrap, "preempt") as topics:
         env = service_env(kafka_bootstrap, topics)
         cluster = FakeCluster(
@@ -98,6 +103,17 @@ async def test_preemption_story(kafka_bootstrap: str) -> None:
             assert audit_allocations(log.stamped[topics.allocations]) == []
         finally:
             await tasks.stop()
+        # The hash chain: every writer of allocations.log (placement, preemption, the nodes) stamped
+        # its records; the exported log verifies offline.
+        exported = tmp_path / "allocations.jsonl"
+        write_jsonl(await KafkaSource(kafka_bootstrap).fetch([topics.allocations]), exported)
+        records = list(read_jsonl(exported))
+        report = verify_chain(records, topics=[topics.allocations])
+        assert report.problems == []
+        assert report.records == len(records) >= 10
+        sources = {cid.split("/", 1)[1] for cid in report.heads}
+        assert {"gangline/placement", "gangline/preemption"} <= sources
+        assert any(s.startswith("gangline/agent/") for s in sources)
 
 
 async def test_node_failure_story(kafka_bootstrap: str) -> None:

@@ -386,7 +386,11 @@ class NodeAgent:
         inventory = await self._nvml(self._reader.inventory)
         self._adopt_inventory(inventory)
         if self._producer is None:
-            self._own_producer = EventProducer(s.kafka_bootstrap, client_id=f"gangline-agent-{s.node}")
+            self._own_producer = EventProducer(
+                s.kafka_bootstrap,
+                client_id=f"gangline-agent-{s.node}",
+                chained_topics=(s.topics.allocations,),
+            )
             await self._own_producer.start()
             self._producer = self._own_producer
         self._publisher = asyncio.create_task(self._publish_loop(), name=f"agent-{s.node}-publish")

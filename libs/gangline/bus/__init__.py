@@ -1,5 +1,6 @@
 """Kafka plumbing: typed producer and consumer, the transactional processor, DLQ, service runner."""
 
+from gangline.bus.chain import ChainStamper, partition_for
 from gangline.bus.consumer import Delivery, EventConsumer, decode_or_dead_letter
 from gangline.bus.processor import (
     BatchInfo,
@@ -40,6 +41,7 @@ __all__ = [
     "HANDLER_FAILED",
     "BatchInfo",
     "BeforeCommit",
+    "ChainStamper",
     "DeadLetter",
     "DeadLetterOutputs",
     "Delivery",
@@ -57,6 +59,7 @@ __all__ = [
     "dead_letter",
     "decode_or_dead_letter",
     "header",
+    "partition_for",
     "run_service",
     "serve",
 ]

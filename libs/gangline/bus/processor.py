@@ -10,6 +10,10 @@ For each batch polled from the input topics the processor
    and the trace context of the consumer span,
 4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits.
 
+Records on ``settings.chained_topics`` carry the hash chain (:mod:`gangline.bus.chain`): the
+heads are read from the committed log before the first stamp and after each rebalance, and put
+back when a transaction aborts, so a retried batch re-stamps from the committed heads.
+
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
 nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
@@ -57,6 +61,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.producer import send_envelope
 from gangline.bus.records import HANDLER_FAILED, DeadLetter, KafkaRecord, RecordMeta, dead_letter
@@ -161,6 +166,15 @@ class Processor:
         self._in_transaction = False
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._chain = (
+            ChainStamper(
+                settings.bootstrap_servers,
+                settings.chained_topics,
+                request_timeout_ms=settings.request_timeout_ms,
+            )
+            if settings.chained_topics
+            else None
+        )
         self.stats = ProcessorStats()
         self.started = asyncio.Event()
         """Set once the clients are up and the consumer has its first assignment."""
@@ -272,6 +286,9 @@ class Processor:
         async with self._batch_lock:
             self._generation += 1
             self._attempts.clear()
+            if self._chain is not None:
+                # Another replica may extend our chains while it owns the partitions: catch up first.
+                self._chain.invalidate()
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -304,6 +321,8 @@ class Processor:
     async def _transact(self, batch: dict[TopicPartition, list[Any]]) -> None:
         producer = self._producer
         assert producer is not None
+        if self._chain is not None:
+            self._chain.mark()
         await producer.begin_transaction()
         self._in_transaction = True
         deliveries: list[asyncio.Future[Any]] = []
@@ -347,7 +366,7 @@ class Processor:
             sent = [await self._send_dead_letter(producer, outcome)]
             if self._dead_letter_outputs is not None:
                 for topic, output in self._dead_letter_outputs(outcome):
-                    sent.append(await send_envelope(producer, self._tracer, topic, output))
+                    sent.append(await send_envelope(producer, self._tracer, topic, output, chain=self._chain))
             return sent
         envelope = outcome
         meta = RecordMeta.of(record)
@@ -369,7 +388,9 @@ class Processor:
             deliveries = []
             for topic, output in outputs:
                 caused = output.model_copy(update={"causationid": envelope.id})
-                deliveries.append(await send_envelope(producer, self._tracer, topic, caused))
+                deliveries.append(
+                    await send_envelope(producer, self._tracer, topic, caused, chain=self._chain)
+                )
             return deliveries
 
     async def _send_flushed(
@@ -389,7 +410,9 @@ class Processor:
                 kind=SpanKind.INTERNAL,
                 attributes={semconv.EVENT_TYPE: output.type, semconv.EVENT_SUBJECT: output.subject},
             ):
-                deliveries.append(await send_envelope(producer, self._tracer, topic, output))
+                deliveries.append(
+                    await send_envelope(producer, self._tracer, topic, output, chain=self._chain)
+                )
         return deliveries
 
     async def _after_handler_failure(
@@ -449,6 +472,8 @@ class Processor:
             raise ProcessorFailed(f"cannot abort the transaction: {type(error).__name__}: {error}") from error
         finally:
             self._in_transaction = False
+            if self._chain is not None:
+                self._chain.rollback()
 
     def _rewind(self, batch: dict[TopicPartition, list[Any]]) -> None:
         consumer = self._consumer

@@ -8,7 +8,8 @@ so a consumer finds the producer span as its parent whether it reads headers or 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -16,6 +17,7 @@ from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from gangline.bus.chain import ChainStamper
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
 from gangline.telemetry import semconv
@@ -52,20 +54,33 @@ async def send_envelope(
     *,
     key: str | None = None,
     headers: Sequence[tuple[str, bytes]] = (),
+    chain: ChainStamper | None = None,
 ) -> Any:
     """Queue one envelope on ``producer`` inside a PRODUCER span; returns aiokafka's delivery future.
 
     Shared by :class:`EventProducer` and the transactional processor (whose producer is in a
-    transaction when this is called).
+    transaction when this is called). When ``chain`` chains ``topic`` the record gets its chain
+    headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`).
     """
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes=send_span_attributes(topic, envelope)
     ):
         envelope = stamped(envelope)
         record_key = (key if key is not None else envelope.subject).encode()
-        return await producer.send(
-            topic, value=encode(envelope), key=record_key, headers=with_trace_headers(headers)
-        )
+        value = encode(envelope)
+        if chain is None or not chain.chains(topic):
+            return await producer.send(
+                topic, value=value, key=record_key, headers=with_trace_headers(headers)
+            )
+        async with chain.lock:
+            stamp = await chain.stamp(topic, record_key, json.loads(value))
+            return await producer.send(
+                topic,
+                value=value,
+                key=record_key,
+                partition=stamp.partition,
+                headers=with_trace_headers([*headers, *stamp.headers]),
+            )
 
 
 class EventProducer:
@@ -79,8 +94,16 @@ class EventProducer:
         tracer_provider: trace.TracerProvider | None = None,
         linger_ms: int = 0,
         request_timeout_ms: int = 40_000,
+        chained_topics: Iterable[str] = (),
     ) -> None:
+        """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`)."""
         self._bootstrap_servers = bootstrap_servers
+        chained = tuple(chained_topics)
+        self._chain = (
+            ChainStamper(bootstrap_servers, chained, request_timeout_ms=request_timeout_ms)
+            if chained
+            else None
+        )
         self._client_id = client_id
         self._linger_ms = linger_ms
         self._request_timeout_ms = request_timeout_ms
@@ -112,6 +135,11 @@ class EventProducer:
         await self.stop()
 
     @property
+    def chain(self) -> ChainStamper | None:
+        """The chain stamper, for :func:`send_envelope` on :attr:`raw` (None: nothing chained)."""
+        return self._chain
+
+    @property
     def raw(self) -> AIOKafkaProducer:
         """The underlying aiokafka producer (started); for sending bytes the codec did not make."""
         if self._producer is None:
@@ -131,6 +159,15 @@ class EventProducer:
         ``key`` defaults to ``envelope.subject`` (the job or node id), which keeps one job's
         events in one partition, in order.
         """
-        future = await send_envelope(self.raw, self._tracer, topic, envelope, key=key, headers=headers)
-        metadata: RecordMetadata = await future
+        chain = self._chain
+        future = await send_envelope(
+            self.raw, self._tracer, topic, envelope, key=key, headers=headers, chain=chain
+        )
+        try:
+            metadata: RecordMetadata = await future
+        except Exception:
+            if chain is not None and chain.chains(topic):
+                # The record may or may not be in the log: re-read the chain's tail before the next one.
+                chain.forget(topic)
+            raise
         return metadata

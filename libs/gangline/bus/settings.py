@@ -40,6 +40,9 @@ class ProcessorSettings(BaseModel):
     broker has written the previous markers, a few ms: a short backoff keeps that off the latency."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     static_membership: bool = False
+    chained_topics: tuple[str, ...] = ()
+    """Output topics whose records carry the hash chain (:mod:`gangline.bus.chain`): the
+    allocations log, under the deployment's topic prefix."""
 
     @property
     def transactional_id(self) -> str:
