@@ -73,19 +73,6 @@ def nodes_with_groups(spec: ClusterSpec) -> list[tuple[NodeGroup, NodeRegistered
     return list(zip(groups, spec.nodes(), strict=True))
 
 
-async def _await_assignment(consumer: EventConsumer, timeout_s: float = 30.0) -> None:
-    """Wait for the group to hand over partitions and pin their start positions."""
-    raw = consumer.raw
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not raw.assignment():
-        if loop.time() > deadline:
-            raise TimeoutError("the simulated nodes' consumer got no partitions")
-        await asyncio.sleep(0.05)
-    for tp in raw.assignment():
-        await raw.position(tp)
-
-
 @dataclass(frozen=True)
 class XidInjection:
     """``NODE:GPU:CODE@SECONDS``: XID ``code`` on ``gpu`` of ``node``, ``seconds`` after the agents start."""
@@ -176,7 +163,7 @@ class StandInCluster:
             await consumer.start()
             try:
                 # Positions are pinned before any node registers, so no grant can slip past.
-                await _await_assignment(consumer)
+                await consumer.wait_for_assignment()
                 for group, registered in nodes_with_groups(self.spec):
                     api = NvmlStandIn(node_spec_for(group, registered.node))
                     runner = SimulatedRunner(

@@ -31,8 +31,8 @@ import gc
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -174,8 +174,9 @@ async def restore_and_process(
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
     """
-    if lock_topic is None:
-        await _restore_and_process(
+
+    def restore_and_process() -> Coroutine[Any, Any, None]:
+        return _restore_and_process(
             settings,
             state,
             Replayed(decide, end_batch=end_batch, remember=_remember(settings)),
@@ -184,6 +185,9 @@ async def restore_and_process(
             select,
             restore_select or select,
         )
+
+    if lock_topic is None:
+        await restore_and_process()
         return
     leadership = Leadership(
         settings.bootstrap_servers,
@@ -194,17 +198,7 @@ async def restore_and_process(
     )
     try:
         await leadership.acquire()
-        work = asyncio.create_task(
-            _restore_and_process(
-                settings,
-                state,
-                Replayed(decide, end_batch=end_batch, remember=_remember(settings)),
-                restore_topics,
-                dead_letter_outputs,
-                select,
-                restore_select or select,
-            )
-        )
+        work = asyncio.create_task(restore_and_process())
         lost = asyncio.create_task(leadership.lost.wait())
         try:
             done, _ = await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)

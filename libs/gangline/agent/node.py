@@ -410,7 +410,7 @@ class NodeAgent:
                 auto_offset_reset=s.start_from,
             )
             await self._consumer.start()
-            await self._await_assignment(self._consumer)
+            await self._consumer.wait_for_assignment()
             self._consume_task = asyncio.create_task(self._consume_loop(), name=f"agent-{s.node}-consume")
             self._consume_task.add_done_callback(self._loop_done)
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"agent-{s.node}-heartbeat"))
@@ -1020,19 +1020,6 @@ class NodeAgent:
                 await self._retry_pending()
             if deliveries:
                 await consumer.commit()
-
-    @staticmethod
-    async def _await_assignment(consumer: EventConsumer, timeout_s: float = 30.0) -> None:
-        """Wait for the group to hand over partitions and pin their start positions."""
-        raw = consumer.raw
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not raw.assignment():
-            if loop.time() > deadline:
-                raise TimeoutError("the agent's consumer got no partitions")
-            await asyncio.sleep(0.05)
-        for tp in raw.assignment():
-            await raw.position(tp)
 
     async def _nvml(self, call: Callable[..., T], *args: Any) -> T:
         """Real NVML blocks (event waits, slow counters): a worker thread. The stand-in answers at once."""

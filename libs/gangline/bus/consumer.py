@@ -11,6 +11,7 @@ Services that consume and produce use :class:`gangline.bus.processor.Processor` 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -125,6 +126,22 @@ class EventConsumer:
         if self._consumer is None:
             raise RuntimeError("EventConsumer is not started")
         return self._consumer
+
+    async def wait_for_assignment(self, timeout_s: float = 30.0) -> None:
+        """Wait until the group hands this consumer partitions, then pin their start positions.
+
+        A group member reading from ``latest`` misses what is written before its positions are
+        fixed; callers that publish right after starting wait here first.
+        """
+        raw = self.raw
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not raw.assignment():
+            if loop.time() > deadline:
+                raise TimeoutError(f"the consumer of {self._service} got no partitions in {timeout_s:g} s")
+            await asyncio.sleep(0.05)
+        for tp in raw.assignment():
+            await raw.position(tp)
 
     async def getmany(self, *, timeout_ms: int = 500, max_records: int | None = None) -> list[Delivery]:
         """The next decoded events (possibly none), in partition order; bad records already dead-lettered."""
