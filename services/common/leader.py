@@ -3,8 +3,16 @@
 Every replica joins the group ``<group>.leader`` on a one-partition topic; Kafka assigns that
 partition to exactly one member, which is the leader. The others wait in :meth:`Leadership.acquire`.
 When the leader dies its session times out, Kafka reassigns the partition and a standby proceeds
-(restores state from the log and starts processing). A leader that loses the partition (cut off
-past its session timeout) sees :attr:`Leadership.lost` set and must stop deciding.
+(restores state from the log and starts processing).
+
+The lock is sticky. A standby joining (or a crashed leader coming back) makes the group rebalance,
+and the classic protocol revokes every partition from every member first; the assignor
+(:func:`_sticky_lock_assignor`) hands the partition back to the member that held it, which each
+member states in its join metadata. So a revocation alone is not a loss: the holder keeps deciding
+through the rebalance and only stops when an assignment arrives without the partition (it was cut
+off past its session timeout and another member got the lock). Such a zombie cannot commit what
+it decided meanwhile: the services that lead share one transactional id per role
+(:mod:`services.common.shell`), and the new leader's producer fences the old one's.
 """
 
 from __future__ import annotations
@@ -12,10 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
 log = logging.getLogger(__name__)
+
+HOLDER = b"gangline-lock-holder"
+"""Join metadata of the member that held the lock in the previous generation."""
 
 
 class Leadership:
@@ -24,6 +39,8 @@ class Leadership:
     ) -> None:
         self._topic = topic
         self._member = member
+        self.held = asyncio.Event()
+        self.lost = asyncio.Event()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
@@ -31,10 +48,13 @@ class Leadership:
             enable_auto_commit=False,
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(100, session_timeout_ms // 5),
+            partition_assignment_strategy=(_sticky_lock_assignor(self.holding),),
         )
-        self.held = asyncio.Event()
-        self.lost = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
+
+    def holding(self) -> bool:
+        """Whether this replica holds the lock now (acquired and not lost)."""
+        return self.held.is_set() and not self.lost.is_set()
 
     async def acquire(self) -> None:
         """Wait until this replica holds the lock."""
@@ -59,10 +79,10 @@ class Leadership:
 
     def _assigned(self, partitions: list[TopicPartition]) -> None:
         if partitions:
-            self.held.set()
-
-    def _revoked(self, partitions: list[TopicPartition]) -> None:
-        if partitions and self.held.is_set():
+            if not self.held.is_set():
+                self.held.set()
+            return
+        if self.held.is_set() and not self.lost.is_set():
             log.warning("leadership lost", extra={"member": self._member})
             self.lost.set()
 
@@ -72,7 +92,52 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
         self._leadership = leadership
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        self._leadership._revoked(list(revoked))
+        """Every rebalance revokes first; whether the lock moved is known only at assignment."""
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self._leadership._assigned(list(assigned))
+
+
+def _sticky_lock_assignor(holding: Callable[[], bool]) -> type[AbstractPartitionAssignor]:
+    """An assignor giving every partition of the lock topic to one member: the last holder if it
+    is still in the group, else the member with the smallest id."""
+
+    class StickyLockAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+        name = "gangline-sticky-lock"
+        version = 0
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), HOLDER if holding() else b"")
+
+        @classmethod
+        def assign(
+            cls, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+        ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            return {
+                member: ConsumerProtocolMemberAssignment(cls.version, sorted(topics.items()), b"")
+                for member, topics in assign_lock(cluster, members).items()
+            }
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            pass
+
+    return StickyLockAssignor
+
+
+def assign_lock(
+    cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+) -> dict[str, dict[str, list[int]]]:
+    """``{member: {topic: [partition, ...]}}`` with every subscribed partition on one member."""
+    if not members:
+        return {}
+    holders = sorted(m for m, meta in members.items() if meta.user_data == HOLDER)
+    winner = holders[0] if holders else min(members)
+    topics = sorted({t for meta in members.values() for t in meta.subscription})
+    won: dict[str, list[int]] = {}
+    for topic in topics:
+        partitions = cluster.partitions_for_topic(topic)
+        if partitions:
+            won[topic] = sorted(partitions)
+    return {member: (won if member == winner else {}) for member in members}

@@ -175,6 +175,9 @@ async def restore_and_process(
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
     """
 
+    if lock_topic is not None:
+        settings = settings.model_copy(update={"transactional_role": "leader"})
+
     def restore_and_process() -> Coroutine[Any, Any, None]:
         return _restore_and_process(
             settings,

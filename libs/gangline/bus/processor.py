@@ -43,6 +43,9 @@ across restarts:
   replaced replica's partitions return to the same instance id, i.e. the same
   ``transactional_id``. Per-partition transactional ids (one producer per input partition)
   would close it fully at the cost of one producer per partition; not done here.
+- services where one replica at a time decides behind a leader lock share one
+  ``transactional_id`` per role (``ProcessorSettings.transactional_role``): the new leader's
+  ``InitProducerId`` fences the cut-off old leader outright, whatever it was doing.
 """
 
 from __future__ import annotations

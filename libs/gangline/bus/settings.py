@@ -44,7 +44,12 @@ class ProcessorSettings(BaseModel):
     """Output topics whose records carry the hash chain (:mod:`gangline.bus.chain`): the
     allocations log, under the deployment's topic prefix."""
 
+    transactional_role: str | None = None
+    """Set for services where one replica at a time decides (a leader lock): the replicas share
+    ``<group_id>.<transactional_role>``, so a new leader's producer fences a cut-off old one."""
+
     @property
     def transactional_id(self) -> str:
-        """``<group_id>.<instance_id>``: one transactional producer per service replica."""
-        return f"{self.group_id}.{self.instance_id}"
+        """``<group_id>.<instance_id>``: one transactional producer per service replica, or one per
+        role (``transactional_role``) shared by the replicas that take turns leading."""
+        return f"{self.group_id}.{self.transactional_role or self.instance_id}"
