@@ -100,6 +100,9 @@ class PlacementState:
     degraded_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
     """GPUs node_health or the agent marked degraded: their running work stays, new work goes elsewhere."""
     jobs: dict[JobId, JobRecord] = field(default_factory=dict)
+    retired: dict[JobId, tuple[AllocationId, ...]] = field(default_factory=dict)
+    """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
+    live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
     """Jobs that may be placed now, in arrival order."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
@@ -145,6 +148,11 @@ class PlacementState:
                 degraded.add(data.gpu)
             self._snapshot = None
             return bool(data.state == "healthy")
+        job_event = isinstance(data, JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed)
+        if job_event and data.job_id in self.retired:
+            return False  # finished and released: nothing about it can change any more
+        if isinstance(data, AllocationGranted | AllocationReleased) and self._absorbed_by_retired(data):
+            return False
         if isinstance(data, JobAdmitted):
             record = self._record(data.job_id)
             if record.spec is None:
@@ -161,7 +169,7 @@ class PlacementState:
             record.requeued_attempt = max(record.requeued_attempt, data.attempt)
             return self._refresh(record)
         if isinstance(data, JobPreempting):
-            if data.preemptor_job_id is not None:
+            if data.preemptor_job_id is not None and data.preemptor_job_id not in self.retired:
                 self.preemptors.add(data.preemptor_job_id)
             return False
         if isinstance(data, JobCompleted | JobFailed):
@@ -196,6 +204,30 @@ class PlacementState:
             return True
         return False
 
+    def _absorbed_by_retired(self, data: AllocationGranted | AllocationReleased) -> bool:
+        """Whether a retired job's allocation event is fully accounted for by what was kept of it.
+
+        A release, or a re-delivered grant, is; a grant the log holds after the job ended (a
+        release never written) brings the record back, finished, so its GPUs stay taken.
+        """
+        released = self.retired.get(data.job_id)
+        if released is None:
+            return False
+        if isinstance(data, AllocationReleased):
+            if data.allocation_id not in released:
+                self.retired[data.job_id] = (*released, data.allocation_id)
+            return True
+        if data.allocation_id in released:
+            return True
+        del self.retired[data.job_id]
+        self.jobs[data.job_id] = JobRecord(data.job_id, released=set(released), finished=True)
+        return False
+
+    def _retire(self, record: JobRecord) -> None:
+        del self.jobs[record.job_id]
+        self.retired[record.job_id] = tuple(sorted(record.released))
+        self.preemptors.discard(record.job_id)
+
     def _record(self, job_id: JobId) -> JobRecord:
         record = self.jobs.get(job_id)
         if record is None:
@@ -209,6 +241,8 @@ class PlacementState:
             return new
         self.waiting.pop(record.job_id, None)
         self.last_pending.pop(record.job_id, None)
+        if record.finished and record.grants and record.live() is None:
+            self._retire(record)
         return False
 
     # -- the cluster as the core sees it ---------------------------------------------------
