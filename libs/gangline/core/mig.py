@@ -6,6 +6,9 @@ A profile may start only at the listed positions and occupies `size` memory slic
 two instances conflict when their memory-slice ranges overlap. Compute slices (7 per GPU) are
 implied by the profile name (`3g` = 3) and are checked as a second budget.
 
+The A100 and H100 (80 GB, NVL 94 GB) tables are checked row by row against printed `-lgipp`
+output in the tests; H200 uses the same GH100 layout under its own profile names.
+
 Occupancy of one GPU is an 8-bit mask over memory slices, so every check here is a few integer
 operations.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -41,6 +42,39 @@ def test_mig_geometry_matches_the_nvidia_placement_tables() -> None:
         "7g.141gb",
     }
     assert {p.name for p in MIG_GEOMETRIES["A100-80GB"].profiles} >= {"1g.10gb", "3g.40gb", "7g.80gb"}
+
+
+LGIPP_GH100 = """
+GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1
+GPU  0 Profile ID 15 Placements: {0,2,4,6}:2
+GPU  0 Profile ID 14 Placements: {0,2,4}:2
+GPU  0 Profile ID  9 Placements: {0,4}:4
+GPU  0 Profile ID  5 Placement : {0}:4
+GPU  0 Profile ID  0 Placement : {0}:8
+"""
+"""`nvidia-smi mig -lgipp` as printed on H100 80GB and H100 NVL (driver 560, published in NVIDIA's
+MIG user guide and H100 NVL material); ID 20 (`1g.*+me`, same placements as 19) is left out.
+H200 (the same GH100 die) is held to the same table; its profile names are confirmed from published
+MIG configurations, its placements are not from a printed H200 `-lgipp`."""
+
+GH100_PROFILE_IDS = {
+    "H100-80GB": {19: "1g.10gb", 15: "1g.20gb", 14: "2g.20gb", 9: "3g.40gb", 5: "4g.40gb", 0: "7g.80gb"},
+    "H100-94GB": {19: "1g.12gb", 15: "1g.24gb", 14: "2g.24gb", 9: "3g.47gb", 5: "4g.47gb", 0: "7g.94gb"},
+    "H200-141GB": {19: "1g.18gb", 15: "1g.35gb", 14: "2g.35gb", 9: "3g.71gb", 5: "4g.71gb", 0: "7g.141gb"},
+}
+
+
+@pytest.mark.parametrize("model", sorted(GH100_PROFILE_IDS))
+def test_hopper_mig_geometry_matches_lgipp_row_by_row(model: str) -> None:
+    published: dict[str, tuple[tuple[int, ...], int]] = {}
+    for line in LGIPP_GH100.strip().splitlines():
+        match = re.match(r"GPU\s+0 Profile ID\s+(\d+) Placements?\s*: \{([\d,]+)\}:(\d+)", line)
+        assert match, line
+        profile_id, starts, size = int(match[1]), match[2], int(match[3])
+        name = GH100_PROFILE_IDS[model][profile_id]
+        published[name] = (tuple(int(s) for s in starts.split(",")), size)
+    ours = {p.name: (p.starts, p.memory_slices) for p in MIG_GEOMETRIES[model].profiles}
+    assert ours == published
 
 
 def test_mig_free_starts_respect_slices_and_compute_budget() -> None:
