@@ -148,8 +148,8 @@ class PlacementState:
                 degraded.add(data.gpu)
             self._snapshot = None
             return bool(data.state == "healthy")
-        job_event = isinstance(data, JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed)
-        if job_event and data.job_id in self.retired:
+        job_event = JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed
+        if isinstance(data, job_event) and data.job_id in self.retired:
             return False  # finished and released: nothing about it can change any more
         if isinstance(data, AllocationGranted | AllocationReleased) and self._absorbed_by_retired(data):
             return False
