@@ -13,12 +13,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
+from services.agent.cluster import ClusterSpec, load_cluster
+from services.agent.fake import FakeCluster
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,3 +282,30 @@ async def send_raw(bootstrap: str, topic: str, messages: list[tuple[str, bytes]]
         await producer.flush()
     finally:
         await producer.stop()
+
+
+def fake_cluster(
+    bootstrap: str, topics: TopicNames, spec: ClusterSpec | None = None, **options: Any
+) -> FakeCluster:
+    """The lightweight fake nodes on a test's private topics (``deploy/clusters/default.yaml`` by default)."""
+    return FakeCluster(
+        spec=spec or load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
+        bootstrap=bootstrap,
+        topics=topics,
+        group_id=f"g-{topics.prefix}fake",
+        **options,
+    )
+
+
+async def wait_healthy(url: str, procs: list[asyncio.subprocess.Process], *, timeout_s: float = 30) -> None:
+    """Poll ``url``/healthz until it answers 200; fail if one of ``procs`` exits meanwhile."""
+    async with httpx.AsyncClient() as client:
+        for _ in range(int(timeout_s * 10)):
+            try:
+                if (await client.get(f"{url}/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert all(p.returncode is None for p in procs), "a service exited during start-up"
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{url}/healthz did not answer 200 within {timeout_s} s")

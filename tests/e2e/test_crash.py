@@ -7,19 +7,17 @@ import random
 from pathlib import Path
 
 from e2e.harness import (
-    ROOT,
     LogReader,
     Proc,
     Tasks,
     audit_allocations,
+    fake_cluster,
     private_topics,
     request_bytes,
     send_raw,
     service_env,
 )
 from gangline.events.allocations import AllocationGranted
-from services.agent.cluster import load_cluster
-from services.agent.fake import FakeCluster
 
 SERVICES = ("admission", "quota", "placement", "preemption", "node_health")
 JOBS = 300
@@ -43,14 +41,7 @@ async def test_kill_9_placement_then_quota_mid_stream(kafka_bootstrap: str, tmp_
     async with private_topics(kafka_bootstrap, "crash") as topics:
         env = service_env(kafka_bootstrap, topics, silence_s="30")
         procs = {name: Proc(f"services.{name}", env, tmp_path / f"{name}.log") for name in SERVICES}
-        cluster = FakeCluster(
-            spec=load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
-            bootstrap=kafka_bootstrap,
-            topics=topics,
-            group_id=f"g-{topics.prefix}fake",
-            time_scale=0.2,
-            heartbeat_s=1.0,
-        )
+        cluster = fake_cluster(kafka_bootstrap, topics, time_scale=0.2, heartbeat_s=1.0)
         tasks = Tasks()
         try:
             tasks.start("fake-nodes", cluster.run())

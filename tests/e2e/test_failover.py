@@ -7,11 +7,11 @@ import random
 from pathlib import Path
 
 from e2e.harness import (
-    ROOT,
     LogReader,
     Proc,
     Tasks,
     audit_allocations,
+    fake_cluster,
     private_topics,
     request_bytes,
     send_raw,
@@ -19,8 +19,6 @@ from e2e.harness import (
     start_pipeline,
 )
 from gangline.events.allocations import AllocationGranted
-from services.agent.cluster import load_cluster
-from services.agent.fake import FakeCluster
 
 JOBS = 120
 
@@ -52,14 +50,7 @@ async def test_a_standby_placement_takes_over_when_the_leader_dies(
             )
             for k in range(2)
         ]
-        cluster = FakeCluster(
-            spec=load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
-            bootstrap=kafka_bootstrap,
-            topics=topics,
-            group_id=f"g-{topics.prefix}fake",
-            time_scale=0.2,
-            heartbeat_s=0.5,
-        )
+        cluster = fake_cluster(kafka_bootstrap, topics, time_scale=0.2, heartbeat_s=0.5)
         tasks = Tasks()
         try:
             tasks.start("fake-nodes", cluster.run())

@@ -8,6 +8,7 @@ from e2e.harness import (
     LogReader,
     Tasks,
     audit_allocations,
+    fake_cluster,
     private_topics,
     request_bytes,
     send_raw,
@@ -21,7 +22,6 @@ from gangline.replay.chain import verify_chain
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import read_jsonl, write_jsonl
 from services.agent.cluster import ClusterSpec, NodeGroup
-from services.agent.fake import FakeCluster
 
 
 def h100_nodes(count: int) -> ClusterSpec:
@@ -43,9 +43,7 @@ def h100_nodes(count: int) -> ClusterSpec:
 async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
     async with private_topics(kafka_bootstrap, "preempt") as topics:
         env = service_env(kafka_bootstrap, topics)
-        cluster = FakeCluster(
-            spec=h100_nodes(2), bootstrap=kafka_bootstrap, topics=topics, group_id=f"g-{topics.prefix}fake"
-        )
+        cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(2))
         tasks = Tasks()
         try:
             tasks.start("fake-nodes", cluster.run())
@@ -119,13 +117,7 @@ async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
 async def test_node_failure_story(kafka_bootstrap: str) -> None:
     async with private_topics(kafka_bootstrap, "nodefail") as topics:
         env = service_env(kafka_bootstrap, topics, silence_s="2", check_every_s="0.2")
-        cluster = FakeCluster(
-            spec=h100_nodes(3),
-            bootstrap=kafka_bootstrap,
-            topics=topics,
-            group_id=f"g-{topics.prefix}fake",
-            heartbeat_s=0.3,
-        )
+        cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(3), heartbeat_s=0.3)
         tasks = Tasks()
         try:
             tasks.start("fake-nodes", cluster.run())

@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from e2e.harness import wait_healthy
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.telemetry.semconv import EVENT_SUBJECT, EVENT_TYPE
 from services.common.topics import TopicNames
@@ -169,15 +170,7 @@ async def stack(
     procs = [await asyncio.create_subprocess_exec(sys.executable, *c, cwd=ROOT, env=env) for c in commands]
     api_url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as client:
-            for _ in range(300):
-                try:
-                    if (await client.get(f"{api_url}/healthz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert all(p.returncode is None for p in procs), "a service exited during start-up"
-                await asyncio.sleep(0.1)
+        await wait_healthy(api_url, procs)
         yield Stack(api_url, received)
     finally:
         for p in procs:

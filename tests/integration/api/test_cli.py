@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from e2e.harness import wait_healthy
 
 from gangline.bus import EventProducer
 from gangline.bus.admin import delete_topics, ensure_topics
@@ -88,15 +88,7 @@ async def stack(
     ]
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as client:
-            for _ in range(300):
-                try:
-                    if (await client.get(f"{url}/healthz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert all(p.returncode is None for p in procs), "a service exited during start-up"
-                await asyncio.sleep(0.1)
+        await wait_healthy(url, procs)
         yield Stack(url, prefix, kafka_bootstrap, queue, tokens["team"], tokens["other"])
     finally:
         for p in procs:
