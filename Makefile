@@ -53,8 +53,9 @@ infra-down:
 db-migrate: venv
 	$(PY) -m gangline.store.migrate
 
-# The whole suite against a real broker and database; stops what it started, fails when no test ran.
-test: venv
+# ruff and mypy, then the whole suite against a real broker and database; stops what it started,
+# fails when no test ran.
+test: venv check
 	deploy/local/run-tests.sh
 
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
