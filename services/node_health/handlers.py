@@ -3,7 +3,10 @@ GPUs whose errors repeat are drained before they fail.
 
 Time comes from the caller (``now``): every heartbeat consumed is also a clock tick, and at most
 every ``check_every_s`` the service looks for nodes silent longer than ``silence_s``. (While every
-node is silent no tick arrives; that whole-cluster outage is left to operators.)
+node is silent no tick arrives; that whole-cluster outage is left to operators.) Silence is judged
+only while the service keeps up with the log: a heartbeat consumed more than ``max_lag`` after it
+was sent means node_health itself is behind (a burst, a restart, a starved CPU), and the beats it has
+not read yet would make every node look silent. It waits until it has caught up instead.
 
 For a failed node (declared here, reported by an agent, or by an operator) or a failed GPU, every
 live allocation that uses it is released (``node_failed``) and its job requeued as its next attempt
@@ -49,6 +52,9 @@ class NodeHealthState:
     silence: timedelta
     check_every: timedelta
     started: datetime
+    max_lag: timedelta | None = None
+    """How far behind the heartbeats node_health may be and still judge silence; half the silence
+    when unset."""
     last_seen: dict[NodeId, datetime] = field(default_factory=dict)
     last_seq: dict[NodeId, int] = field(default_factory=dict)
     failed: set[NodeId] = field(default_factory=set)
@@ -118,6 +124,8 @@ def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list
         return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
     state.fold(envelope)
     if isinstance(data, NodeHeartbeat):
+        if now - envelope.time > (state.max_lag or state.silence / 2):
+            return []  # behind the log: the beats not read yet may speak for the "silent" nodes
         return check_silence(state, now=now)
     return []
 

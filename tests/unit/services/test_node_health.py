@@ -59,6 +59,23 @@ def test_a_silent_node_fails_and_its_gangs_are_released_and_requeued() -> None:
     assert decide(env(failed[0]), state, now=T0 + timedelta(seconds=14)) == []
 
 
+def test_silence_is_not_judged_while_node_health_lags_behind_the_heartbeats() -> None:
+    state = new_state()
+    state.restore(env(grant("g", "a-0")))
+    for node in ("a-0", "a-1", "a-2"):
+        decide(beat(node, 1, 1), state, now=T0 + timedelta(seconds=1))  # type: ignore[arg-type]
+    # Consumed at t=30 but sent at t=20: the beats from a-0 and a-1 sent meanwhile are not read yet.
+    late = decide(beat("a-2", 2, 20), state, now=T0 + timedelta(seconds=30))  # type: ignore[arg-type]
+    assert late == []
+    # Caught up: a-0 and a-1 spoke again, so nothing is failed.
+    decide(beat("a-0", 2, 29), state, now=T0 + timedelta(seconds=30.5))  # type: ignore[arg-type]
+    decide(beat("a-1", 2, 29), state, now=T0 + timedelta(seconds=30.6))  # type: ignore[arg-type]
+    assert decide(beat("a-2", 3, 31), state, now=T0 + timedelta(seconds=31)) == []  # type: ignore[arg-type]
+    # Caught up and a-0 really silent: it fails.
+    out = decide(beat("a-1", 3, 41), state, now=T0 + timedelta(seconds=41))  # type: ignore[arg-type]
+    assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-0"]
+
+
 def test_a_failed_gpu_releases_only_the_jobs_that_use_it() -> None:
     state = new_state()
     state.restore(env(grant("uses-gpu0", "a-0")))
