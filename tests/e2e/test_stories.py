@@ -116,7 +116,7 @@ async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
 
 async def test_node_failure_story(kafka_bootstrap: str) -> None:
     async with private_topics(kafka_bootstrap, "nodefail") as topics:
-        env = service_env(kafka_bootstrap, topics, silence_s="2", check_every_s="0.2")
+        env = service_env(kafka_bootstrap, topics, silence_s="4", check_every_s="0.2")
         cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(3), heartbeat_s=0.3)
         tasks = Tasks()
         try:
