@@ -13,8 +13,8 @@ live allocation that uses it is released (``node_failed``) and its job requeued 
 (the gang is whole again elsewhere; placement decides where). Ids derive from the node, its last
 heartbeat sequence and the allocation, so a retried or repeated decision has the same ids.
 
-Agents report job-fault XIDs and correctable ECC errors on nodes.health (``gpu.health_changed``, often
-with ``previous == state``: a report, not a change). Per-GPU rolling windows over them
+Agents report job-fault XIDs and correctable ECC errors on nodes.health (``gpu.error_reported``; a
+``gpu.health_changed`` with such a cause counts too). Per-GPU rolling windows over them
 (:class:`~services.node_health.rates.GpuErrorRates`, in the events' time) mark a GPU ``degraded``
 once they reach their limit: one ``gpu.health_changed`` (healthy -> degraded) from node_health, so no
 new work lands there while the running job may finish. The GPU stays degraded until its node
@@ -31,6 +31,7 @@ from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobCheckpointed, JobRequeued
 from gangline.events.nodes import (
+    GpuErrorReported,
     GpuHealthChanged,
     HealthCause,
     HealthState,
@@ -98,6 +99,9 @@ class NodeHealthState:
             else:
                 self.gpu_state[key] = data.state
                 self.rates.record(data, envelope.time)
+        elif isinstance(data, GpuErrorReported):
+            self.gpu_state[(data.node, data.gpu)] = data.state
+            self.rates.record(data, envelope.time)
         elif isinstance(data, AllocationGranted):
             self.grants_per_job.setdefault(data.job_id, set()).add(data.allocation_id)
             if data.allocation_id not in self.released:
@@ -121,6 +125,9 @@ def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list
             return []
         if data.state == "failed":
             return release_on(state, data.node, data.gpu, now=now)
+        return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
+    if isinstance(data, GpuErrorReported):
+        state.fold(envelope)
         return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
     state.fold(envelope)
     if isinstance(data, NodeHeartbeat):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from gangline.events.nodes import GpuHealthChanged
+from gangline.events.nodes import GpuErrorReported, GpuHealthChanged
 from gangline.events.types import GpuId, NodeId
 from gangline.nvml.health import Action, RollingCounter, classify_xid
 
@@ -20,8 +20,8 @@ GpuKey = tuple[NodeId, GpuId]
 HIGH_SBE_RATE_XID = 92
 
 
-def error_kind(report: GpuHealthChanged) -> ErrorKind | None:
-    """What an agent's ``gpu.health_changed`` reports, as far as the rates care (None: not counted)."""
+def error_kind(report: GpuHealthChanged | GpuErrorReported) -> ErrorKind | None:
+    """What an agent's report says, as far as the rates care (None: not counted)."""
     cause = report.cause
     if cause.kind == "xid" and cause.xid is not None:
         if cause.xid == HIGH_SBE_RATE_XID:
@@ -67,7 +67,7 @@ class GpuErrorRates:
             "correctable_ecc": RollingCounter(self.window),
         }
 
-    def record(self, report: GpuHealthChanged, at: datetime) -> ErrorKind | None:
+    def record(self, report: GpuHealthChanged | GpuErrorReported, at: datetime) -> ErrorKind | None:
         kind = error_kind(report)
         if kind is None:
             return None

@@ -20,6 +20,7 @@ NODE_HEALTH_EVENTS = (
     "node.heartbeat",
     "node.failed",
     "gpu.health_changed",
+    "gpu.error_reported",
     "allocation.granted",
     "allocation.released",
     "job.checkpointed",

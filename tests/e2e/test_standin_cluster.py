@@ -16,7 +16,7 @@ from e2e.harness import (
 )
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobCompleted, JobRequeued, JobStarted
-from gangline.events.nodes import GpuHealthChanged, NodeRegistered
+from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, NodeRegistered
 from gangline.events.types import NodeId
 from services.agent.cluster import ClusterSpec, NodeGroup
 from services.agent.standin import StandInCluster, XidInjection
@@ -101,8 +101,8 @@ async def test_standin_cluster_runs_jobs_and_moves_a_gang_off_a_gpu_that_fell_of
                 [degraded] = drained()
                 assert (degraded.node, degraded.gpu, degraded.previous) == ("n-2", "gpu7", "healthy")
                 assert degraded.cause.xid == 13 and "3 job-fault XIDs" in degraded.cause.message
-                reports = [c for c in log.of(topics.health, GpuHealthChanged) if c.state == "healthy"]
-                assert [(c.gpu, c.cause.xid) for c in reports] == [("gpu7", 13)] * 3
+                reports = log.of(topics.health, GpuErrorReported)
+                assert [(c.gpu, c.state, c.cause.xid) for c in reports] == [("gpu7", "healthy", 13)] * 3
 
                 # 4. XID 79 under a running gang: GPU cordoned, allocation released, gang placed again.
                 gang = request_bytes("gang", queue="default", workers=2, gpus_per_worker=8)

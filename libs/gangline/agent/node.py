@@ -83,6 +83,7 @@ from gangline.events.jobs import (
     WorkerExited,
 )
 from gangline.events.nodes import (
+    GpuErrorReported,
     GpuHealthChanged,
     GpuInfo,
     GpuStatus,
@@ -951,7 +952,7 @@ class NodeAgent:
         else:
             return
         state = self._health.get(gid, "healthy")
-        report = GpuHealthChanged(node=NodeId(self.node), gpu=gid, previous=state, state=state, cause=cause)
+        report = GpuErrorReported(node=NodeId(self.node), gpu=gid, state=state, cause=cause)
         self._enqueue(self.settings.topics.health, self._envelope(report, self._new_id()))
 
     def _fail_jobs_on(self, findings: list[HealthFinding]) -> None:

@@ -102,7 +102,7 @@ class NodeAgentSettings(BaseModel):
     the agent is the one that knows the GPUs are free again."""
     report_repeated_errors: bool = False
     """Also publish each job-fault XID and correctable ECC error that leaves the GPU's state as it was,
-    as ``gpu.health_changed`` with ``previous == state`` (a report, not a change): node_health keeps
+    as ``gpu.error_reported`` (a report, not a change of state): node_health keeps
     rolling error rates over them and drains a GPU whose errors repeat before it fails."""
     restart_policy: Literal["never", "on_failure"] = "on_failure"
     max_restarts: Annotated[int, Field(ge=0)] = 3

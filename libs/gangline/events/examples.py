@@ -190,6 +190,12 @@ def example_events() -> list[Event]:
             reason="no heartbeat for 30 s (last seq 9120)",
             last_seq=9120,
         ),
+        nodes.GpuErrorReported(
+            node="dgx-a01",
+            gpu="gpu5",
+            state="healthy",
+            cause=nodes.HealthCause(kind="xid", xid=13, message="xid.13: graphics engine exception"),
+        ),
     ]
 
 

@@ -181,6 +181,23 @@ class GpuHealthChanged(Event):
         return self.node
 
 
+class GpuErrorReported(Event):
+    """One error on a GPU that left its state as it was: a job-fault or watch XID, a correctable ECC
+    error. node_health keeps rolling rates over them and drains a GPU whose errors repeat."""
+
+    TYPE = "gpu.error_reported"
+    VERSION = 1
+
+    node: NodeIdField
+    gpu: GpuIdField
+    state: HealthState
+    """The GPU's state when the error was seen (unchanged by it)."""
+    cause: HealthCause
+
+    def subject(self) -> str:
+        return self.node
+
+
 class NodeFailed(Event):
     """The node is gone (missed heartbeats, agent report or operator); its capacity is cordoned."""
 
@@ -196,5 +213,12 @@ class NodeFailed(Event):
         return self.node
 
 
-EVENTS: list[type[Event]] = [NodeRegistered, NodeHeartbeatV1, NodeHeartbeat, GpuHealthChanged, NodeFailed]
+EVENTS: list[type[Event]] = [
+    NodeRegistered,
+    NodeHeartbeatV1,
+    NodeHeartbeat,
+    GpuHealthChanged,
+    GpuErrorReported,
+    NodeFailed,
+]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {(NodeHeartbeat.TYPE, 1): heartbeat_v1_to_v2}

@@ -8,7 +8,7 @@ from agent_node_fakes import FakeBus, settings, wait_for
 
 from gangline.agent.node import NodeAgent
 from gangline.agent.simulated import SimulatedRunner
-from gangline.events.nodes import GpuHealthChanged
+from gangline.events.nodes import GpuErrorReported, GpuHealthChanged
 from gangline.events.types import GpuId
 from gangline.nvml.spec import load_builtin_spec
 from gangline.nvml.standin import NvmlStandIn
@@ -34,19 +34,20 @@ async def test_job_fault_xids_and_correctable_ecc_are_reported_each_time(tmp_pat
         agent.inject_xid("gpu1", 31)
         api.correctable_ecc(0, count=2)
         agent.inject_xid("gpu0", 45)  # cleanup noise: not reported
-        await wait_for(lambda: len(bus.of(GpuHealthChanged)) >= 4, "four reports")
+        await wait_for(lambda: len(bus.of(GpuErrorReported)) >= 4, "four reports")
         agent.inject_xid("gpu0", 79)  # a real change: published as the change, not as a report
         await wait_for(lambda: agent.health[GpuId("gpu0")] == "failed", "gpu0 failed")
         await agent.flush()
-        seen = [(c.gpu, c.previous, c.state, c.cause.kind, c.cause.xid) for c in bus.of(GpuHealthChanged)]
-        assert seen[:4] == [
-            ("gpu1", "healthy", "healthy", "xid", 13),
-            ("gpu1", "healthy", "healthy", "xid", 31),
-            ("gpu0", "healthy", "healthy", "ecc", None),
-            ("gpu0", "healthy", "healthy", "ecc", None),
+        reports = [(c.gpu, c.state, c.cause.kind, c.cause.xid) for c in bus.of(GpuErrorReported)]
+        assert reports == [
+            ("gpu1", "healthy", "xid", 13),
+            ("gpu1", "healthy", "xid", 31),
+            ("gpu0", "healthy", "ecc", None),
+            ("gpu0", "healthy", "ecc", None),
         ]
-        assert [(g, p, s) for g, p, s, *_ in seen[4:]] == [("gpu0", "healthy", "failed")]
-        assert all(c.cause.message.startswith("ecc.sbe") for c in bus.of(GpuHealthChanged)[2:4])
+        changes = [(c.gpu, c.previous, c.state) for c in bus.of(GpuHealthChanged)]
+        assert changes == [("gpu0", "healthy", "failed")]
+        assert all(c.cause.message.startswith("ecc.sbe") for c in bus.of(GpuErrorReported)[2:4])
     finally:
         await agent.stop()
 
@@ -63,5 +64,6 @@ async def test_without_the_setting_only_changes_are_published(tmp_path: Path) ->
         await wait_for(lambda: bus.of(GpuHealthChanged), "gpu.health_changed")
         await agent.flush()
         assert [(c.gpu, c.state) for c in bus.of(GpuHealthChanged)] == [("gpu0", "failed")]
+        assert bus.of(GpuErrorReported) == []
     finally:
         await agent.stop()

@@ -8,7 +8,7 @@ from svc_helpers import T0, cluster, env
 
 from gangline.events.allocations import AllocationGranted, Placement
 from gangline.events.base import Envelope
-from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState
+from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, HealthCause, HealthState
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
 from services.common.topics import TopicNames
 from services.node_health.handlers import NodeHealthState, decide
@@ -33,13 +33,13 @@ def new_state(*, job_faults: int = 3, sbe: int = 5) -> NodeHealthState:
 
 def report(
     node: str, gpu: str, *, xid: int | None = None, sbe: bool = False, state: HealthState = "healthy"
-) -> GpuHealthChanged:
+) -> GpuErrorReported:
     if sbe:
         cause = HealthCause(kind="ecc", message="ecc.sbe: correctable (single-bit) ECC error")
     else:
         assert xid is not None
         cause = HealthCause(kind="xid", message=f"xid.{xid}: reported", xid=xid)
-    return GpuHealthChanged(node=NodeId(node), gpu=GpuId(gpu), previous=state, state=state, cause=cause)
+    return GpuErrorReported(node=NodeId(node), gpu=GpuId(gpu), state=state, cause=cause)
 
 
 def degraded_in(out: list[tuple[str, Envelope]]) -> list[tuple[str, GpuHealthChanged]]:
@@ -123,15 +123,21 @@ def test_a_degraded_gpu_keeps_its_running_job_and_a_failed_one_is_not_drained() 
     assert [t for t, _ in out] == [TOPICS.health]  # drained, nothing released
     assert "j.c1" in state.live
     # A GPU its agent already reports failed is node_failed's business, not a rate's.
-    failed = report("a-1", "gpu0", xid=79, state="failed")
+    fell_off = HealthCause(kind="xid", message="xid.79: fallen off the bus", xid=79)
+    failed = GpuHealthChanged(
+        node=NodeId("a-1"), gpu=GpuId("gpu0"), previous="healthy", state="failed", cause=fell_off
+    )
     feed(state, [env(failed, at=3)])
     assert feed(state, [env(report("a-1", "gpu0", xid=13, state="failed"), at=t) for t in (4, 5)]) == []
 
 
 def test_node_healths_own_verdicts_are_not_counted_as_errors() -> None:
     state = new_state(job_faults=2)
-    ours = env(report("a-0", "gpu5", xid=13), at=1)
-    ours = ours.model_copy(update={"source": "gangline/node-health"})
+    cause = HealthCause(kind="xid", message="2 job-fault XIDs on a-0/gpu5", xid=13)
+    verdict = GpuHealthChanged(
+        node=NodeId("a-0"), gpu=GpuId("gpu5"), previous="healthy", state="degraded", cause=cause
+    )
+    ours = env(verdict, at=1).model_copy(update={"source": "gangline/node-health"})
     assert feed(state, [ours, ours.model_copy(update={"id": "again"})]) == []
     assert state.rates.count("job_fault", NodeId("a-0"), GpuId("gpu5"), T0 + timedelta(seconds=2)) == 0
 
