@@ -21,6 +21,10 @@ change the state when they decide, so a retry would see its own effect and decid
 A service may also decide once per batch (``end_batch``: placement runs one scheduling cycle per
 poll instead of one per event). Those outputs are caused by the batch's last event and cached with
 that event's own outputs, so a retried batch publishes them again, and only once.
+
+With ``record_inputs`` each output carries the input positions its batch decided on, starting from
+where the restore stopped (:class:`~gangline.bus.processor.InputRecording`), so the decisions can be
+replayed from the log (placement: :mod:`services.placement.replay`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import gc
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
@@ -38,6 +43,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from gangline.bus import DeadLetterOutputs, Outgoing, Processor, ProcessorSettings, RecordMeta, Select
 from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.processor import InputRecording
 from gangline.bus.records import DeadLetter
 from gangline.events.base import Envelope
 from services.common.leader import Leadership
@@ -110,8 +116,12 @@ async def read_to_end(
     *,
     service: str,
     select: Select | None = None,
+    read_up_to: dict[tuple[str, int], int] | None = None,
 ) -> int:
-    """Fold every committed event of ``topics`` (each topic in order), up to their current end; the count."""
+    """Fold every committed event of ``topics`` (each topic in order), up to their current end; the count.
+
+    ``read_up_to``, when given, receives the offset each ``(topic, partition)`` was read up to.
+    """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -134,6 +144,8 @@ async def read_to_end(
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)
+            if read_up_to is not None:
+                read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
             remaining = {tp for tp in tps if ends[tp] > 0}
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
@@ -166,10 +178,12 @@ async def restore_and_process(
     restore_select: Select | None = None,
     lock_topic: str | None = None,
     end_batch: EndBatch | None = None,
+    record_inputs: bool = False,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
 
     With ``end_batch`` the state decides once per batch too, after ``decide`` folded each event.
+    With ``record_inputs`` the outputs carry the input positions they were decided on (module docstring).
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
@@ -187,6 +201,7 @@ async def restore_and_process(
             dead_letter_outputs,
             select,
             restore_select or select,
+            record_inputs,
         )
 
     if lock_topic is None:
@@ -251,22 +266,32 @@ async def _restore_and_process(
     dead_letter_outputs: DeadLetterOutputs | None,
     select: Select | None,
     restore_select: Select | None,
+    record_inputs: bool = False,
 ) -> None:
     await fence(settings)
     started = time.perf_counter()
+    restored: dict[tuple[str, int], int] = {}
     events = await read_to_end(
         settings.bootstrap_servers,
         restore_topics,
         state.restore,
         service=settings.service,
         select=restore_select,
+        read_up_to=restored,
     )
     log.info(
         "state restored from the log",
         extra={"events": events, "seconds": round(time.perf_counter() - started, 3)},
     )
     settle_garbage_collector()
+    # One id per run: a replay sees where the state was rebuilt from the log.
+    inputs = InputRecording(uuid.uuid4().hex, restored) if record_inputs else None
     processor = Processor(
-        settings, decide, dead_letter_outputs=dead_letter_outputs, select=select, flush=decide.flush
+        settings,
+        decide,
+        dead_letter_outputs=dead_letter_outputs,
+        select=select,
+        flush=decide.flush,
+        inputs=inputs,
     )
     await processor.run()

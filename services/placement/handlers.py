@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gangline.bus import Outgoing
 from gangline.core.framework.cycle import apply_plan, run_cycle
@@ -64,7 +64,9 @@ class JobRecord:
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
     finished: bool = False
-    arrival: int = 0
+    admitted_at: datetime | None = None
+    """The time of the job.admitted event: with the priority and the job id, the waiting order. Read
+    from the log, so the order does not depend on how a restore or a poll interleaved the partitions."""
 
     def live(self) -> AllocationGranted | None:
         for allocation_id, granted in self.grants.items():
@@ -99,12 +101,15 @@ class PlacementState:
     failed_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
     degraded_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
     """GPUs node_health or the agent marked degraded: their running work stays, new work goes elsewhere."""
+    gpu_health_at: dict[tuple[NodeId, str], datetime] = field(default_factory=dict)
+    """When each GPU's health last changed: with ``registered_at`` it makes folding these facts again,
+    or in another order across topics, leave the same state."""
     jobs: dict[JobId, JobRecord] = field(default_factory=dict)
     retired: dict[JobId, tuple[AllocationId, ...]] = field(default_factory=dict)
     """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
     live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
-    """Jobs that may be placed now, in arrival order."""
+    """Jobs that may be placed now (a cycle orders them by :func:`_order_key`)."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
     preemptors: set[JobId] = field(default_factory=set)
     """Jobs for which running work was asked to give its GPUs back (job.preempting names them)."""
@@ -113,7 +118,6 @@ class PlacementState:
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
     cycle_due: bool = False
     """An event folded since the last cycle may let a waiting job run (see :func:`end_batch`)."""
-    _arrivals: int = 0
     _snapshot: Snapshot | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -125,10 +129,16 @@ class PlacementState:
         """Apply one fact; True when it may let a waiting job run (new capacity or a new job)."""
         data = envelope.data
         if isinstance(data, NodeRegistered):
+            latest = self.registered_at.get(data.node)
+            if latest is not None and envelope.time < latest:
+                # An older registration read again (the restore, then the live poll): the newer one stands.
+                return False
             self.nodes[data.node] = data
             self.registered_at[data.node] = envelope.time
-            self.failed_gpus.pop(data.node, None)
-            self.degraded_gpus.pop(data.node, None)
+            # A registration resets the GPUs' health, but not a change reported after it.
+            for marked in (self.failed_gpus.get(data.node), self.degraded_gpus.get(data.node)):
+                if marked:
+                    marked -= {g for g in marked if self.gpu_health_at[(data.node, g)] <= envelope.time}
             self._snapshot = None
             return True
         if isinstance(data, NodeFailed):
@@ -138,6 +148,14 @@ class PlacementState:
         if isinstance(data, GpuHealthChanged):
             if data.previous == data.state:
                 return False  # a repeated-error report for node_health's windows, not a change of state
+            registered = self.registered_at.get(data.node)
+            last = self.gpu_health_at.get((data.node, data.gpu))
+            stale = (registered is not None and envelope.time < registered) or (
+                last is not None and envelope.time < last
+            )
+            if stale:
+                return False  # older than a re-registration or a newer report: read again, not news
+            self.gpu_health_at[(data.node, data.gpu)] = envelope.time
             failed = self.failed_gpus.setdefault(data.node, set())
             degraded = self.degraded_gpus.setdefault(data.node, set())
             failed.discard(data.gpu)
@@ -157,8 +175,7 @@ class PlacementState:
             record = self._record(data.job_id)
             if record.spec is None:
                 record.spec = data.spec
-                self._arrivals += 1
-                record.arrival = self._arrivals
+                record.admitted_at = envelope.time
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
@@ -350,9 +367,14 @@ def cancel(
     return outputs
 
 
-def _order_key(record: JobRecord) -> tuple[int, int]:
+_NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def _order_key(record: JobRecord) -> tuple[int, datetime, str]:
+    """Highest priority first, then admitted earliest, then by job id: all of it read from the log."""
     spec = record.spec
-    return (-(spec.priority if spec is not None else 0), record.arrival)
+    admitted = record.admitted_at if record.admitted_at is not None else _NEVER
+    return (-(spec.priority if spec is not None else 0), admitted, record.job_id)
 
 
 def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:

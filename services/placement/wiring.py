@@ -77,4 +77,6 @@ async def main(settings: PlacementSettings) -> None:
         restore_select=select_types(dict.fromkeys(PLACEMENT_EVENTS, True)),
         lock_topic=topics.inventory,
         end_batch=cycle,
+        # Outputs name the input positions they were decided on: replayable (services/placement/replay.py).
+        record_inputs=True,
     )

@@ -14,6 +14,11 @@ Records on ``settings.chained_topics`` carry the hash chain (:mod:`gangline.bus.
 heads are read from the committed log before the first stamp and after each rebalance, and put
 back when a transaction aborts, so a retried batch re-stamps from the committed heads.
 
+With ``inputs`` (:class:`InputRecording`, opt-in) every output record of a transaction also carries
+where the state's inputs stood when it decided (:mod:`gangline.bus.positions`): the restored
+offsets given at start, raised by every committed batch. A service that decides once per batch is
+replayed from those headers.
+
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
 nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
@@ -55,7 +60,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -66,6 +71,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.positions import INCARNATION_HEADER, INPUTS_HEADER, Partition, format_positions, merged
 from gangline.bus.producer import send_envelope
 from gangline.bus.records import HANDLER_FAILED, DeadLetter, KafkaRecord, RecordMeta, dead_letter
 from gangline.bus.settings import ProcessorSettings
@@ -116,6 +122,18 @@ A seam for fault-injection tests (a crash between produce and commit); services 
 """
 
 
+@dataclass(frozen=True, slots=True)
+class InputRecording:
+    """Stamp each output with the input positions its batch decided on (see module docstring).
+
+    ``incarnation`` names this run of the processor (new at every start); ``restored`` is where the
+    state's restore from the log stopped, per ``(topic, partition)``: the positions start there.
+    """
+
+    incarnation: str
+    restored: Mapping[Partition, int] = field(default_factory=dict)
+
+
 class ProcessorFailed(Exception):
     """The transactional producer is unusable (fenced by a newer incarnation, or in a fatal state).
 
@@ -152,8 +170,12 @@ class Processor:
         dead_letter_outputs: DeadLetterOutputs | None = None,
         select: Select | None = None,
         flush: Flush | None = None,
+        inputs: InputRecording | None = None,
     ) -> None:
         self._settings = settings
+        self._inputs = inputs
+        self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
+        self._headers: tuple[tuple[str, bytes], ...] = ()
         self._flush = flush
         self._handler = handler
         self._registry = registry
@@ -331,6 +353,7 @@ class Processor:
         deliveries: list[asyncio.Future[Any]] = []
         offsets: dict[TopicPartition, int] = {}
         handled = 0
+        folded = self._stamp_inputs(batch)
         given: list[Envelope] = []
         for tp, records in batch.items():
             for record in records:
@@ -346,12 +369,26 @@ class Processor:
                 BatchInfo(offsets=dict(offsets), outputs=len(deliveries), attempt=self._batch_attempt)
             )
         await self._commit(producer)
+        self._folded = folded
         self.stats.batches_committed += 1
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
         for tp, records in batch.items():
             for record in records:
                 self._attempts.pop((tp.topic, tp.partition, record.offset), None)
+
+    def _stamp_inputs(self, batch: dict[TopicPartition, list[Any]]) -> dict[Partition, int]:
+        """The input positions once this batch is folded; the headers every output of it carries."""
+        if self._inputs is None:
+            return self._folded
+        folded = merged(
+            self._folded, {(tp.topic, tp.partition): records[-1].offset + 1 for tp, records in batch.items()}
+        )
+        self._headers = (
+            (INPUTS_HEADER, format_positions(folded).encode()),
+            (INCARNATION_HEADER, self._inputs.incarnation.encode()),
+        )
+        return folded
 
     async def _handle(
         self, producer: AIOKafkaProducer, record: KafkaRecord, given: list[Envelope]
@@ -369,7 +406,11 @@ class Processor:
             sent = [await self._send_dead_letter(producer, outcome)]
             if self._dead_letter_outputs is not None:
                 for topic, output in self._dead_letter_outputs(outcome):
-                    sent.append(await send_envelope(producer, self._tracer, topic, output, chain=self._chain))
+                    sent.append(
+                        await send_envelope(
+                            producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                        )
+                    )
             return sent
         envelope = outcome
         meta = RecordMeta.of(record)
@@ -392,7 +433,9 @@ class Processor:
             for topic, output in outputs:
                 caused = output.model_copy(update={"causationid": envelope.id})
                 deliveries.append(
-                    await send_envelope(producer, self._tracer, topic, caused, chain=self._chain)
+                    await send_envelope(
+                        producer, self._tracer, topic, caused, headers=self._headers, chain=self._chain
+                    )
                 )
             return deliveries
 
@@ -414,7 +457,9 @@ class Processor:
                 attributes={semconv.EVENT_TYPE: output.type, semconv.EVENT_SUBJECT: output.subject},
             ):
                 deliveries.append(
-                    await send_envelope(producer, self._tracer, topic, output, chain=self._chain)
+                    await send_envelope(
+                        producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                    )
                 )
         return deliveries
 

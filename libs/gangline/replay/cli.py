@@ -5,21 +5,31 @@
     gangline export --from log.jsonl --out clean.jsonl --topics allocations.log
 
     gangline replay --from kafka --verify                # the log on the broker, as it stands now
+    gangline replay --from kafka --verify --decider placement-service [--prefix P]
     gangline export --from kafka --bootstrap 127.0.0.1:9092 --out log.jsonl
 
 `--from kafka` reads every committed record of the topics from the beginning up to the end
 offsets found when reading starts (`gangline.replay.kafka.KafkaSource`); `--bootstrap` defaults to
-`GANGLINE_KAFKA_BOOTSTRAP` or 127.0.0.1:9092, the topics to the decision topics.
+`GANGLINE_KAFKA_BOOTSTRAP` or 127.0.0.1:9092, the topics to the decision topics (a decider's input
+topics with `--decider`). Records that are not JSON (dead-lettered garbage) are skipped and counted.
+
+`--decider` picks what re-runs the decisions: `model` (default), the library's `PlacementModel`,
+or a service's own handlers fed from the headers its outputs carry (`placement-service`:
+`services.placement.replay`). Those live in the services, which the library does not import:
+`DECIDERS` names their modules, imported only when chosen.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol, cast
 
 from gangline.core.framework.profile import load_profile_file
-from gangline.replay.chain import verify_chain
+from gangline.replay.chain import CHAINED_TOPICS, verify_chain
 from gangline.replay.decide import replay_decisions
 from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource, write_jsonl
 from gangline.sim.report import queue_diff
@@ -27,6 +37,27 @@ from gangline.sim.report import queue_diff
 REPLAY_HELP = "verify the recorded log (hash chain, every decision) or re-run it under another profile"
 EXPORT_HELP = "write the recorded log to JSONL for offline analysis"
 KAFKA = "kafka"
+MODEL = "model"
+
+
+class Decider(Protocol):
+    """A module that replays a service's own decisions (see module docstring)."""
+
+    def decider_topics(self, prefix: str) -> list[str]:
+        """The topics to read from Kafka: the service's inputs and outputs under ``prefix``."""
+
+    def verify_decisions(
+        self, records: Sequence[LogRecord], *, prefix: str, gated: bool, max_problems: int
+    ) -> bool:
+        """Re-run every recorded decision, print what was compared and each difference; True if identical."""
+
+
+DECIDERS: dict[str, str] = {"placement-service": "services.placement.replay"}
+"""Decider name → the module implementing :class:`Decider` (explicit; imported when chosen)."""
+
+
+def load_decider(name: str) -> Decider:
+    return cast(Decider, importlib.import_module(DECIDERS[name]))
 
 
 def _source(where: str, bootstrap: str | None = None) -> LogSource:
@@ -55,6 +86,14 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="check the hash chain and re-run every decision")
     p.add_argument("--profile", type=Path, help="what-if: re-run history under this profile YAML")
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
+    p.add_argument(
+        "--decider",
+        choices=[MODEL, *sorted(DECIDERS)],
+        default=MODEL,
+        help="with --verify: what re-runs the decisions (default: the library's placement model)",
+    )
+    p.add_argument("--prefix", default="", help="the topic name prefix the services ran with")
+    p.add_argument("--ungated", action="store_true", help="with --decider: placement ran with gated=false")
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -62,31 +101,43 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.verify and args.profile is None:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
         return 2
+    decider = load_decider(args.decider) if args.verify and args.decider != MODEL else None
+    topics = decider.decider_topics(args.prefix) if decider is not None and args.source == KAFKA else None
+    source = _source(args.source, args.bootstrap)
     try:
-        records = _load(args.source, bootstrap=args.bootstrap)
+        records = source.records(topics)
     except (OSError, LogFormatError, LookupError, TimeoutError) as e:
         print(f"gangline replay: {e}", file=sys.stderr)
         return 2
+    skipped: dict[str, int] = getattr(source, "skipped", {})
+    for topic, n in sorted(skipped.items()):
+        print(f"skipped {n} record(s) of {topic} that are not JSON (dead-lettered input)")
     status = 0
     if args.verify:
-        chain = verify_chain(records)
-        decisions = replay_decisions(records)
+        chain = verify_chain(records, [f"{args.prefix}{topic}" for topic in CHAINED_TOPICS])
         print(
             f"hash chain: {chain.records} chained records in {len(chain.heads)} chain(s): "
             f"{'OK' if chain.ok else f'{len(chain.problems)} problem(s)'}"
         )
         for prob in chain.problems[: args.max_problems]:
             print(f"  {prob.kind}: {prob.message}")
-        print(
-            f"decisions: {decisions.inputs} inputs replayed, {decisions.decisions} decisions, "
-            f"{decisions.compared} compared with the log: "
-            f"{'identical' if decisions.ok else f'{len(decisions.mismatches)} mismatch(es)'}"
-        )
-        for m in decisions.mismatches[: args.max_problems]:
-            print(f"  mismatch: {m.message}")
+        if decider is not None:
+            same = decider.verify_decisions(
+                records, prefix=args.prefix, gated=not args.ungated, max_problems=args.max_problems
+            )
+        else:
+            decisions = replay_decisions(records)
+            print(
+                f"decisions: {decisions.inputs} inputs replayed, {decisions.decisions} decisions, "
+                f"{decisions.compared} compared with the log: "
+                f"{'identical' if decisions.ok else f'{len(decisions.mismatches)} mismatch(es)'}"
+            )
+            for m in decisions.mismatches[: args.max_problems]:
+                print(f"  mismatch: {m.message}")
+            same = decisions.ok
         for cid, (seq, h) in chain.heads.items():
             print(f"  head {cid}: seq {seq} {h}")
-        if not (chain.ok and decisions.ok):
+        if not (chain.ok and same):
             status = 1
     if args.profile is not None:
         from gangline.replay.whatif import what_if

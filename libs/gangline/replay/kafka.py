@@ -6,9 +6,11 @@ until its position reaches that offset, and nothing that arrives later is read. 
 transactions are skipped by the broker, as every consumer of the log sees it. No consumer group is
 joined and no offset is committed: reading the log leaves no trace on the broker.
 
-Values are kept as JSON (a record that is not a JSON object fails with `LogFormatError`, naming
-its topic, partition and offset), headers as UTF-8 text: verification needs the bytes as written,
-not the typed events, so a tampered record is read like any other and named by `verify_chain`.
+Values are kept as JSON, headers as UTF-8 text: verification needs the bytes as written, not the
+typed events, so a tampered record is read like any other and named by `verify_chain`. A record
+that is not a UTF-8 JSON object (a producer's garbage on `jobs.requests`, which admission copied to
+the dead-letter topic) is no log record: it is skipped and counted in `KafkaSource.skipped`, by
+topic, with its position in `KafkaSource.unreadable` (`to_log_record` alone raises `LogFormatError`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class KafkaSource:
     def __init__(self, bootstrap: str | None = None, *, timeout_s: float = 60.0) -> None:
         self.bootstrap = bootstrap or default_bootstrap()
         self.timeout_s = timeout_s
+        self.skipped: dict[str, int] = {}
+        """Records of the last read that are not JSON objects, per topic (see module docstring)."""
+        self.unreadable: list[str] = []
+        """Where those records are (`topic[partition]@offset`) and why, the first 100."""
 
     def records(self, topics: Sequence[str] | None = None) -> list[LogRecord]:
         """`fetch` for synchronous callers (the CLI); not from inside a running event loop."""
@@ -75,6 +81,7 @@ class KafkaSource:
         not reaching the captured end within `timeout_s` a `TimeoutError`.
         """
         names = list(dict.fromkeys(topics if topics is not None else DEFAULT_TOPICS))
+        self.skipped, self.unreadable = {}, []
         consumer: AIOKafkaConsumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=None,
@@ -105,11 +112,21 @@ class KafkaSource:
             batch = await consumer.getmany(*left, timeout_ms=500)
             for tp, msgs in batch.items():
                 end = ends[tp]
-                got[tp].extend(to_log_record(m) for m in msgs if m.offset < end)
+                for m in msgs:
+                    if m.offset < end:
+                        self._keep(got[tp], m)
             for tp in list(left):
                 if await consumer.position(tp) >= ends[tp]:
                     left.discard(tp)
         return [r for tp in tps for r in got[tp]]
+
+    def _keep(self, into: list[LogRecord], msg: ConsumerRecord[bytes, bytes]) -> None:
+        try:
+            into.append(to_log_record(msg))
+        except LogFormatError as e:
+            self.skipped[msg.topic] = self.skipped.get(msg.topic, 0) + 1
+            if len(self.unreadable) < 100:
+                self.unreadable.append(str(e))
 
 
 async def _partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:

@@ -1,0 +1,79 @@
+"""Placement's state is the same whatever order the partitions were folded in, and folding a fact
+again changes nothing: what makes a restore followed by the live poll (which reads part of the log
+again) and a replay of the log decide alike."""
+
+from __future__ import annotations
+
+import itertools
+
+from svc_helpers import cluster, env
+from test_placement import TOPICS
+
+from gangline.core.defaults import default_profile
+from gangline.events.base import Envelope
+from gangline.events.jobs import JobAdmitted, JobSpec
+from gangline.events.nodes import GpuHealthChanged
+from gangline.events.types import JobId
+from services.placement.handlers import PlacementState, end_batch
+
+
+def _state(events: list[Envelope]) -> PlacementState:
+    state = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
+    for envelope in events:
+        state.fold(envelope)
+    return state
+
+
+def _failed(node: str, gpu: str, *, at: float) -> Envelope:
+    return env(
+        GpuHealthChanged.model_validate(
+            {
+                "node": node,
+                "gpu": gpu,
+                "previous": "healthy",
+                "state": "failed",
+                "cause": {"kind": "xid", "message": "XID 79: fell off the bus", "xid": 79},
+            }
+        ),
+        at=at,
+    )
+
+
+def _unusable(state: PlacementState) -> dict[str, set[str]]:
+    return {n: set(g) for n, g in state.failed_gpus.items() if g}
+
+
+def test_a_registration_read_again_does_not_undo_a_later_gpu_failure() -> None:
+    [node] = [env(n, at=0) for n in cluster(("a", 1, 8)).nodes()]
+    failed = _failed("a-0", "gpu3", at=5)
+
+    # The restore folds the inventory, then the health topic; the live poll reads the registration again.
+    state = _state([node, failed, node])
+
+    assert _unusable(state) == {"a-0": {"gpu3"}}
+
+
+def test_a_re_registration_after_a_failure_resets_the_gpu_in_either_order() -> None:
+    [first] = [env(n, at=0) for n in cluster(("a", 1, 8)).nodes()]
+    [again] = [env(n, at=10) for n in cluster(("a", 1, 8)).nodes()]
+    failed = _failed("a-0", "gpu3", at=5)
+
+    for order in itertools.permutations([failed, again]):
+        assert _unusable(_state([first, *order])) == {}
+
+
+def test_waiting_jobs_are_decided_in_the_same_order_whatever_order_they_were_folded_in() -> None:
+    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    jobs = [
+        env(JobAdmitted(job_id=JobId(name), spec=JobSpec(queue="q", workers=1, gpus_per_worker=4)), at=at)
+        for name, at in (("late", 3.0), ("early", 1.0), ("same-b", 2.0), ("same-a", 2.0))
+    ]
+    placed = set()
+    for order in itertools.permutations(jobs):
+        state = _state([*nodes, *order])
+        state.cycle_due = True
+        outputs = end_batch(state, cause="c", now=nodes[0].time)
+        placed.add(tuple(e.subject for _, e in outputs if e.type == "gangline.allocation.granted.v1"))
+
+    # Two 4-GPU jobs fit: the earliest admitted, then the tie at t=2 broken by job id.
+    assert placed == {("early", "same-a")}
