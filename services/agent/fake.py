@@ -6,6 +6,13 @@ publishes ``node.registered`` once per node and ``node.heartbeat`` every ``heart
 then after the job's ``duration_hint_s`` (times ``time_scale``) ``job.completed`` and
 ``allocation.released`` (completed). It answers ``job.preempting`` with ``job.checkpointed``.
 ``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would.
+
+What one poll of the log calls for (``job.started`` for every grant read, say) is sent as one batch,
+and so are the completions and checkpoint acknowledgements whose timers fire together: one sender
+(:meth:`FakeCluster.flush`) queues everything in the order it was decided, so a job's
+``job.started`` always precedes its ``job.completed``. A grant may be read before its job's
+``job.admitted`` (the two topics are read side by side): the job then starts at once and its
+timer starts when the duration hint is read, counting from the start.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from aiokafka import AIOKafkaConsumer
 
 from gangline.bus import EventProducer
 from gangline.bus.producer import send_envelope
+from gangline.bus.records import KafkaRecord
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import DecodeError, decode
@@ -30,7 +38,7 @@ from gangline.events.types import AllocationId, GpuId, JobId, NodeId, Seconds
 from gangline.telemetry.tracing import get_tracer
 from services.agent.cluster import ClusterSpec
 from services.common.ids import derived_id
-from services.common.select import select_types
+from services.common.select import wire_type_of
 from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -50,8 +58,16 @@ class FakeStats:
     registered: int = 0
     heartbeats: int = 0
     started: int = 0
+    started_before_admitted: int = 0
+    """Grants read before their job's job.admitted (their timers started when the hint was read)."""
     completed: int = 0
     checkpointed: int = 0
+    batches: int = 0
+    """Batches of job and allocation events sent (one per poll with outputs, one per flush of timers)."""
+
+
+Outgoing = tuple[str, Event, str]
+"""(topic, event, event id): one event to publish."""
 
 
 @dataclass
@@ -75,9 +91,16 @@ class FakeCluster:
         self.nodes = {n.node: n for n in self.spec.nodes()}
         self._durations: dict[JobId, int | None] = {}
         self._running: dict[AllocationId, _Running] = {}
+        self._running_jobs: dict[JobId, int] = {}
+        """Allocations running per job (a requeued job may be granted again before its release is read)."""
+        self._undated: dict[JobId, AllocationId] = {}
+        """Running allocations whose job.admitted (the duration hint) has not been read yet."""
         self._seq: dict[NodeId, int] = dict.fromkeys(self.nodes, 0)
         self._producer: EventProducer | None = None
         self._source = f"gangline/agent/{self.spec.name}"
+        self._outbox: list[Outgoing] = []
+        self._sending = asyncio.Lock()
+        self._flushes: set[asyncio.Future[None]] = set()
 
     # -- control -------------------------------------------------------------------------------
 
@@ -96,7 +119,8 @@ class FakeCluster:
                 state="failed",
                 cause=HealthCause(kind="xid", message=f"XID {xid} on {gpu}", xid=xid),
             )
-            await self._publish(self.topics.health, event, derived_id(node, "xid", xid, self._seq[node]))
+            self._outbox.append((self.topics.health, event, derived_id(node, "xid", xid, self._seq[node])))
+            await self.flush()
 
     def running_allocations(self) -> list[AllocationGranted]:
         return [r.granted for r in self._running.values()]
@@ -121,7 +145,7 @@ class FakeCluster:
                 auto_offset_reset="earliest",
                 isolation_level="read_committed",
             )
-            wanted = select_types(dict.fromkeys(AGENT_EVENTS, True))
+            wanted = self._wanted
             heartbeats = asyncio.create_task(self._heartbeats())
             try:
                 await consumer.start()
@@ -136,7 +160,8 @@ class FakeCluster:
                                 envelope = decode(record.value or b"")
                             except DecodeError:
                                 continue  # the decision services dead-letter it; an agent just ignores it
-                            await self._on(envelope)
+                            self.on_event(envelope)
+                    await self.flush()
             finally:
                 await consumer.stop()
                 heartbeats.cancel()
@@ -146,6 +171,16 @@ class FakeCluster:
                     if running.timer is not None:
                         running.timer.cancel()
                 self._producer = None
+
+    def _wanted(self, record: KafkaRecord) -> bool:
+        """Whether to decode a record: the agents' events, but not releases of jobs not running here.
+
+        Most releases are the nodes' own completions, read back after the job already ended here.
+        """
+        kind = wire_type_of(record.value)
+        if kind == "allocation.released":
+            return (record.key or b"").decode() in self._running_jobs
+        return kind is None or kind in AGENT_EVENTS
 
     async def _register_all(self) -> None:
         await self._send_all(
@@ -163,7 +198,7 @@ class FakeCluster:
         while True:
             busy = self._busy_gpus()
             for k in range(slices):
-                batch: list[tuple[str, Event, str]] = []
+                batch: list[Outgoing] = []
                 for node_id in order[k::slices]:
                     if node_id in self.silent:
                         continue
@@ -191,49 +226,69 @@ class FakeCluster:
                 busy.setdefault(p.node, set()).update(p.gpus)
         return busy
 
-    async def _on(self, envelope: Envelope) -> None:
+    # -- what the nodes do about each event (queued in the outbox; sent by flush) ------------
+
+    def on_event(self, envelope: Envelope) -> None:
+        """React to one event read from the log: queue what it calls for, start or stop timers."""
         data = envelope.data
         if isinstance(data, JobAdmitted):
             self._durations[data.job_id] = data.spec.duration_hint_s
+            undated = self._undated.pop(data.job_id, None)
+            if undated is not None:
+                self._start_timer(undated)
         elif isinstance(data, AllocationGranted):
             if data.allocation_id in self._running or data.placements[0].node not in self.nodes:
                 return
             if any(p.node in self.silent for p in data.placements):
                 return  # a dead node starts nothing
-            running = self._running[data.allocation_id] = _Running(data, datetime.now(UTC))
+            self._running[data.allocation_id] = _Running(data, datetime.now(UTC))
+            self._running_jobs[data.job_id] = self._running_jobs.get(data.job_id, 0) + 1
             started = JobStarted(job_id=data.job_id, allocation_id=data.allocation_id)
-            await self._publish(self.topics.events, started, derived_id(envelope.id, "started"))
+            self._outbox.append((self.topics.events, started, derived_id(envelope.id, "started")))
             self.stats.started += 1
-            duration = self._durations.get(data.job_id) or self.default_duration_s
-            if duration is not None:
-                loop = asyncio.get_running_loop()
-                running.timer = loop.call_later(
-                    duration * self.time_scale,
-                    lambda: asyncio.ensure_future(self._complete(data.allocation_id)),
-                )
+            if data.job_id in self._durations:
+                self._start_timer(data.allocation_id)
+            else:
+                self._undated[data.job_id] = data.allocation_id
+                self.stats.started_before_admitted += 1
         elif isinstance(data, AllocationReleased):
-            gone = self._running.pop(data.allocation_id, None)
+            gone = self._stop(data.allocation_id)
             if gone is not None and gone.timer is not None:
                 gone.timer.cancel()
+            if self._undated.get(data.job_id) == data.allocation_id:
+                del self._undated[data.job_id]
         elif isinstance(data, JobPreempting):
             holding = self._running.get(data.allocation_id)
-            if holding is None:
+            if holding is None or holding.granted.placements[0].node in self.silent:
                 return
-            node = holding.granted.placements[0].node
-            if node in self.silent:
-                return
-            await asyncio.sleep(self.checkpoint_delay_s)
-            ack = JobCheckpointed(
-                job_id=data.job_id,
-                allocation_id=data.allocation_id,
-                node=node,
-                checkpoint=f"ckpt://{data.job_id}/{data.allocation_id}",
+            asyncio.get_running_loop().call_later(
+                self.checkpoint_delay_s, self._checkpointed, data, derived_id(envelope.id, "checkpointed")
             )
-            await self._publish(self.topics.events, ack, derived_id(envelope.id, "checkpointed"))
-            self.stats.checkpointed += 1
 
-    async def _complete(self, allocation_id: AllocationId) -> None:
+    def _start_timer(self, allocation_id: AllocationId) -> None:
+        """Complete the allocation once its job's duration (counted from its start) has passed."""
+        running = self._running.get(allocation_id)
+        if running is None or any(p.node in self.silent for p in running.granted.placements):
+            return
+        duration = self._durations.get(running.granted.job_id) or self.default_duration_s
+        if duration is None:
+            return  # runs until released
+        elapsed = (datetime.now(UTC) - running.started).total_seconds()
+        running.timer = asyncio.get_running_loop().call_later(
+            max(0.0, duration * self.time_scale - elapsed), self._complete, allocation_id
+        )
+
+    def _stop(self, allocation_id: AllocationId) -> _Running | None:
         running = self._running.pop(allocation_id, None)
+        if running is not None:
+            job_id = running.granted.job_id
+            left = self._running_jobs.pop(job_id, 1) - 1
+            if left > 0:
+                self._running_jobs[job_id] = left
+        return running
+
+    def _complete(self, allocation_id: AllocationId) -> None:
+        running = self._stop(allocation_id)
         if running is None:
             return
         granted = running.granted
@@ -245,18 +300,46 @@ class FakeCluster:
         released = AllocationReleased(
             job_id=granted.job_id, allocation_id=allocation_id, reason="completed", gpu_seconds=gpu_seconds
         )
-        await self._send_all(
-            [
-                (self.topics.events, done, derived_id(allocation_id, "completed")),
-                (self.topics.allocations, released, derived_id(allocation_id, "released")),
-            ]
-        )
+        self._durations.pop(granted.job_id, None)  # a completed job is never granted again
+        self._outbox.append((self.topics.events, done, derived_id(allocation_id, "completed")))
+        self._outbox.append((self.topics.allocations, released, derived_id(allocation_id, "released")))
         self.stats.completed += 1
+        self._flush_soon()
 
-    async def _publish(self, topic: str, event: Event, event_id: str) -> None:
-        await self._send_all([(topic, event, event_id)])
+    def _checkpointed(self, asked: JobPreempting, event_id: str) -> None:
+        holding = self._running.get(asked.allocation_id)
+        if holding is None:
+            return
+        node = holding.granted.placements[0].node
+        if node in self.silent:
+            return
+        ack = JobCheckpointed(
+            job_id=asked.job_id,
+            allocation_id=asked.allocation_id,
+            node=node,
+            checkpoint=f"ckpt://{asked.job_id}/{asked.allocation_id}",
+        )
+        self._outbox.append((self.topics.events, ack, event_id))
+        self.stats.checkpointed += 1
+        self._flush_soon()
 
-    async def _send_all(self, items: Sequence[tuple[str, Event, str]]) -> None:
+    # -- sending -----------------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        """From a timer: send the outbox once this loop iteration's other timers have added theirs."""
+        flush = asyncio.ensure_future(self.flush())
+        self._flushes.add(flush)  # kept until done, so the task is not collected mid-send
+        flush.add_done_callback(self._flushes.discard)
+
+    async def flush(self) -> None:
+        """Send everything queued so far as one batch, in the order it was queued (one sender at a time)."""
+        async with self._sending:
+            items, self._outbox = self._outbox, []
+            if items:
+                self.stats.batches += 1
+                await self._send_all(items)
+
+    async def _send_all(self, items: Sequence[Outgoing]) -> None:
         producer = self._producer
         if producer is None:
             return
