@@ -4,10 +4,15 @@ The state is a fold over ``nodes.inventory`` (what the cluster has, to tell whet
 ever fit) and ``jobs.events`` (which job ids were admitted, to deduplicate). A request whose job id
 was admitted before with the same spec is a producer's retry and is dropped; the same id with a
 different spec is rejected.
+
+Deduplication by job id is part of the contract and lasts forever, finished jobs included, so the
+state keeps every admitted id; per id only a 16-byte digest of the spec's canonical JSON, not the
+spec itself (a few hundred bytes), so the state stays small however long the log grows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -57,8 +62,8 @@ class AdmissionState:
     topics: TopicNames
     queues: frozenset[str]
     nodes: dict[str, NodeRegistered] = field(default_factory=dict)
-    admitted: dict[JobId, str] = field(default_factory=dict)
-    """Job id → canonical JSON of its spec."""
+    admitted: dict[JobId, bytes] = field(default_factory=dict)
+    """Job id → digest of its spec's canonical JSON (:func:`spec_digest`)."""
     _capacity: dict[str, GpuTypeCapacity] | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -69,7 +74,7 @@ class AdmissionState:
             self.nodes[data.node] = data
             self._capacity = None
         elif isinstance(data, JobAdmitted):
-            self.admitted.setdefault(data.job_id, _canonical(data.spec))
+            self.admitted.setdefault(data.job_id, spec_digest(data.spec))
 
     def capacity(self) -> dict[str, GpuTypeCapacity]:
         if self._capacity is None:
@@ -90,8 +95,10 @@ class AdmissionState:
         return self._capacity
 
 
-def _canonical(spec: JobSpec) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def spec_digest(spec: JobSpec) -> bytes:
+    """What tells two specs apart: a 16-byte BLAKE2b digest of the spec's canonical JSON."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
 
 
 def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | None:
@@ -162,10 +169,10 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
             )
         ]
     spec = data.spec()
-    canonical = _canonical(spec)
+    digest = spec_digest(spec)
     earlier = state.admitted.get(data.job_id)
     if earlier is not None:
-        if earlier == canonical:
+        if earlier == digest:
             return []  # a retry of the same request
         return [
             _reject(
@@ -180,7 +187,7 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
     problem = policy_problem(spec, state)
     if problem is not None:
         return [_reject(state, envelope, data.job_id, *problem, now)]
-    state.admitted[data.job_id] = canonical
+    state.admitted[data.job_id] = digest
     admitted = JobAdmitted(job_id=data.job_id, spec=spec)
     return [
         (

@@ -10,6 +10,15 @@ agent's ``job.checkpointed``, or when the deadline passes (checked on every even
 heartbeats are the clock), the victim's allocation is released (``preempted``), ``job.preempted``
 says whether it checkpointed, and ``job.requeued`` sends it back to its queue to resume from the
 checkpoint. Placement, seeing the release, places the urgent job first (it orders by priority).
+
+The service folds every event of a poll (:func:`fold_event`) and searches for victims once per batch
+(:func:`end_batch`), for each job found pending in it: under overload one search per pending event
+burnt the CPU on searches whose answers the next event would change anyway. :func:`decide` does both
+for a single event.
+
+State is bounded by the live jobs: what is kept per allocation (start time, asked to checkpoint) is
+dropped when the allocation is released, a job's last checkpoint when the mirror retires the job.
+A re-delivered event about a released allocation or a retired job adds nothing back.
 """
 
 from __future__ import annotations
@@ -25,11 +34,19 @@ from gangline.core.model import JobId as CoreJobId
 from gangline.core.model import NodeId as CoreNodeId
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
-from gangline.events.jobs import JobCheckpointed, JobPending, JobPreempted, JobPreempting, JobRequeued
+from gangline.events.jobs import (
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+    JobPreempting,
+    JobRequeued,
+)
 from gangline.events.types import AllocationId, JobId, Seconds
 from services.common.ids import derived_id
 from services.placement.convert import core_job
-from services.placement.handlers import PlacementState
+from services.placement.handlers import JobRecord, PlacementState
 
 SOURCE = "gangline/preemption"
 
@@ -46,10 +63,16 @@ class InFlight:
 class PreemptionState:
     mirror: PlacementState
     started_at: dict[AllocationId, datetime] = field(default_factory=dict)
+    """Live allocations: when they were granted."""
     checkpoints: dict[JobId, tuple[datetime, str]] = field(default_factory=dict)
+    """Jobs the mirror holds: their last checkpoint (when, where)."""
     in_flight: dict[AllocationId, InFlight] = field(default_factory=dict)
     asked: set[AllocationId] = field(default_factory=set)
-    """Allocations asked to checkpoint, ever (so a restart never asks twice)."""
+    """Allocations asked to checkpoint and not released yet (so a restart never asks twice)."""
+    asked_before_granted: dict[AllocationId, InFlight] = field(default_factory=dict)
+    """Requests read before their grant (a restore reads jobs.events before allocations.log)."""
+    pending: dict[JobId, None] = field(default_factory=dict)
+    """Jobs placement said are pending (not for quota) since the last victim search, in order."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -58,28 +81,61 @@ class PreemptionState:
         self.mirror.fold(envelope)
         data = envelope.data
         if isinstance(data, AllocationGranted):
-            self.started_at.setdefault(data.allocation_id, envelope.time)
+            if self._live(data.job_id, data.allocation_id):
+                self.started_at.setdefault(data.allocation_id, envelope.time)
+                waiting = self.asked_before_granted.pop(data.allocation_id, None)
+                if waiting is not None:
+                    self.in_flight.setdefault(data.allocation_id, waiting)
         elif isinstance(data, AllocationReleased):
             self.in_flight.pop(data.allocation_id, None)
+            self.asked_before_granted.pop(data.allocation_id, None)
+            self.started_at.pop(data.allocation_id, None)
+            self.asked.discard(data.allocation_id)
+            self._forget_if_retired(data.job_id)
+        elif isinstance(data, JobCompleted | JobFailed):
+            self._forget_if_retired(data.job_id)
         elif isinstance(data, JobCheckpointed):
-            self.checkpoints[data.job_id] = (envelope.time, data.checkpoint)
+            if data.job_id in self.mirror.jobs:
+                self.checkpoints[data.job_id] = (envelope.time, data.checkpoint)
         elif isinstance(data, JobPreempting):
+            if self._released(data.job_id, data.allocation_id):
+                return  # re-delivered after the release: nothing left to ask
             self.asked.add(data.allocation_id)
-            record = self.mirror.jobs.get(data.job_id)
-            live = record.live() if record is not None else None
-            if live is not None and live.allocation_id == data.allocation_id:
-                self.in_flight.setdefault(
-                    data.allocation_id,
-                    InFlight(
-                        data.job_id,
-                        data.allocation_id,
-                        data.deadline,
-                        data.preemptor_job_id or JobId("unknown"),
-                    ),
-                )
+            flight = InFlight(
+                data.job_id, data.allocation_id, data.deadline, data.preemptor_job_id or JobId("unknown")
+            )
+            if self._live(data.job_id, data.allocation_id):
+                self.in_flight.setdefault(data.allocation_id, flight)
+            else:
+                self.asked_before_granted.setdefault(data.allocation_id, flight)
+
+    def _record(self, job_id: JobId) -> JobRecord | None:
+        return self.mirror.jobs.get(job_id)
+
+    def _live(self, job_id: JobId, allocation_id: AllocationId) -> bool:
+        record = self._record(job_id)
+        live = record.live() if record is not None else None
+        return live is not None and live.allocation_id == allocation_id
+
+    def _released(self, job_id: JobId, allocation_id: AllocationId) -> bool:
+        record = self._record(job_id)
+        if record is None:
+            return allocation_id in self.mirror.retired.get(job_id, ())
+        return allocation_id in record.released
+
+    def _forget_if_retired(self, job_id: JobId) -> None:
+        if job_id not in self.mirror.jobs:
+            self.checkpoints.pop(job_id, None)
+            self.pending.pop(job_id, None)
 
 
 def decide(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Fold one event and, when it leaves a job pending, search for victims at once."""
+    return fold_event(envelope, state, now=now) + end_batch(state, now=now)
+
+
+def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Fold one event: finish checkpointed victims and those past their deadline; note pending jobs."""
     data = envelope.data
     state.fold(envelope)
     out: list[Outgoing] = []
@@ -88,11 +144,46 @@ def decide(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list
         if flight is not None:
             out += finish(state, flight, checkpointed=True, now=now)
     elif isinstance(data, JobPending) and not any(r.code == "quota" for r in data.reasons):
-        out += preempt_for(state, data.job_id, now=now)
+        state.pending[data.job_id] = None
+    return out + finish_overdue(state, now=now)
+
+
+def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Release the victims whose deadline passed without a checkpoint (any event's time is the clock)."""
+    out: list[Outgoing] = []
     for flight in sorted(state.in_flight.values(), key=lambda f: f.allocation_id):
         if now >= flight.deadline:
             out += finish(state, flight, checkpointed=False, now=now)
     return out
+
+
+def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Search for victims for each job found pending since the last search, in the order they were."""
+    if not state.pending:
+        return []
+    jobs = list(state.pending)
+    state.pending.clear()
+    preemptible = _preemptible_running(state)
+    out: list[Outgoing] = []
+    for job_id in jobs:
+        out += preempt_for(state, job_id, now=now, preemptible=preemptible)
+    if out:
+        out += finish_overdue(state, now=now)  # a victim with no grace period is released at once
+    return out
+
+
+def _preemptible_running(state: PreemptionState) -> list[tuple[JobRecord, AllocationGranted]]:
+    """Running preemptible jobs and their live allocations (those asked already are filtered later)."""
+    mirror = state.mirror
+    found: list[tuple[JobRecord, AllocationGranted]] = []
+    for running in mirror.snapshot().running.values():
+        other = mirror.jobs.get(JobId(running.job.id))
+        if other is None or other.spec is None or not other.spec.preemptible:
+            continue
+        live = other.live()
+        if live is not None:
+            found.append((other, live))
+    return found
 
 
 def lost_gpu_hours(state: PreemptionState, granted: AllocationGranted, now: datetime) -> float:
@@ -103,8 +194,17 @@ def lost_gpu_hours(state: PreemptionState, granted: AllocationGranted, now: date
     return float(granted.whole_gpus * max(0.0, (now - since).total_seconds()) / 3600)
 
 
-def preempt_for(state: PreemptionState, job_id: JobId, *, now: datetime) -> list[Outgoing]:
-    """Ask the cheapest victim set to checkpoint so ``job_id`` fits; nothing when none would do."""
+def preempt_for(
+    state: PreemptionState,
+    job_id: JobId,
+    *,
+    now: datetime,
+    preemptible: list[tuple[JobRecord, AllocationGranted]] | None = None,
+) -> list[Outgoing]:
+    """Ask the cheapest victim set to checkpoint so ``job_id`` fits; nothing when none would do.
+
+    ``preemptible``: the running preemptible jobs (:func:`_preemptible_running`), when already listed.
+    """
     mirror = state.mirror
     record = mirror.jobs.get(job_id)
     if record is None or record.spec is None or job_id not in mirror.waiting:
@@ -114,17 +214,9 @@ def preempt_for(state: PreemptionState, job_id: JobId, *, now: datetime) -> list
     priority = record.spec.priority
     snap = mirror.snapshot()
     candidates: list[VictimCandidate] = []
-    for running in snap.running.values():
-        other = mirror.jobs.get(JobId(running.job.id))
-        if other is None:
-            continue
-        live = other.live()
-        if (
-            live is None
-            or other.spec is None
-            or not other.spec.preemptible
-            or other.spec.priority >= priority
-        ):
+    for other, live in preemptible if preemptible is not None else _preemptible_running(state):
+        assert other.spec is not None
+        if other.spec.priority >= priority:
             continue
         if live.allocation_id in state.in_flight or live.allocation_id in state.asked:
             continue
@@ -151,12 +243,12 @@ def preempt_for(state: PreemptionState, job_id: JobId, *, now: datetime) -> list
     out: list[Outgoing] = []
     for victim in found.victims:
         victim_record = mirror.jobs[JobId(victim.job_id)]
-        live = victim_record.live()
-        assert live is not None and victim_record.spec is not None
+        granted = victim_record.live()
+        assert granted is not None and victim_record.spec is not None
         grace = victim_record.spec.checkpoint_grace_s
         event = JobPreempting(
             job_id=victim_record.job_id,
-            allocation_id=live.allocation_id,
+            allocation_id=granted.allocation_id,
             deadline=now + timedelta(seconds=grace),
             reason=(
                 f"job {job_id} (priority {priority}) needs the GPUs; checkpoint within {grace} s "
@@ -164,7 +256,7 @@ def preempt_for(state: PreemptionState, job_id: JobId, *, now: datetime) -> list
             ),
             preemptor_job_id=job_id,
         )
-        envelope = _envelope(event, live.allocation_id, "preempting", now)
+        envelope = _envelope(event, granted.allocation_id, "preempting", now)
         state.fold(envelope)
         out.append((state.mirror.topics.events, envelope))
     return out

@@ -14,7 +14,7 @@ from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement.handlers import PlacementState
 from services.placement.wiring import PLACEMENT_EVENTS
-from services.preemption.handlers import PreemptionState, decide
+from services.preemption.handlers import PreemptionState, end_batch, fold_event
 from services.preemption.settings import PreemptionSettings
 
 SERVICE = "preemption"
@@ -36,7 +36,11 @@ async def main(settings: PreemptionSettings) -> None:
     topics = state.mirror.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
-        return decide(envelope, state, now=datetime.now(UTC))
+        return fold_event(envelope, state, now=datetime.now(UTC))
+
+    def search(cause: str) -> Sequence[Outgoing]:
+        # One victim search per batch, for the jobs found pending in it.
+        return end_batch(state, now=datetime.now(UTC))
 
     inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
     await restore_and_process(
@@ -53,4 +57,7 @@ async def main(settings: PreemptionSettings) -> None:
             }
         ),
         lock_topic=topics.inventory,
+        end_batch=search,
+        # Outputs name the batch and positions they were decided on (services/preemption/replay.py).
+        record_inputs=True,
     )

@@ -9,12 +9,16 @@ stays charged and is queued again at once.
 State is a fold over ``jobs.events`` and ``allocations.log``, our own ``job.queued`` included, and
 does not depend on the order between the two topics: per job it counts queued events against the
 attempts it is owed (one, plus one per ``job.requeued``).
+
+A finished job's charge never changes again, so its record is dropped and only its id is kept
+(``retired``): state is bounded by the live jobs plus one id per finished job, and any event about a
+finished job read again (a retried batch, a restart, the other topic catching up) changes nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationReleased
@@ -34,6 +38,8 @@ from services.common.topics import TopicNames
 
 SOURCE = "gangline/quota"
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
+_NEVER = datetime.max.replace(tzinfo=UTC)
+QUOTA_EVENT_TYPES = (JobAdmitted, JobQueued, JobRequeued, AllocationReleased, JobFailed)
 
 
 @dataclass
@@ -44,7 +50,9 @@ class QuotaJob:
     owed: int = 1
     finished: bool = False
     released: set[AllocationId] = field(default_factory=set)
-    arrival: int = 0
+    admitted_at: datetime | None = None
+    """The job.admitted event's time: with the priority and the job id, the order waiting jobs are let
+    through. Read from the log, so it does not depend on how a restore or a poll interleaved partitions."""
 
     @property
     def gpus(self) -> int:
@@ -67,7 +75,8 @@ class QuotaState:
     usage: dict[QueueName, int] = field(default_factory=dict)
     waiting: dict[QueueName, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Jobs owed a job.queued, per queue (kept up to date by ``fold``)."""
-    _arrivals: int = 0
+    retired: set[JobId] = field(default_factory=set)
+    """Finished jobs, dropped from ``jobs``: nothing read about them any more changes the state."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -84,17 +93,21 @@ class QuotaState:
                 queue[job.job_id] = job
             else:
                 queue.pop(job.job_id, None)
+        if job is not None and job.finished:
+            self.jobs.pop(job.job_id, None)
+            self.retired.add(job.job_id)
         return job
 
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
+        if isinstance(data, QUOTA_EVENT_TYPES) and data.job_id in self.retired:
+            return None
         if isinstance(data, JobAdmitted):
             job = self._job(data.job_id)
             if job.spec is None:
                 was = job.charged
                 job.spec = data.spec
-                self._arrivals += 1
-                job.arrival = self._arrivals
+                job.admitted_at = envelope.time
                 self._recharge(job, was)
             return job
         if isinstance(data, JobQueued):
@@ -166,7 +179,11 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
 def _let_through(state: QuotaState, queue: str, cause: str, now: datetime) -> list[Outgoing]:
     waiting = sorted(
         state.waiting.get(QueueName(queue), {}).values(),
-        key=lambda j: (-(j.spec.priority if j.spec is not None else 0), j.arrival),
+        key=lambda j: (
+            -(j.spec.priority if j.spec is not None else 0),
+            j.admitted_at if j.admitted_at is not None else _NEVER,
+            j.job_id,
+        ),
     )
     out: list[Outgoing] = []
     for job in waiting:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from svc_helpers import T0, cluster, env
 
 from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter
-from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested
+from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested, JobSpec
 from gangline.events.types import JobId
 from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
 from services.common.topics import TopicNames
@@ -93,3 +93,23 @@ def test_an_undecodable_request_gets_a_rejection_naming_its_job_when_readable() 
         DeadLetter(topic="x", key=None, value=b"\xff", headers=headers), state, now=T0
     )
     assert isinstance(garbage.data, JobRejected) and garbage.data.job_id is None
+
+
+def test_the_dedup_state_keeps_a_fixed_size_digest_per_job_not_its_spec() -> None:
+    state = state_with_cluster()
+    long_spec = {
+        "command": ("python", "train.py", *(f"--flag-{k}" for k in range(50))),
+        "env": {"A": "x" * 500},
+    }
+    assert isinstance(ask(state, "big", **long_spec)[0], JobAdmitted)
+    assert isinstance(ask(state, "small")[0], JobAdmitted)
+    assert {len(digest) for digest in state.admitted.values()} == {16}
+    # The digest still tells a retry (dropped) from a different spec (rejected), after a restore too.
+    restarted = state_with_cluster()
+    for job_id, spec in (("big", long_spec), ("small", {})):
+        fields: dict[str, object] = {"queue": "default", "workers": 1, "gpus_per_worker": 1, **spec}
+        restarted.restore(env(JobAdmitted(job_id=JobId(job_id), spec=JobSpec.model_validate(fields))))
+    assert ask(restarted, "big", **long_spec) == []
+    [out] = ask(restarted, "big", **{**long_spec, "env": {"A": "y" * 500}})
+    assert isinstance(out, JobRejected) and out.code == "duplicate_job"
+    assert ask(restarted, "small") == []

@@ -75,3 +75,45 @@ def test_a_job_larger_than_its_queue_limit_fails_at_once_instead_of_waiting_fore
     assert out.data.code == "exceeds_queue_limit" and "at most 4" in out.data.reason
     assert state.waiting.get(QueueName("small"), {}) == {}
     assert state.usage.get(QueueName("small"), 0) == 0
+
+
+def test_finished_jobs_are_dropped_and_nothing_read_about_them_again_changes_the_state() -> None:
+    state = QuotaState(topics=TOPICS, limits={"default": 4})
+    history: list[Envelope] = []
+    for k in range(100):
+        admit = admitted(f"j{k}", gpus_per_worker=4)
+        [queued] = feed(state, admit)
+        done = released(f"j{k}") if k % 2 else env(JobFailed(job_id=JobId(f"j{k}"), code="x", reason="died"))
+        assert feed(state, done) == []
+        history += [admit, queued, done]
+    assert state.jobs == {} and len(state.retired) == 100
+    assert state.usage == {"default": 0}
+    # Everything delivered again, in any order: no output, no charge, no record.
+    for envelope in [*reversed(history), *history]:
+        assert feed(state, envelope) == []
+    assert state.jobs == {} and state.usage == {"default": 0} and state.waiting[QueueName("default")] == {}
+
+
+def test_a_waiting_job_still_gets_through_when_a_finished_job_is_dropped() -> None:
+    state = QuotaState(topics=TOPICS, limits={"default": 4})
+    feed(state, admitted("a", gpus_per_worker=4))
+    [wait] = feed(state, admitted("b", gpus_per_worker=2))
+    assert isinstance(wait.data, JobPending)
+    [through] = feed(state, released("a"))
+    assert isinstance(through.data, JobQueued) and through.data.job_id == "b"
+    assert set(state.jobs) == {"b"} and state.retired == {"a"}
+    assert state.usage == {"default": 2}
+
+
+def test_a_restore_in_topic_order_retires_finished_jobs_like_the_live_service() -> None:
+    live = QuotaState(topics=TOPICS, limits={"default": None})
+    events: list[Envelope] = []
+    for job in ("a", "b"):
+        admit = admitted(job, gpus_per_worker=2)
+        events += [admit, *feed(live, admit)]
+    feed(live, released("a"))
+    restored = QuotaState(topics=TOPICS, limits={"default": None})
+    for envelope in [*events, released("a")]:  # jobs.events, then allocations.log
+        restored.restore(envelope)
+    assert restored.usage == live.usage == {"default": 2}
+    assert set(restored.jobs) == set(live.jobs) == {"b"} and restored.retired == live.retired == {"a"}
