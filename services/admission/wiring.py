@@ -35,4 +35,6 @@ async def main(settings: AdmissionSettings) -> None:
         decide,
         restore_topics=[topics.inventory, topics.events],
         dead_letter_outputs=reject_unreadable,
+        # Outputs name the batch and positions they were decided on (services/admission/replay.py).
+        record_inputs=True,
     )

@@ -24,7 +24,7 @@ that event's own outputs, so a retried batch publishes them again, and only once
 
 With ``record_inputs`` each output carries the input positions its batch decided on, starting from
 where the restore stopped (:class:`~gangline.bus.processor.InputRecording`), so the decisions can be
-replayed from the log (placement: :mod:`services.placement.replay`).
+replayed from the log (:mod:`services.common.replay`; placement: :mod:`services.placement.replay`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -179,11 +180,13 @@ async def restore_and_process(
     lock_topic: str | None = None,
     end_batch: EndBatch | None = None,
     record_inputs: bool = False,
+    started: datetime | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
 
     With ``end_batch`` the state decides once per batch too, after ``decide`` folded each event.
-    With ``record_inputs`` the outputs carry the input positions they were decided on (module docstring).
+    With ``record_inputs`` the outputs carry the input positions they were decided on (module docstring);
+    ``started``, when the state counts time from its creation, is recorded with them.
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
@@ -202,6 +205,7 @@ async def restore_and_process(
             select,
             restore_select or select,
             record_inputs,
+            started,
         )
 
     if lock_topic is None:
@@ -267,6 +271,7 @@ async def _restore_and_process(
     select: Select | None,
     restore_select: Select | None,
     record_inputs: bool = False,
+    state_started: datetime | None = None,
 ) -> None:
     await fence(settings)
     started = time.perf_counter()
@@ -285,7 +290,7 @@ async def _restore_and_process(
     )
     settle_garbage_collector()
     # One id per run: a replay sees where the state was rebuilt from the log.
-    inputs = InputRecording(uuid.uuid4().hex, restored) if record_inputs else None
+    inputs = InputRecording(uuid.uuid4().hex, restored, state_started) if record_inputs else None
     processor = Processor(
         settings,
         decide,

@@ -57,4 +57,7 @@ async def main(settings: NodeHealthSettings) -> None:
         restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
         select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
         lock_topic=topics.inventory,
+        # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
+        record_inputs=True,
+        started=state.started,
     )

@@ -25,35 +25,40 @@ Batches that decided nothing are folded into the next batch that did: a cycle wi
 changes nothing else, and folding the same events again, or across partitions in another order,
 leaves the same state (see :mod:`services.placement.handlers`). Where a cancellation races the
 job's own events inside merged batches, their order is not recorded (partitions are merged by
-record timestamp).
+record timestamp); the ``gangline-batch`` header that logs now carry would tell it, unused here yet.
+
+Grouping, reading between positions and comparing are :mod:`services.common.replay`'s, shared with
+the services that decide per event.
 """
 
 from __future__ import annotations
 
-import argparse
-import bisect
-import heapq
-import json
-import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
-from gangline.bus import Outgoing
-from gangline.bus.positions import (
-    INCARNATION_HEADER,
-    INPUTS_HEADER,
-    Partition,
-    format_positions,
-    parse_positions,
-)
+from gangline.bus.positions import format_positions
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
 from gangline.events.base import Envelope
-from gangline.events.codec import DecodeError, decode, dumps, encode
 from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced
-from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource
+from gangline.replay.log import LogRecord
+from services.common.replay import (
+    NO_TIME,
+    Difference,
+    InputIndex,
+    ReplayReport,
+    Transaction,
+    caused,
+    compare_outputs,
+    decoded,
+    group_transactions,
+    kind_of,
+    unstamped_differences,
+    verify_with,
+)
+from services.common.replay import (
+    main as replay_main,
+)
 from services.common.topics import TopicNames
 from services.placement.handlers import SOURCE, PlacementState, end_batch, fold_event
 from services.placement.wiring import PLACEMENT_EVENTS
@@ -63,114 +68,11 @@ NAME = "placement-service"
 
 LIVE_EVENTS = frozenset(PLACEMENT_EVENTS) - {"allocation.granted"}
 """What the running service decodes from its inputs (its own grants it holds already)."""
-NO_TIME = datetime(1970, 1, 1, tzinfo=UTC)
-"""``now`` for a batch none of whose recorded outputs can be read (each is reported as it is)."""
-IGNORED_ATTRIBUTES = frozenset({"traceparent"})
-"""Envelope attributes not compared: the trace context of the run, not part of the decision."""
 
+PlacementReplay = ReplayReport
+"""What the replay did and what differed (:class:`~services.common.replay.ReplayReport`)."""
 
-@dataclass(frozen=True, slots=True)
-class Difference:
-    """One output the replay decided differently, did not decide, or decided in addition."""
-
-    where: str
-    """The recorded output's position (``topic[partition]@offset``), or what the replay would have sent."""
-    job_id: str
-    field: str
-    recorded: str
-    replayed: str
-
-    @property
-    def message(self) -> str:
-        return (
-            f"{self.where} job {self.job_id or '-'}: {self.field}: recorded {self.recorded}, "
-            f"replayed {self.replayed}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementReplay:
-    """What the replay did and what differed (in log order: the first difference first)."""
-
-    transactions: int
-    """Recorded placement transactions (batches with outputs) replayed."""
-    incarnations: int
-    """Process runs seen (each a restore from the log)."""
-    inputs: int
-    """Input records folded."""
-    compared: int
-    """Recorded outputs compared with the replayed ones."""
-    differences: list[Difference] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.differences
-
-    @property
-    def first(self) -> Difference | None:
-        return self.differences[0] if self.differences else None
-
-    def summary(self) -> str:
-        verdict = "identical" if self.ok else f"{len(self.differences)} difference(s)"
-        return (
-            f"placement decisions: {self.transactions} transactions in {self.incarnations} run(s), "
-            f"{self.inputs} inputs folded, {self.compared} outputs compared with the log: {verdict}"
-        )
-
-
-@dataclass(slots=True)
-class _Transaction:
-    incarnation: str
-    positions: dict[Partition, int]
-    outputs: list[LogRecord] = field(default_factory=list)
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return (sum(self.positions.values()), min(r.offset for r in self.outputs))
-
-
-def _kind(wire_type: str) -> str:
-    """``gangline.job.admitted.v1`` → ``job.admitted`` ('' when not a Gangline type)."""
-    parts = wire_type.split(".")
-    return ".".join(parts[1:-1]) if len(parts) > 2 and parts[0] == "gangline" else ""
-
-
-def _decode(record: LogRecord) -> Envelope | None:
-    try:
-        return decode(dumps(record.envelope))
-    except DecodeError:
-        return None
-
-
-def _comparable(envelope: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in envelope.items() if k not in IGNORED_ATTRIBUTES}
-
-
-def _first_difference(recorded: Any, replayed: Any, path: str) -> tuple[str, Any, Any] | None:
-    """The first path at which two JSON values differ, with both values there."""
-    if isinstance(recorded, dict) and isinstance(replayed, dict):
-        for key in sorted(set(recorded) | set(replayed)):
-            found = _first_difference(recorded.get(key), replayed.get(key), f"{path}.{key}" if path else key)
-            if found is not None:
-                return found
-        return None
-    if isinstance(recorded, list) and isinstance(replayed, list) and len(recorded) == len(replayed):
-        for k, (a, b) in enumerate(zip(recorded, replayed, strict=True)):
-            found = _first_difference(a, b, f"{path}[{k}]")
-            if found is not None:
-                return found
-        return None
-    return None if recorded == replayed else (path, recorded, replayed)
-
-
-def _show(value: Any) -> str:
-    return "absent" if value is None else json.dumps(value, sort_keys=True)
-
-
-def _job_of(envelope: dict[str, Any]) -> str:
-    data = envelope.get("data")
-    job = data.get("job_id") if isinstance(data, dict) else None
-    return str(job) if job is not None else str(envelope.get("subject", ""))
+__all__ = ["LIVE_EVENTS", "NAME", "Difference", "PlacementReplay", "PlacementReplayer", "replay_placement"]
 
 
 class PlacementReplayer:
@@ -190,27 +92,11 @@ class PlacementReplayer:
         self._profile = profile if profile is not None else default_profile()
         self._max_jobs = max_jobs_per_cycle
         self._restore_topics = (topics.inventory, topics.health, topics.events, topics.allocations)
-        read = {*self._restore_topics, topics.heartbeats, topics.requests}
-        outputs_on = {topics.events, topics.allocations}
-        self._inputs: dict[Partition, list[LogRecord]] = {}
-        self._unstamped: list[LogRecord] = []
-        transactions: dict[tuple[str, str], _Transaction] = {}
-        for r in records:
-            if r.topic in outputs_on and r.envelope.get("source") == SOURCE:
-                inputs, run = r.headers.get(INPUTS_HEADER), r.headers.get(INCARNATION_HEADER)
-                if inputs is None or run is None:
-                    self._unstamped.append(r)
-                else:
-                    key = (run, inputs)
-                    if key not in transactions:
-                        transactions[key] = _Transaction(run, parse_positions(inputs))
-                    transactions[key].outputs.append(r)
-            if r.topic in read:
-                self._inputs.setdefault((r.topic, r.partition), []).append(r)
-        for partition in self._inputs.values():
-            partition.sort(key=lambda r: r.offset)
-        self._transactions = sorted(transactions.values(), key=lambda t: t.order)
-        self._folded: dict[Partition, int] = {}
+        self._index = InputIndex(records, {*self._restore_topics, topics.heartbeats, topics.requests})
+        self._transactions, self._unstamped = group_transactions(
+            records, source=SOURCE, output_topics=(topics.events, topics.allocations)
+        )
+        self._folded: dict[tuple[str, int], int] = {}
         self._state = self._new_state()
         self._incarnation: str | None = None
         self._fed = 0
@@ -221,21 +107,18 @@ class PlacementReplayer:
             topics=self.topics, profile=self._profile, gated=self._gated, max_jobs_per_cycle=self._max_jobs
         )
 
-    def replay(self) -> PlacementReplay:
+    def replay(self) -> ReplayReport:
         runs: set[str] = set()
         compared = 0
-        for r in self._unstamped:
-            self._differences.append(
-                Difference(
-                    r.where, _job_of(r.envelope), "headers", "no input positions", "cannot be replayed"
-                )
-            )
+        self._differences += unstamped_differences(self._unstamped)
         for transaction in self._transactions:
             runs.add(transaction.incarnation)
             replayed = self._replay(transaction)
-            self._compare(transaction, replayed)
+            where = f"the batch with inputs up to {format_positions(transaction.positions)}"
+            self._differences += compare_outputs(transaction.outputs, replayed, extra_where=where)
             compared += len(transaction.outputs)
-        return PlacementReplay(
+        return ReplayReport(
+            service="placement",
             transactions=len(self._transactions),
             incarnations=len(runs),
             inputs=self._fed,
@@ -245,8 +128,8 @@ class PlacementReplayer:
 
     # -- one transaction -------------------------------------------------------------------
 
-    def _replay(self, transaction: _Transaction) -> list[Envelope]:
-        recorded = [_decode(r) for r in transaction.outputs]
+    def _replay(self, transaction: Transaction) -> list[Envelope]:
+        recorded = [decoded(r) for r in transaction.outputs]
         by_cause: dict[str, list[Envelope]] = {}
         for envelope in recorded:
             if envelope is not None and envelope.causationid is not None:
@@ -258,6 +141,7 @@ class PlacementReplayer:
         for record in self._between(transaction.positions):
             outputs += self._fold_live(record, by_cause)
         cycled = [e for e in recorded if e is not None and isinstance(e.data, JobPlaced | JobPending)]
+        now: datetime
         if cycled:
             cause, now = cycled[0].causationid or "", cycled[0].time
             cycles = [
@@ -271,42 +155,36 @@ class PlacementReplayer:
             cause, now = f"(none recorded: {last.where})", max(times, default=NO_TIME)
         # The batch had outputs, so a cycle was due (a cancellation also calls for one).
         self._state.cycle_due = True
-        outputs += _caused(end_batch(self._state, cause=cause, now=now), cause)
+        outputs += caused(end_batch(self._state, cause=cause, now=now), cause)
         return outputs
 
-    def _restart(self, positions: dict[Partition, int]) -> None:
+    def _restart(self, positions: dict[tuple[str, int], int]) -> None:
         """A new run: the state is what a restore of the log up to ``positions`` gives."""
         self._state = self._new_state()
         for topic in self._restore_topics:
-            for (t, p), records in sorted(self._inputs.items()):
-                if t != topic:
-                    continue
-                end = positions.get((t, p), self._folded.get((t, p), 0))
-                for record in records:
-                    if record.offset >= end:
-                        break
-                    if _kind(record.type) in PLACEMENT_EVENTS:
-                        envelope = _decode(record)
+            for tp in self._index.of_topic(topic):
+                end = positions.get(tp, self._folded.get(tp, 0))
+                for record in self._index.range(tp, 0, end):
+                    if kind_of(record.type) in PLACEMENT_EVENTS:
+                        envelope = decoded(record)
                         if envelope is not None:
                             self._state.restore(envelope)
                             self._fed += 1
-                self._folded[(t, p)] = max(end, self._folded.get((t, p), 0))
+                self._folded[tp] = max(end, self._folded.get(tp, 0))
 
-    def _between(self, positions: dict[Partition, int]) -> Iterator[LogRecord]:
+    def _between(self, positions: dict[tuple[str, int], int]) -> Iterator[LogRecord]:
         """The records past what was folded up to ``positions``, partitions merged by record time."""
         ranges: list[Iterable[LogRecord]] = []
-        for tp, records in sorted(self._inputs.items()):
+        for tp in sorted(self._index.partitions):
             start = self._folded.get(tp, 0)
             end = max(start, positions.get(tp, start))
-            first = bisect.bisect_left(records, start, key=lambda r: r.offset)
-            last = bisect.bisect_left(records, end, key=lambda r: r.offset)
-            ranges.append(records[first:last])
+            ranges.append(self._index.range(tp, start, end))
             self._folded[tp] = end
-        yield from heapq.merge(*ranges, key=lambda r: r.timestamp_ms or 0)
+        return self._index.merged([list(r) for r in ranges])
 
     def _fold_live(self, record: LogRecord, by_cause: dict[str, list[Envelope]]) -> list[Envelope]:
         """One input as the live service selects and folds it; a cancellation's own outputs."""
-        kind = _kind(record.type)
+        kind = kind_of(record.type)
         if record.topic == self.topics.requests:
             wanted = kind == JobCancelRequested.TYPE
         elif record.topic == self.topics.heartbeats:
@@ -315,42 +193,13 @@ class PlacementReplayer:
             wanted = kind in LIVE_EVENTS
         if not wanted:
             return []
-        envelope = _decode(record)
+        envelope = decoded(record)
         if envelope is None:
             return []
         self._fed += 1
-        caused = by_cause.get(envelope.id)
-        now = caused[0].time if caused else envelope.time
-        return list(_caused(fold_event(envelope, self._state, now=now), envelope.id))
-
-    def _compare(self, transaction: _Transaction, replayed: list[Envelope]) -> None:
-        mine = {e.id: _comparable(json.loads(encode(e))) for e in replayed}
-        for record in sorted(transaction.outputs, key=lambda r: (r.topic, r.partition, r.offset)):
-            want = _comparable(dict(record.envelope))
-            got = mine.pop(record.event_id, None)
-            job = _job_of(want)
-            if got is None:
-                self._differences.append(
-                    Difference(record.where, job, want.get("type", "?"), "sent", "not decided by the replay")
-                )
-                continue
-            found = _first_difference(want, got, "")
-            if found is not None:
-                path, a, b = found
-                self._differences.append(Difference(record.where, job, path, _show(a), _show(b)))
-        where = f"the batch with inputs up to {format_positions(transaction.positions)}"
-        for extra in mine.values():
-            self._differences.append(
-                Difference(
-                    where, _job_of(extra), str(extra.get("type")), "not in the log", f"id {extra.get('id')}"
-                )
-            )
-
-
-def _caused(outputs: Sequence[Outgoing], cause: str) -> Iterator[Envelope]:
-    """The outputs as the processor sends them: each names the consumed event as its cause."""
-    for _, envelope in outputs:
-        yield envelope.model_copy(update={"causationid": cause})
+        recorded = by_cause.get(envelope.id)
+        now = recorded[0].time if recorded else envelope.time
+        return caused(fold_event(envelope, self._state, now=now), envelope.id)
 
 
 def replay_placement(
@@ -384,42 +233,35 @@ def decider_topics(prefix: str) -> list[str]:
     ]
 
 
+def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> ReplayReport:
+    """Placement's replay under ``prefix``, with the profile and cycle size it reads (``GANGLINE_*``)."""
+    from gangline.core.defaults import placement_registry
+    from gangline.core.framework.profile import load_profile_file
+    from services.placement.settings import PlacementSettings
+
+    settings = PlacementSettings.from_env(topic_prefix=prefix)
+    profile = (
+        load_profile_file(settings.profile_path, placement_registry()) if settings.profile_path else None
+    )
+    return replay_placement(
+        records,
+        topics=TopicNames(prefix=prefix),
+        gated=gated,
+        profile=profile,
+        max_jobs_per_cycle=settings.max_jobs_per_cycle,
+    )
+
+
 def verify_decisions(records: Sequence[LogRecord], *, prefix: str, gated: bool, max_problems: int) -> bool:
     """`gangline replay --verify --decider placement-service`: replay, print the report; True if identical."""
-    result = replay_placement(records, topics=TopicNames(prefix=prefix), gated=gated)
-    print(result.summary())
-    for d in result.differences[:max_problems]:
-        print(f"  difference: {d.message}")
-    return result.ok
+    return verify_with(replay_log, records, prefix=prefix, gated=gated, max_problems=max_problems)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """0: identical; 1: an output differs; 2: unusable input."""
-    p = argparse.ArgumentParser(
-        prog="python -m services.placement.replay", description=__doc__.splitlines()[0]
+    return replay_main(
+        argv, prog="python -m services.placement.replay", topics=decider_topics, replay_log=replay_log
     )
-    p.add_argument(
-        "--from", dest="source", required=True, help="a JSONL file from `gangline export`, or kafka"
-    )
-    p.add_argument("--bootstrap", help="with --from kafka: host:port")
-    p.add_argument("--prefix", default="", help="the topic name prefix the services ran with")
-    p.add_argument("--ungated", action="store_true", help="the service ran with gated=false")
-    p.add_argument("--max-problems", type=int, default=20)
-    args = p.parse_args(argv)
-    source: LogSource
-    if args.source == "kafka":
-        from gangline.replay.kafka import KafkaSource
-
-        source = KafkaSource(args.bootstrap)
-    else:
-        source = FileSource(args.source)
-    try:
-        records = source.records(decider_topics(args.prefix) if args.source == "kafka" else None)
-    except (OSError, LogFormatError, LookupError, TimeoutError) as e:
-        print(f"placement replay: {e}", file=sys.stderr)
-        return 2
-    ok = verify_decisions(records, prefix=args.prefix, gated=not args.ungated, max_problems=args.max_problems)
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

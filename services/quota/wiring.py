@@ -36,4 +36,6 @@ async def main(settings: QuotaSettings) -> None:
         restore_topics=inputs,
         select=select_types(dict.fromkeys(QUOTA_EVENTS, True)),
         lock_topic=topics.inventory,
+        # Outputs name the batch and positions they were decided on: replayable (services/quota/replay.py).
+        record_inputs=True,
     )

@@ -4,7 +4,8 @@ A few hundred requests (gangs held inside a leaf, singles at two priorities) go 
 quota and placement (a real process) to the fake nodes, which run them and release their GPUs.
 Midway placement is killed with SIGKILL and started again: it restores from the log and goes on.
 The log is exported from Kafka, and `gangline replay --verify --decider placement-service` re-runs
-every placement transaction from the input positions its outputs carry.
+every placement transaction from the input positions its outputs carry; admission's and quota's
+decisions are replayed from the same log.
 """
 
 from __future__ import annotations
@@ -31,10 +32,14 @@ from gangline.cli import main as gangline_main
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, write_jsonl
+from services.admission.replay import replay_admission
+from services.admission.settings import AdmissionSettings
 from services.agent.cluster import load_cluster
 from services.agent.fake import FakeCluster
 from services.common.topics import TopicNames
 from services.placement.replay import decider_topics, replay_placement
+from services.quota.replay import replay_quota
+from services.quota.settings import QuotaSettings
 
 JOBS = 300
 
@@ -145,3 +150,14 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
     assert (first.where, first.job_id) == (target.where, target.envelope["data"]["job_id"])
     assert first.field.startswith("data.placements[") and first.recorded == '"gpu77"'
     print(f"{result.summary()}; {grants} grants; a forged grant named: {first.message}")
+
+    # Admission and quota, which decide per event, ran alongside: their decisions replay identical too
+    # (hundreds of requests in batches spread over the partitions, in the order each batch handled them).
+    prefix = {"topic_prefix": topics.prefix}
+    for other in (
+        replay_admission(records, AdmissionSettings(**prefix)),
+        replay_quota(records, QuotaSettings(**prefix)),
+    ):
+        print(other.summary())
+        assert other.ok, [d.message for d in other.differences[:10]]
+        assert other.compared >= JOBS

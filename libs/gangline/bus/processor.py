@@ -17,7 +17,9 @@ back when a transaction aborts, so a retried batch re-stamps from the committed 
 With ``inputs`` (:class:`InputRecording`, opt-in) every output record of a transaction also carries
 where the state's inputs stood when it decided (:mod:`gangline.bus.positions`): the restored
 offsets given at start, raised by every committed batch. A service that decides once per batch is
-replayed from those headers.
+replayed from those headers. They also name what the batch consumed, in the order it was handled,
+and (on the first transaction with outputs of a run) where the restore stopped, where the consumer
+resumed and when the run began: a service that decides per event is replayed from those.
 
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
@@ -61,6 +63,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -71,7 +74,18 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
-from gangline.bus.positions import INCARNATION_HEADER, INPUTS_HEADER, Partition, format_positions, merged
+from gangline.bus.positions import (
+    BATCH_HEADER,
+    INCARNATION_HEADER,
+    INPUTS_HEADER,
+    RESTORED_HEADER,
+    RESUMED_HEADER,
+    STARTED_HEADER,
+    Partition,
+    format_batch,
+    format_positions,
+    merged,
+)
 from gangline.bus.producer import send_envelope
 from gangline.bus.records import HANDLER_FAILED, DeadLetter, KafkaRecord, RecordMeta, dead_letter
 from gangline.bus.settings import ProcessorSettings
@@ -128,10 +142,13 @@ class InputRecording:
 
     ``incarnation`` names this run of the processor (new at every start); ``restored`` is where the
     state's restore from the log stopped, per ``(topic, partition)``: the positions start there.
+    ``started``: when the run's state was created (stamped with ``restored`` until a transaction with
+    outputs commits).
     """
 
     incarnation: str
     restored: Mapping[Partition, int] = field(default_factory=dict)
+    started: datetime | None = None
 
 
 class ProcessorFailed(Exception):
@@ -176,6 +193,11 @@ class Processor:
         self._inputs = inputs
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
+        self._run_announced = False
+        """Whether a transaction carrying the restore's headers committed with outputs."""
+        self._resumed: dict[Partition, int] = {}
+        """Where this run resumed each input partition (its committed offset when first assigned)."""
+        self._joining: AIOKafkaConsumer | None = None
         self._flush = flush
         self._handler = handler
         self._registry = registry
@@ -279,6 +301,7 @@ class Processor:
             await producer.stop()
             raise
         self._producer = producer
+        self._joining = consumer  # the first assignment may come before start() returns
         consumer.subscribe(list(settings.input_topics), listener=_Rebalance(self))
         try:
             await consumer.start()
@@ -305,6 +328,20 @@ class Processor:
                 if producer is not None:
                     await producer.stop()
         log.info("processor stopped", extra={"stats": vars(self.stats)})
+
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """With input recording: where this run resumes each partition first assigned to it (committed)."""
+        consumer = self._consumer or self._joining
+        if self._inputs is None or consumer is None:
+            return
+        for tp in assigned:
+            key = (tp.topic, tp.partition)
+            if key not in self._resumed:
+                committed = await consumer.committed(tp)
+                if committed is not None:
+                    self._resumed[key] = committed
+                elif self._settings.auto_offset_reset == "earliest":
+                    self._resumed[key] = 0
 
     async def _on_revoked(self) -> None:
         # Wait for the in-flight transaction, then invalidate batches polled under the old assignment.
@@ -370,6 +407,7 @@ class Processor:
             )
         await self._commit(producer)
         self._folded = folded
+        self._run_announced = self._run_announced or bool(deliveries)
         self.stats.batches_committed += 1
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
@@ -384,10 +422,22 @@ class Processor:
         folded = merged(
             self._folded, {(tp.topic, tp.partition): records[-1].offset + 1 for tp, records in batch.items()}
         )
-        self._headers = (
+        consumed = [
+            (tp.topic, tp.partition, records[0].offset, records[-1].offset + 1)
+            for tp, records in batch.items()
+            if records
+        ]
+        headers = [
             (INPUTS_HEADER, format_positions(folded).encode()),
             (INCARNATION_HEADER, self._inputs.incarnation.encode()),
-        )
+            (BATCH_HEADER, format_batch(consumed).encode()),
+        ]
+        if not self._run_announced:
+            headers.append((RESTORED_HEADER, format_positions(self._inputs.restored).encode()))
+            headers.append((RESUMED_HEADER, format_positions(self._resumed).encode()))
+            if self._inputs.started is not None:
+                headers.append((STARTED_HEADER, self._inputs.started.isoformat().encode()))
+        self._headers = tuple(headers)
         return folded
 
     async def _handle(
@@ -572,4 +622,5 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka s
         await self._processor._on_revoked()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self._processor._on_assigned(assigned)
         self._processor.started.set()

@@ -6,6 +6,7 @@
 
     gangline replay --from kafka --verify                # the log on the broker, as it stands now
     gangline replay --from kafka --verify --decider placement-service [--prefix P]
+    gangline replay --from kafka --verify --decider all  # every service's own decisions
     gangline export --from kafka --bootstrap 127.0.0.1:9092 --out log.jsonl
 
 `--from kafka` reads every committed record of the topics from the beginning up to the end
@@ -14,9 +15,12 @@ offsets found when reading starts (`gangline.replay.kafka.KafkaSource`); `--boot
 topics with `--decider`). Records that are not JSON (dead-lettered garbage) are skipped and counted.
 
 `--decider` picks what re-runs the decisions: `model` (default), the library's `PlacementModel`,
-or a service's own handlers fed from the headers its outputs carry (`placement-service`:
-`services.placement.replay`). Those live in the services, which the library does not import:
-`DECIDERS` names their modules, imported only when chosen.
+or a service's own handlers fed from the headers its outputs carry (`admission`, `quota`,
+`placement-service`, `preemption`, `node-health`: `services.<name>.replay`), or `all` of those
+present in the log (`services.common.replay`), each reported on its own. Those live in the services,
+which the library does not import: `DECIDERS` names their modules, imported only when chosen.
+Settings a service reads that the log does not hold (queues, quota limits, silence) come from the
+same `GANGLINE_*` environment variables the service reads.
 """
 
 from __future__ import annotations
@@ -52,7 +56,15 @@ class Decider(Protocol):
         """Re-run every recorded decision, print what was compared and each difference; True if identical."""
 
 
-DECIDERS: dict[str, str] = {"placement-service": "services.placement.replay"}
+DECIDERS: dict[str, str] = {
+    "all": "services.common.replay",
+    "admission": "services.admission.replay",
+    "quota": "services.quota.replay",
+    "placement-service": "services.placement.replay",
+    "placement": "services.placement.replay",
+    "preemption": "services.preemption.replay",
+    "node-health": "services.node_health.replay",
+}
 """Decider name → the module implementing :class:`Decider` (explicit; imported when chosen)."""
 
 
@@ -93,7 +105,9 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
         help="with --verify: what re-runs the decisions (default: the library's placement model)",
     )
     p.add_argument("--prefix", default="", help="the topic name prefix the services ran with")
-    p.add_argument("--ungated", action="store_true", help="with --decider: placement ran with gated=false")
+    p.add_argument(
+        "--ungated", action="store_true", help="with --decider: placement and preemption ran ungated"
+    )
 
 
 def run_replay(args: argparse.Namespace) -> int:

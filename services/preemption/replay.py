@@ -1,0 +1,138 @@
+"""Re-run preemption's decisions from the log it read, and check each output equals the recorded one.
+
+    gangline replay --from log.jsonl|kafka --verify --decider preemption [--prefix P] [--ungated]
+    python -m services.preemption.replay --from log.jsonl|kafka [--prefix P] [--ungated]
+
+The profile and ``gated`` are the service's settings, not in the log: the replay reads them as the
+service does (``GANGLINE_PROFILE_PATH``; ``--ungated``), or is given them (:func:`replay_preemption`).
+
+Preemption folds every event (:func:`~services.preemption.handlers.fold_event`: a checkpoint, or any
+event once a victim's deadline passed, finishes the victim: released, preempted, requeued) and
+searches for victims once per batch (:func:`~services.preemption.handlers.end_batch`, for the jobs
+placement said were pending in it: ``job.preempting``). The search's outputs name the batch's last
+event as their cause, as do that event's own. It is replayed by
+:class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
+guarantees here:
+
+* every ``job.preempting`` (victims, deadline, reason with the GPU-hours they would lose) is
+  re-decided by the same search over the same mirror of the cluster, for the same pending jobs in
+  the same order, with ``now`` = the time on those outputs;
+* every finish (``allocation.released`` ``preempted``, ``job.preempted``, ``job.requeued`` with its
+  checkpoint and attempt) is re-decided on the event the log names as its cause with ``now`` = its
+  outputs' time: on a checkpoint, or on the event that found the deadline passed. Events with no
+  outputs are handled at their own time, earlier than the live clock, so a finish the replay takes
+  there the live run must have taken too (it is reported);
+* the mirror is placement's fold (order-independent, see :mod:`services.placement.handlers`); the
+  rest of the state is keyed by allocation and job, so the records between recorded transactions
+  leave the same state however they were batched. Those batches each searched and found nothing (they
+  left no outputs): the replay takes that from the log rather than searching again, so a search that
+  should have found victims and did not is not detected;
+* where the batch's last event finished a victim *and* the search found more, the two ``now`` are
+  told apart by time (earliest for the event, latest for the search); a victim whose deadline fell
+  between those two clock reads, microseconds apart, could be finished by the replay one step early
+  (reported as a difference, never hidden).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from gangline.bus import Outgoing
+from gangline.events.base import Envelope
+from gangline.replay.log import LogRecord
+from services.common.env import topic_names
+from services.common.replay import (
+    EventReplayer,
+    ReplayReport,
+    ServiceModel,
+    earliest,
+    latest,
+    main,
+    verify_with,
+)
+from services.placement.wiring import PLACEMENT_EVENTS
+from services.preemption.handlers import SOURCE, PreemptionState, end_batch, fold_event
+from services.preemption.settings import PreemptionSettings
+from services.preemption.wiring import new_state
+
+NAME = "preemption"
+"""The decider's name for `gangline replay --decider`."""
+
+WANTED = frozenset({*PLACEMENT_EVENTS, "job.pending", "job.checkpointed"})
+"""What the live ``select`` decodes (heartbeats too, while a victim is asked to checkpoint)."""
+
+
+class PreemptionModel(ServiceModel[PreemptionState]):
+    name = NAME
+    source = SOURCE
+
+    def __init__(self, settings: PreemptionSettings) -> None:
+        self.settings = settings
+        self.topics = topic_names(settings)
+
+    @property
+    def output_topics(self) -> tuple[str, ...]:
+        return (self.topics.events, self.topics.allocations)
+
+    @property
+    def live_topics(self) -> tuple[str, ...]:
+        return (*self.restore_topics, self.topics.heartbeats)
+
+    @property
+    def restore_topics(self) -> tuple[str, ...]:
+        t = self.topics
+        return (t.inventory, t.health, t.events, t.allocations)
+
+    def new_state(self, started: datetime | None) -> PreemptionState:
+        return new_state(self.settings)
+
+    def restores(self, kind: str) -> bool:
+        return kind in WANTED or not kind
+
+    def selects(self, state: PreemptionState, record: LogRecord, kind: str) -> bool:
+        if kind == "node.heartbeat":
+            return bool(state.in_flight)
+        return kind in WANTED or not kind
+
+    def restore(self, state: PreemptionState, envelope: Envelope) -> None:
+        state.restore(envelope)
+
+    def handle(
+        self, state: PreemptionState, envelope: Envelope, caused: Sequence[Envelope]
+    ) -> Sequence[Outgoing]:
+        return fold_event(envelope, state, now=earliest(caused) or envelope.time)
+
+    def end_batch(
+        self, state: PreemptionState, last: Envelope, caused: Sequence[Envelope]
+    ) -> Sequence[Outgoing]:
+        return end_batch(state, now=latest(caused) or last.time)
+
+    def after_quiet_batches(self, state: PreemptionState) -> None:
+        state.pending.clear()  # each of those batches searched for its pending jobs and found nothing
+
+
+def replay_preemption(records: Sequence[LogRecord], settings: PreemptionSettings) -> ReplayReport:
+    """Re-run preemption's handlers over the recorded inputs; every difference in its outputs, in order."""
+    return EventReplayer(PreemptionModel(settings), records).replay()
+
+
+def decider_topics(prefix: str) -> list[str]:
+    """Preemption's inputs under ``prefix`` (its outputs are on two of them)."""
+    return list(PreemptionModel(PreemptionSettings(topic_prefix=prefix)).live_topics)
+
+
+def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> ReplayReport:
+    """With the settings the service reads (``GANGLINE_*``) under ``prefix``, and ``gated``."""
+    return replay_preemption(records, PreemptionSettings.from_env(topic_prefix=prefix, gated=gated))
+
+
+def verify_decisions(records: Sequence[LogRecord], *, prefix: str, gated: bool, max_problems: int) -> bool:
+    """`gangline replay --verify --decider preemption`: replay, print the report; True if identical."""
+    return verify_with(replay_log, records, prefix=prefix, gated=gated, max_problems=max_problems)
+
+
+if __name__ == "__main__":
+    raise SystemExit(
+        main(prog="python -m services.preemption.replay", topics=decider_topics, replay_log=replay_log)
+    )

@@ -1,0 +1,126 @@
+"""Admission's decisions replayed from a recorded log: identical when untouched, across a restart that
+restores the admitted ids; a tampered rejection and a dropped node registration are named."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from replay_recorder import TOPICS, Log, ServiceRun, Wiring, outputs_of, tampered
+from svc_helpers import cluster, env
+
+from gangline.events.codec import encode
+from gangline.events.jobs import JobCancelRequested, JobRequested
+from gangline.events.types import JobId
+from services.admission.handlers import SOURCE, AdmissionState, on_request, rejection_of_dead_letter
+from services.admission.replay import replay_admission
+from services.admission.settings import AdmissionSettings
+from services.admission.wiring import new_state
+
+SETTINGS = AdmissionSettings(queues=("default", "research"))
+
+
+def wiring(settings: AdmissionSettings = SETTINGS) -> Wiring:
+    def decider(state: AdmissionState, clock: Any) -> Any:
+        return lambda envelope, meta: on_request(envelope, state, now=clock())
+
+    def reject_unreadable(state: AdmissionState, clock: Any) -> Any:
+        return lambda letter: rejection_of_dead_letter(letter, state, now=clock())
+
+    return Wiring(
+        live_topics=(TOPICS.requests, TOPICS.inventory),
+        restore_topics=(TOPICS.inventory, TOPICS.events),
+        new_state=lambda now: new_state(settings),
+        restore=lambda state, envelope: state.restore(envelope),
+        decide=decider,
+        dead_letter_outputs=reject_unreadable,
+    )
+
+
+def request(log: Log, job: str, **spec: Any) -> None:
+    fields: dict[str, Any] = {"queue": "default", "workers": 1, "gpus_per_worker": 1, **spec}
+    log.produce(TOPICS.requests, env(JobRequested(job_id=JobId(job), **fields)))
+
+
+def recorded_log() -> Log:
+    log = Log()
+    for node in cluster(("a", 2, 8)).nodes():
+        log.produce(TOPICS.inventory, env(node))
+    run = ServiceRun(log, wiring())
+    request(log, "j1", workers=2, gpus_per_worker=8)
+    request(log, "j2", queue="nope")
+    request(log, "j3", gpus_per_worker=16)
+    request(log, "j1", workers=2, gpus_per_worker=8)  # a producer's retry: dropped
+    request(log, "j1", gpus_per_worker=2)  # the same id, another spec: rejected
+    log.produce(TOPICS.requests, env(JobCancelRequested(job_id=JobId("zz"))))
+    unreadable = json.loads(
+        encode(env(JobRequested(job_id=JobId("j9"), queue="default", workers=1, gpus_per_worker=1)))
+    )
+    del unreadable["data"]["workers"]
+    log.append(TOPICS.requests, unreadable, "j9")  # no workers: dead-lettered, and rejected
+    run.drain(max_per_partition=2)
+    run.start()
+    request(log, "j1", workers=2, gpus_per_worker=8)  # a retry after the restart: still dropped
+    request(log, "j4", queue="research", workers=3, gpus_per_worker=8)  # 24 GPUs: too large yet
+    for node in cluster(("b", 1, 8)).nodes():
+        log.produce(TOPICS.inventory, env(node))
+    run.drain()
+    request(log, "j5", workers=3, gpus_per_worker=8)  # fits now
+    run.drain()
+    return log
+
+
+def test_an_untouched_log_replays_identical_across_a_restart() -> None:
+    log = recorded_log()
+    outputs = outputs_of(log.records, SOURCE)
+    assert {r.type for r in outputs} == {"gangline.job.admitted.v1", "gangline.job.rejected.v1"}
+
+    result = replay_admission(log.records, SETTINGS)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.incarnations == 2
+    assert result.compared == len(outputs) >= 6
+
+
+def test_a_tampered_rejection_is_named() -> None:
+    records = recorded_log().records
+    target = next(r for r in outputs_of(records, SOURCE) if r.envelope["data"].get("code") == "duplicate_job")
+
+    def forge(envelope: dict[str, Any]) -> None:
+        envelope["data"]["code"] = "too_large"
+
+    first = replay_admission(tampered(records, target, forge), SETTINGS).first
+
+    assert first is not None
+    assert (first.where, first.job_id, first.field) == (target.where, "j1", "data.code")
+    assert (first.recorded, first.replayed) == ('"too_large"', '"duplicate_job"')
+
+
+def test_a_dropped_node_registration_is_named_as_the_admission_it_allowed() -> None:
+    records = recorded_log().records
+    late_node = [r for r in records if r.topic == TOPICS.inventory][-1]
+    [admitted_j5] = [r for r in outputs_of(records, SOURCE) if r.envelope["data"].get("job_id") == "j5"]
+
+    result = replay_admission([r for r in records if r is not late_node], SETTINGS)
+
+    assert (admitted_j5.where, "j5", "not decided by the replay") in [
+        (d.where, d.job_id, d.replayed) for d in result.differences
+    ]
+    assert any(
+        d.recorded == "not in the log" and d.field == "gangline.job.rejected.v1" for d in result.differences
+    )
+
+
+def test_the_rejection_of_an_unreadable_request_is_decided_again_from_its_dead_letter() -> None:
+    records = recorded_log().records
+    [target] = [r for r in outputs_of(records, SOURCE) if r.envelope["data"].get("job_id") == "j9"]
+    assert target.envelope.get("causationid") is None
+    assert replay_admission(records, SETTINGS).unverified == 0
+
+    def forge(envelope: dict[str, Any]) -> None:
+        envelope["data"]["reason"] = "the request could not be read: it was rude"
+
+    first = replay_admission(tampered(records, target, forge), SETTINGS).first
+
+    assert first is not None
+    assert (first.where, first.job_id, first.field) == (target.where, "j9", "data.reason")
