@@ -37,6 +37,8 @@ class ServiceSettings(BaseModel):
     """How long a silent replica keeps its partitions (and its leadership) before a standby takes over."""
     linger_ms: int = Field(default=10, ge=0)
     """How long a processor waits to fill a batch (one transaction) after the first record arrives."""
+    idle_commit_ms: int = Field(default=1_000, ge=0)
+    """How long offsets of batches that published nothing may wait for a commit (see ProcessorSettings)."""
     producer_retry_backoff_ms: int = Field(default=5, ge=1)
     """How soon a refused transactional request is retried (see ProcessorSettings); latency, mostly."""
     static_membership: bool = True
@@ -60,6 +62,7 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         max_batch_records=settings.max_batch_records,
         poll_timeout_ms=50,
         linger_ms=settings.linger_ms,
+        idle_commit_ms=settings.idle_commit_ms,
         retry_backoff_s=0.05,
         producer_retry_backoff_ms=settings.producer_retry_backoff_ms,
         static_membership=settings.static_membership,

@@ -167,6 +167,8 @@ class ProcessorStats:
     events_handled: int = 0
     outputs_sent: int = 0
     dead_lettered: int = 0
+    offsets_deferred: int = 0
+    """Batches that published nothing and left their offsets to a later commit (``idle_commit_ms``)."""
 
 
 class _HandlerFailed(Exception):
@@ -193,6 +195,9 @@ class Processor:
         self._inputs = inputs
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
+        self._pending_offsets: dict[TopicPartition, int] = {}
+        """Offsets of handled batches that published nothing, not committed yet (``idle_commit_ms``)."""
+        self._offsets_committed_at = 0.0
         self._run_announced = False
         """Whether a transaction carrying the restore's headers committed with outputs."""
         self._resumed: dict[Partition, int] = {}
@@ -241,12 +246,16 @@ class Processor:
             await self._start()
             consumer = self._consumer
             assert consumer is not None
+            self._offsets_committed_at = asyncio.get_running_loop().time()
             while not self._stop.is_set():
                 generation = self._generation
                 batch = await consumer.getmany(
                     timeout_ms=self._settings.poll_timeout_ms, max_records=self._settings.max_batch_records
                 )
                 if not batch:
+                    if self._pending_offsets and self._idle_commit_due():
+                        async with self._batch_lock:
+                            await self._commit_pending()
                     continue
                 batch = await self._linger(consumer, batch)
                 async with self._batch_lock:
@@ -254,6 +263,9 @@ class Processor:
                         # A rebalance happened since the poll: positions were reset to committed offsets.
                         continue
                     await self._process(batch)
+            if self._pending_offsets:
+                async with self._batch_lock:
+                    await self._commit_pending()
         finally:
             await self._close()
 
@@ -348,6 +360,8 @@ class Processor:
         async with self._batch_lock:
             self._generation += 1
             self._attempts.clear()
+            # Whoever owns these partitions next reads that idle input again (it published nothing).
+            self._pending_offsets.clear()
             if self._chain is not None:
                 # Another replica may extend our chains while it owns the partitions: catch up first.
                 self._chain.invalidate()
@@ -400,12 +414,22 @@ class Processor:
         if self._flush is not None and given:
             deliveries += await self._send_flushed(producer, given)
         await asyncio.gather(*deliveries)
-        await producer.send_offsets_to_transaction(offsets, self._settings.group_id)
+        # Offsets only move forward: this batch's positions over those still pending.
+        to_commit = {**self._pending_offsets, **offsets}
+        defer = not deliveries and not self._idle_commit_due()
+        if not defer:
+            await producer.send_offsets_to_transaction(to_commit, self._settings.group_id)
         if self._before_commit is not None:
             await self._before_commit(
                 BatchInfo(offsets=dict(offsets), outputs=len(deliveries), attempt=self._batch_attempt)
             )
-        await self._commit(producer)
+        await self._commit(producer)  # nothing sent and no offsets: ends locally, no round trip
+        if defer:
+            self._pending_offsets = to_commit
+            self.stats.offsets_deferred += 1
+        else:
+            self._pending_offsets = {}
+            self._offsets_committed_at = asyncio.get_running_loop().time()
         self._folded = folded
         self._run_announced = self._run_announced or bool(deliveries)
         self.stats.batches_committed += 1
@@ -414,6 +438,38 @@ class Processor:
         for tp, records in batch.items():
             for record in records:
                 self._attempts.pop((tp.topic, tp.partition, record.offset), None)
+
+    def _idle_commit_due(self) -> bool:
+        """Whether offsets held back by idle batches are old enough to commit on their own."""
+        wait_s = self._settings.idle_commit_ms / 1000
+        return asyncio.get_running_loop().time() - self._offsets_committed_at >= wait_s
+
+    async def _commit_pending(self) -> None:
+        """Commit the offsets of idle batches in a transaction of their own (nothing else in it)."""
+        producer = self._producer
+        if producer is None or not self._pending_offsets:
+            return
+        offsets = dict(self._pending_offsets)
+        if self._chain is not None:
+            self._chain.mark()  # nothing is stamped here: an abort must leave the heads as they are
+        try:
+            await producer.begin_transaction()
+            self._in_transaction = True
+            await producer.send_offsets_to_transaction(offsets, self._settings.group_id)
+            await self._commit(producer)
+        except asyncio.CancelledError:
+            if self._in_transaction:
+                await self._abort()
+            raise
+        except Exception as error:
+            if _is_fatal(producer, error):
+                raise ProcessorFailed(f"the transactional producer is unusable: {error!r}") from error
+            if self._in_transaction:
+                await self._abort()
+            log.warning("committing idle offsets failed; kept for the next batch: %s", error)
+            return
+        self._pending_offsets = {}
+        self._offsets_committed_at = asyncio.get_running_loop().time()
 
     def _stamp_inputs(self, batch: dict[TopicPartition, list[Any]]) -> dict[Partition, int]:
         """The input positions once this batch is folded; the headers every output of it carries."""

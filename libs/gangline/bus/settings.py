@@ -28,6 +28,12 @@ class ProcessorSettings(BaseModel):
     linger_ms: int = Field(default=0, ge=0)
     """After a poll that returned fewer than ``max_batch_records``, wait this long and take what else
     arrived into the same transaction: fewer, larger transactions for a little latency (0: off)."""
+    idle_commit_ms: int = Field(default=1_000, ge=0)
+    """A batch that published nothing (heartbeats folded, records skipped) does not commit its
+    offsets on its own: they ride with the next transaction that publishes, or are committed after
+    this long. That saves the empty transactions a steady trickle of inputs would cost; after a crash
+    at most this much more input is read again, which handlers already treat idempotently. 0: commit
+    every batch."""
     max_handler_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.1, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1)
