@@ -3,8 +3,10 @@
 One process runs every node of a :class:`~services.agent.cluster.ClusterSpec`. Like real agents it
 publishes ``node.registered`` once per node and ``node.heartbeat`` every ``heartbeat_s``; it reads
 ``allocations.log`` and ``jobs.events`` and, for each grant on its nodes, publishes ``job.started``,
-then after the job's ``duration_hint_s`` (times ``time_scale``) ``job.completed`` and
-``allocation.released`` (completed). It answers ``job.preempting`` with ``job.checkpointed``.
+then after the job's ``duration_hint_s`` (times ``time_scale``) ``job.completed`` with the
+GPU-seconds held (placement then writes ``allocation.released``: agents never write allocations.log,
+DESIGN §3). A release read stops the job here (preempted, node failed, cancelled). It answers
+``job.preempting`` with ``job.checkpointed``.
 ``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would.
 
 What one poll of the log calls for (``job.started`` for every grant read, say) is sent as one batch,
@@ -132,7 +134,6 @@ class FakeCluster:
             self.bootstrap,
             client_id=f"fake-nodes-{self.spec.name}",
             linger_ms=5,
-            chained_topics=(self.topics.allocations,),
         ) as producer:
             self._producer = producer
             await self._register_all()
@@ -175,7 +176,7 @@ class FakeCluster:
     def _wanted(self, record: KafkaRecord) -> bool:
         """Whether to decode a record: the agents' events, but not releases of jobs not running here.
 
-        Most releases are the nodes' own completions, read back after the job already ended here.
+        Most releases are placement's answers to the nodes' own completions, after the job already ended here.
         """
         kind = wire_type_of(record.value)
         if kind == "allocation.released":
@@ -297,12 +298,8 @@ class FakeCluster:
         held = (datetime.now(UTC) - running.started).total_seconds() / max(self.time_scale, 1e-9)
         gpu_seconds = Seconds(int(held * granted.whole_gpus))
         done = JobCompleted(job_id=granted.job_id, allocation_id=allocation_id, gpu_seconds=gpu_seconds)
-        released = AllocationReleased(
-            job_id=granted.job_id, allocation_id=allocation_id, reason="completed", gpu_seconds=gpu_seconds
-        )
         self._durations.pop(granted.job_id, None)  # a completed job is never granted again
         self._outbox.append((self.topics.events, done, derived_id(allocation_id, "completed")))
-        self._outbox.append((self.topics.allocations, released, derived_id(allocation_id, "released")))
         self.stats.completed += 1
         self._flush_soon()
 

@@ -4,13 +4,21 @@ State is a fold over ``nodes.inventory``, ``nodes.health``, ``jobs.events`` and 
 (our own grants included), written so the order between topics does not matter: a job's status is
 derived from counts (attempts allowed, grants, releases), not from the order they arrived in.
 
+Placement also writes the release of a job that ended: the agents report the end on jobs.events
+(``job.completed`` / ``job.failed`` naming the allocation), and the first batch that has folded the
+end of a live allocation releases it (``allocation.released`` completed / failed, with the
+``gpu_seconds`` the end reported), before its cycle, so the freed GPUs are placed in that cycle.
+Its id is derived from the allocation, and an allocation already released (preempted, node_failed,
+cancelled, or by us before a restart) is never released again. The batch's end decides it, not the
+event, so a restore that finds a job ended while placement was down releases it on the first batch.
+
 A job may be placed when it was admitted (or, ``gated``, queued by the quota service), holds no
 live allocation, is not finished, and has had fewer grants than attempts allowed (one, plus one per
 ``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
 and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
 
-The service folds every event of a poll (:func:`fold_event`) and runs one cycle per batch
-(:func:`end_batch`); :func:`decide` does both for a single event.
+The service folds every event of a poll (:func:`fold_event`) and releases the ended allocations and
+runs one cycle per batch (:func:`end_batch`); :func:`decide` does both for a single event.
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ class JobRecord:
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
     finished: bool = False
+    ended: dict[AllocationId, JobCompleted | JobFailed] = field(default_factory=dict)
+    """The end the agents reported per allocation (the first one read), to release it with."""
     admitted_at: datetime | None = None
     """The time of the job.admitted event: with the priority and the job id, the waiting order. Read
     from the log, so the order does not depend on how a restore or a poll interleaved the partitions."""
@@ -118,6 +128,8 @@ class PlacementState:
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
     cycle_due: bool = False
     """An event folded since the last cycle may let a waiting job run (see :func:`end_batch`)."""
+    to_release: set[tuple[JobId, AllocationId]] = field(default_factory=set)
+    """Live allocations whose job's end was read: the next :func:`end_batch` releases them."""
     _snapshot: Snapshot | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -192,6 +204,9 @@ class PlacementState:
         if isinstance(data, JobCompleted | JobFailed):
             record = self._record(data.job_id)
             record.finished = True
+            if data.allocation_id is not None:
+                record.ended.setdefault(data.allocation_id, data)
+                self._note_end(record, data.allocation_id)
             self._refresh(record)
             return False
         if isinstance(data, AllocationGranted):
@@ -201,6 +216,7 @@ class PlacementState:
             record.grants[data.allocation_id] = data
             if data.allocation_id not in record.released and self._snapshot is not None:
                 self._grant_in_snapshot(self._snapshot, record, data)
+            self._note_end(record, data.allocation_id)
             self._refresh(record)
             return False
         if isinstance(data, AllocationReleased):
@@ -209,6 +225,7 @@ class PlacementState:
                 return False
             was_live = record.live()
             record.released.add(data.allocation_id)
+            self.to_release.discard((data.job_id, data.allocation_id))
             if data.reason in FINAL_RELEASES:
                 record.finished = True
             if (
@@ -240,6 +257,15 @@ class PlacementState:
         self.jobs[data.job_id] = JobRecord(data.job_id, released=set(released), finished=True)
         return False
 
+    def _note_end(self, record: JobRecord, allocation_id: AllocationId) -> None:
+        """An allocation granted, not released, and reported ended (read in any order) is due a release."""
+        if (
+            allocation_id in record.ended
+            and allocation_id in record.grants
+            and allocation_id not in record.released
+        ):
+            self.to_release.add((record.job_id, allocation_id))
+
     def _retire(self, record: JobRecord) -> None:
         del self.jobs[record.job_id]
         self.retired[record.job_id] = tuple(sorted(record.released))
@@ -258,7 +284,9 @@ class PlacementState:
             return new
         self.waiting.pop(record.job_id, None)
         self.last_pending.pop(record.job_id, None)
-        if record.finished and record.grants and record.live() is None:
+        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released.
+        ended_unreleased = any(a not in record.released for a in record.ended)
+        if record.finished and record.grants and record.live() is None and not ended_unreleased:
             self._retire(record)
         return False
 
@@ -320,15 +348,16 @@ def fold_event(envelope: Envelope, state: PlacementState, *, now: datetime) -> l
 def end_batch(state: PlacementState, *, cause: str, now: datetime, max_cycles: int = 64) -> list[Outgoing]:
     """The cycle the events folded since the last one call for (none when none is due), caused by ``cause``.
 
-    A cycle looks at ``max_jobs_per_cycle`` waiting jobs; while it places some and more are waiting
-    beyond that window, another cycle follows (up to ``max_cycles``), as one cycle per event would.
+    First the allocations whose job ended are released (:func:`release_ended`), so the cycle can use
+    their GPUs. A cycle looks at ``max_jobs_per_cycle`` waiting jobs; while it places some and more are
+    waiting beyond that window, another cycle follows (up to ``max_cycles``), as one cycle per event would.
     """
+    outputs = release_ended(state, now=now)
     if not state.cycle_due or not state.waiting:
         state.cycle_due = False
-        return []
+        return outputs
     state.cycle_due = False
     state.needs_cycle = False
-    outputs: list[Outgoing] = []
     for k in range(max_cycles):
         more = len(state.waiting) > state.max_jobs_per_cycle
         decided = schedule(state, cause=cause if k == 0 else f"{cause}/cycle-{k + 1}", now=now)
@@ -336,6 +365,31 @@ def end_batch(state: PlacementState, *, cause: str, now: datetime, max_cycles: i
         placed = any(isinstance(envelope.data, JobPlaced) for _, envelope in decided)
         if not (more and placed and state.waiting):
             break
+    return outputs
+
+
+def release_ended(state: PlacementState, *, now: datetime) -> list[Outgoing]:
+    """``allocation.released`` (completed / failed) for each live allocation whose job's end was read.
+
+    The id is derived from the allocation alone, so a retry or a second run decides the same event;
+    an allocation released meanwhile by anyone (its release folded) is not in ``to_release`` any more.
+    """
+    outputs: list[Outgoing] = []
+    for job_id, allocation_id in sorted(state.to_release):
+        record = state.jobs.get(job_id)
+        end = record.ended.get(allocation_id) if record is not None else None
+        if record is None or end is None or allocation_id in record.released:
+            state.to_release.discard((job_id, allocation_id))
+            continue
+        released = AllocationReleased(
+            job_id=job_id,
+            allocation_id=allocation_id,
+            reason="completed" if isinstance(end, JobCompleted) else "failed",
+            gpu_seconds=end.gpu_seconds,
+        )
+        envelope = _out(state.topics.allocations, released, allocation_id, "released-ended", now)
+        state.cycle_due = state.fold(envelope[1]) or state.cycle_due  # freed GPUs: the cycle may use them
+        outputs.append(envelope)
     return outputs
 
 

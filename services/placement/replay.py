@@ -15,9 +15,10 @@ had folded when it decided (``gangline-inputs``) and the id of the process run
    as the service's start does; within one, fold the records between the previous positions and
    these exactly as the live service selects and folds them (its own grants skipped, heartbeats
    only while a cycle is owed, cancellations from ``jobs.requests`` decide on their own);
-3. run the batch's cycle with the recorded cause and ``now`` (the time on its outputs: ``now`` only
-   stamps envelopes), and compare every output with the recorded one: event id, type, subject,
-   time, cause and every field of the payload (job, allocation, ranks, nodes, GPUs, score, reasons).
+3. run the batch's end (the releases of jobs that ended, then its cycle) with the recorded cause and
+   ``now`` (the time on those outputs: ``now`` only stamps envelopes), and compare every output with
+   the recorded one: event id, type, subject, time, cause and every field of the payload (job,
+   allocation, ranks, nodes, GPUs, score, reasons).
 
 The cycle number counts cycles, and cycles that changed nothing leave no trace in the log: each
 batch's first cycle number is taken from its recorded outputs (decisions do not depend on it).
@@ -39,6 +40,7 @@ from datetime import datetime
 from gangline.bus.positions import format_positions
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
+from gangline.events.allocations import AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced
 from gangline.replay.log import LogRecord
@@ -140,7 +142,7 @@ class PlacementReplayer:
             self._restart(transaction.positions)
         for record in self._between(transaction.positions):
             outputs += self._fold_live(record, by_cause)
-        cycled = [e for e in recorded if e is not None and isinstance(e.data, JobPlaced | JobPending)]
+        cycled = [e for e in recorded if e is not None and _decided_at_batch_end(e)]
         now: datetime
         if cycled:
             cause, now = cycled[0].causationid or "", cycled[0].time
@@ -200,6 +202,14 @@ class PlacementReplayer:
         recorded = by_cause.get(envelope.id)
         now = recorded[0].time if recorded else envelope.time
         return caused(fold_event(envelope, self._state, now=now), envelope.id)
+
+
+def _decided_at_batch_end(envelope: Envelope) -> bool:
+    """An output of ``end_batch``: a cycle's decision, or the release of a job that ended."""
+    data = envelope.data
+    if isinstance(data, AllocationReleased):
+        return data.reason in ("completed", "failed")  # a cancellation's release is its own event's
+    return isinstance(data, JobPlaced | JobPending)
 
 
 def replay_placement(

@@ -25,8 +25,9 @@ What it does:
 - **Reports** on jobs.events: ``worker.exited`` per rank exit (``restarts`` = the gang attempt),
   ``job.started`` / ``job.completed`` / ``job.failed`` from the node hosting rank 0, and
   ``job.checkpointed`` per node when a ``job.preempting`` checkpoint was acknowledged by every rank.
-  After the outcome, rank 0's node also releases the GPUs (``allocation.released`` completed / failed
-  on allocations.log; ``release_on_finish``).
+  The outcome carries the GPU-seconds the gang held (``gpu_seconds``). The agent never writes
+  allocations.log: placement reads the outcome and releases the allocation (``allocation.released``
+  completed / failed), so the log's releases have the writers DESIGN §3 names.
 - **Restarts gangs across nodes**: a peer's ``worker.exited`` with a failure tears this node's ranks of
   the same attempt down (``peer_failed``); every node then applies the same restart policy.
 
@@ -390,7 +391,6 @@ class NodeAgent:
             self._own_producer = EventProducer(
                 s.kafka_bootstrap,
                 client_id=f"gangline-agent-{s.node}",
-                chained_topics=(s.topics.allocations,),
             )
             await self._own_producer.start()
             self._producer = self._own_producer
@@ -639,9 +639,9 @@ class NodeAgent:
                     allocation_id=job.allocation_id,
                     code="launch_failed",
                     reason=f"node {self.node} could not launch the job: {err}",
+                    gpu_seconds=self._gpu_seconds(job),
                 )
                 self._publish_job_event(job, failed, "failed", cause=envelope.id)
-                self._release(job, "failed", cause=envelope.id)
             return
         self._jobs[grant.job_id] = job
         job.task = asyncio.create_task(self._run_gang(job), name=f"agent-{self.node}-{grant.job_id}")
@@ -695,9 +695,9 @@ class NodeAgent:
                     allocation_id=job.allocation_id,
                     code="agent_error",
                     reason=f"node {self.node} lost track of the job: {type(err).__name__}: {err}",
+                    gpu_seconds=self._gpu_seconds(job),
                 )
                 self._publish_job_event(job, failed, "failed", cause=job.grant_id)
-                self._release(job, "failed", cause=job.grant_id)
         finally:
             if self._jobs.get(job.job_id) is job:
                 del self._jobs[job.job_id]
@@ -796,12 +796,10 @@ class NodeAgent:
                 held = self._gpu_seconds(job)
                 done = JobCompleted(job_id=job.job_id, allocation_id=job.allocation_id, gpu_seconds=held)
                 self._publish_job_event(job, done, "completed", cause=job.grant_id)
-                self._release(job, "completed", cause=job.grant_id, gpu_seconds=held)
         elif isinstance(event, GangGaveUp):
             job.final = event
             if job.hosts_rank0 and job.stopping is None:
                 self._publish_job_event(job, self._job_failed(job, event), "failed", cause=job.grant_id)
-                self._release(job, "failed", cause=job.grant_id)
         elif isinstance(event, GangStopped):
             job.final = event
             if job.stopping == "preempting" and event.checkpoint.acknowledged:
@@ -826,6 +824,7 @@ class NodeAgent:
             code="restarts_exhausted" if gave_up.failures > 1 else "worker_exit",
             reason=f"{gave_up.reason}{where}",
             exit_code=last.returncode if last is not None else None,
+            gpu_seconds=self._gpu_seconds(job),
         )
 
     def _gpu_seconds(self, job: LocalJob) -> Seconds:
@@ -834,23 +833,6 @@ class NodeAgent:
         if isinstance(self.runner, SimulatedRunner) and self.runner.time_scale > 0:
             held /= self.runner.time_scale
         return Seconds(max(0, int(held * job.whole_gpus)))
-
-    def _release(
-        self,
-        job: LocalJob,
-        reason: Literal["completed", "failed"],
-        *,
-        cause: str,
-        gpu_seconds: Seconds | None = None,
-    ) -> None:
-        if not self.settings.release_on_finish:
-            return
-        held = gpu_seconds if gpu_seconds is not None else self._gpu_seconds(job)
-        released = AllocationReleased(
-            job_id=job.job_id, allocation_id=job.allocation_id, reason=reason, gpu_seconds=held
-        )
-        event_id = derived_id(job.allocation_id, self.node, "released")
-        self._enqueue(self.settings.topics.allocations, self._envelope(released, event_id, cause))
 
     def _publish_job_event(self, job: LocalJob, data: Event, *parts: object, cause: str | None) -> None:
         event_id = derived_id(job.allocation_id, self.node, *parts)

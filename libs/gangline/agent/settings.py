@@ -97,9 +97,6 @@ class NodeAgentSettings(BaseModel):
     """Cap on the checkpoint grace taken from job.preempting's deadline."""
     stop_grace_s: Annotated[float, Field(ge=0)] = 10.0
     """Grace for ranks stopped by allocation.released or by the agent's own graceful stop."""
-    release_on_finish: bool = True
-    """Rank 0's node follows job.completed / job.failed with allocation.released (completed / failed):
-    the agent is the one that knows the GPUs are free again."""
     report_repeated_errors: bool = False
     """Also publish each job-fault XID and correctable ECC error that leaves the GPU's state as it was,
     as ``gpu.error_reported`` (a report, not a change of state): node_health keeps

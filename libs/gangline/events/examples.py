@@ -134,6 +134,7 @@ def example_events() -> list[Event]:
             code="restarts_exhausted",
             reason="rank 3 exited with code 1 four times; the restart limit is 3",
             exit_code=1,
+            gpu_seconds=3_840,
         ),
         nodes.NodeRegistered(
             node="dgx-a01",

@@ -314,6 +314,8 @@ class JobFailed(_JobEvent):
     """e.g. worker_exit, restarts_exhausted, cancelled_while_running, node_failed."""
     reason: Sentence
     exit_code: int | None = None
+    gpu_seconds: SecondsField | None = None
+    """GPU-seconds the allocation held until it ended, when an agent ran it (for accounting)."""
 
 
 class WorkerExited(_JobEvent):

@@ -101,17 +101,18 @@ async def test_a_redelivered_grant_is_started_once() -> None:
     assert [type(e) for e in nodes.events()] == [JobStarted]
 
 
-async def test_a_job_completes_after_its_duration_with_its_release_and_after_its_start() -> None:
+async def test_a_job_completes_after_its_start_and_leaves_the_release_to_placement() -> None:
     nodes = cluster()
     nodes.on_event(admitted("j"))
     nodes.on_event(granted("j"))
     await nodes.flush()
     await until(lambda: nodes.stats.completed == 1 and len(nodes.sent) == 2)
-    assert [type(e) for e in nodes.events()] == [JobStarted, JobCompleted, AllocationReleased]
+    assert [type(e) for e in nodes.events()] == [JobStarted, JobCompleted]
     completed_batch = nodes.sent[1]
-    assert [topic for topic, _, _ in completed_batch] == [TOPICS.events, TOPICS.allocations]
-    released = completed_batch[1][1]
-    assert isinstance(released, AllocationReleased) and released.reason == "completed"
+    assert [topic for topic, _, _ in completed_batch] == [TOPICS.events]
+    completed = completed_batch[0][1]
+    assert isinstance(completed, JobCompleted) and completed.gpu_seconds is not None
+    assert all(topic != TOPICS.allocations for batch in nodes.sent for topic, _, _ in batch)
     assert nodes.running_allocations() == []
 
 
@@ -125,7 +126,7 @@ async def test_a_grant_read_before_its_admission_still_completes() -> None:
     nodes.on_event(admitted("j"))
     await until(lambda: nodes.stats.completed == 1)
     await nodes.flush()
-    assert [type(e) for e in nodes.events()] == [JobStarted, JobCompleted, AllocationReleased]
+    assert [type(e) for e in nodes.events()] == [JobStarted, JobCompleted]
 
 
 async def test_a_job_without_a_duration_runs_until_released() -> None:

@@ -18,8 +18,8 @@ from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
-from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobQueued, JobSpec
-from gangline.events.types import AllocationId, JobId, QueueName
+from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobCompleted, JobQueued, JobSpec
+from gangline.events.types import AllocationId, JobId, QueueName, Seconds
 from gangline.replay.chain import ChainWriter
 from gangline.replay.log import LogRecord, write_jsonl
 from services.common.topics import TopicNames
@@ -295,3 +295,49 @@ def test_gangline_replay_verifies_with_the_placement_service_as_decider(
         "job j5: gangline.allocation.granted.v1: recorded sent, replayed not decided"
         in capsys.readouterr().out
     )
+
+
+def completion_of(grant: LogRecord) -> Envelope:
+    data = grant.envelope["data"]
+    return env(
+        JobCompleted(
+            job_id=JobId(data["job_id"]),
+            allocation_id=AllocationId(data["allocation_id"]),
+            gpu_seconds=Seconds(60),
+        )
+    )
+
+
+def test_releases_of_ended_jobs_replay_identical_including_one_found_at_restore() -> None:
+    # The agents report ends on jobs.events; placement writes the releases, one of them for a job that
+    # ended while it was down (found by the restore, released by the first batch after it).
+    rec = Recorder()
+    for node in cluster(("a", 1, 8)).nodes():
+        rec.produce(TOPICS.inventory, env(node))
+    for k in range(3):
+        rec.produce(TOPICS.events, admitted(f"j{k}", gpus_per_worker=4, at=k))
+    assert rec.poll()
+    first, second = granted(rec.records)[:2]
+    rec.produce(TOPICS.events, completion_of(first))
+    assert rec.poll()
+    rec.produce(TOPICS.events, completion_of(second))  # placement is down
+    rec.start()
+    rec.produce(TOPICS.events, admitted("j3", gpus_per_worker=4, at=20))
+    assert rec.poll()
+    assert len(granted(rec.records)) == 4  # j2 and j3 got the freed GPUs
+    rec.produce(TOPICS.events, completion_of(granted(rec.records)[3]))
+    assert [type(e.data) for _, e in rec.poll()] == [AllocationReleased]  # nothing waits: no cycle
+    released = [r for r in rec.records if r.type == "gangline.allocation.released.v1"]
+    assert [(r.envelope["data"]["job_id"], r.envelope["source"]) for r in released] == [
+        (first.envelope["data"]["job_id"], "gangline/placement"),
+        (second.envelope["data"]["job_id"], "gangline/placement"),
+        ("j3", "gangline/placement"),
+    ]
+
+    result = replay_placement(rec.records, topics=TOPICS, gated=False)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.incarnations == 2
+    # A release the replay would not have decided is named.
+    bad = tampered(rec.records, released[1], lambda body: body["data"].update(reason="failed"))
+    assert not replay_placement(bad, topics=TOPICS, gated=False).ok

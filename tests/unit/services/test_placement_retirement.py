@@ -45,10 +45,12 @@ def test_a_finished_fully_released_job_leaves_the_jobs() -> None:
 def test_a_finished_job_still_holding_gpus_is_not_retired() -> None:
     state = new_state(("a", 1, 8))
     [grant] = grants(feed(state, admitted("busy", gpus_per_worker=8)))
-    feed(state, env(JobCompleted(job_id=JobId("busy"), allocation_id=grant.allocation_id)))
+    # Folded only (preemption's mirror folds; placement releases at the batch's end).
+    state.fold(env(JobCompleted(job_id=JobId("busy"), allocation_id=grant.allocation_id)))
 
     assert "busy" in state.jobs and state.retired == {}
     assert len(used_gpus(state)) == 8
+    assert state.to_release == {(JobId("busy"), grant.allocation_id)}
 
 
 def test_redelivered_events_of_a_retired_job_change_nothing() -> None:
