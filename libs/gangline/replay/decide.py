@@ -2,8 +2,8 @@
 
 `PlacementModel` is the placement decision as a fold over the log: it reads the inputs —
 `node.registered` (nodes.inventory), `job.requested` / `job.cancel_requested` (jobs.requests) and
-`allocation.released` (allocations.log: completions, failures and preemptions reported by agents
-and services) — and after each input that changes its state it runs one core cycle over the
+`allocation.released` (allocations.log: completions, failures and preemptions as the scheduler's
+services wrote them) — and after each input that changes its state it runs one core cycle over the
 waiting jobs (in request order) and returns the `allocation.granted` payloads the cycle decides.
 Cycle numbers count the cycles run, so allocation ids (`<job>.c<cycle>`, `wire_allocation_id`;
 the core's default `<job>@<cycle>` is not a valid wire id) are reproducible.
