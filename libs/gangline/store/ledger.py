@@ -96,10 +96,16 @@ async def record_event(conn: asyncpg.Connection, entry: LedgerEntry) -> bool:
 
 
 async def record_events(conn: asyncpg.Connection, entries: Sequence[LedgerEntry]) -> list[str]:
-    """Store a batch in one statement; return the ids that were new, in input order, each once."""
+    """Store a batch in one statement; return the ids that were new, in input order, each once.
+
+    Rows go in by event id, whatever the input order: two writers whose batches overlap then wait
+    on the same id first instead of each holding one the other needs (PostgreSQL's "deadlock
+    detected" on the unique index).
+    """
     if not entries:
         return []
-    columns = list(zip(*(e._row() for e in entries), strict=True))
+    by_id = sorted(entries, key=lambda e: e.event_id)
+    columns = list(zip(*(e._row() for e in by_id), strict=True))
     rows = await conn.fetch(
         f"""
         INSERT INTO events ({_COLUMNS})
@@ -109,6 +115,7 @@ async def record_events(conn: asyncpg.Connection, entries: Sequence[LedgerEntry]
                     $7::integer[], $8::bigint[], $9::text[], $10::text[], $11::text[])
              AS batch(event_id, type, source, subject, time, topic, partition, "offset",
                       causation_id, traceparent, data)
+        ORDER BY event_id
         ON CONFLICT (event_id) DO NOTHING
         RETURNING event_id
         """,
