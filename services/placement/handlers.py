@@ -69,6 +69,9 @@ class JobRecord:
     queued: set[str] = field(default_factory=set)
     """Ids of the job.queued events seen (the quota service queues once per attempt)."""
     requeued_attempt: int = 1
+    flavour: str | None = None
+    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``), when
+    the job named none: the attempt is placed only on that model, so the quota it holds is the one used."""
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
     finished: bool = False
@@ -77,6 +80,13 @@ class JobRecord:
     admitted_at: datetime | None = None
     """The time of the job.admitted event: with the priority and the job id, the waiting order. Read
     from the log, so the order does not depend on how a restore or a poll interleaved the partitions."""
+
+    def placement_spec(self) -> JobSpec | None:
+        """The spec to place: the job's own, narrowed to the model quota charged it to, if any."""
+        spec = self.spec
+        if spec is None or self.flavour is None or spec.gpu_type is not None:
+            return spec
+        return spec.model_copy(update={"gpu_type": self.flavour})
 
     def live(self) -> AllocationGranted | None:
         for allocation_id, granted in self.grants.items():
@@ -192,6 +202,8 @@ class PlacementState:
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
             record.queued.add(envelope.id)
+            if data.gpu_type is not None:
+                record.flavour = data.gpu_type
             return self._refresh(record)
         if isinstance(data, JobRequeued):
             record = self._record(data.job_id)
@@ -439,7 +451,7 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
     waiting = sorted(state.waiting.values(), key=_order_key)
     held = hold_for_preemptors(state, waiting)
     candidates = [r for r in waiting if r.job_id not in held][: state.max_jobs_per_cycle]
-    jobs = [core_job(r.job_id, r.spec) for r in candidates if r.spec is not None]
+    jobs = [core_job(r.job_id, spec) for r in candidates if (spec := r.placement_spec()) is not None]
     ids: dict[CoreJobId, AllocationId] = {CoreJobId(r.job_id): r.next_allocation_id() for r in candidates}
 
     def allocation_id(job: CoreJobId, cycle: int) -> CoreAllocationId:

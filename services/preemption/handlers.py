@@ -5,6 +5,12 @@ job is pending for a reason other than quota, and running preemptible jobs of lo
 the core's victim search (:func:`gangline.core.actions.victims.find_victims`) picks the minimal set
 losing the fewest GPU-hours since their last checkpoint whose release lets the whole gang fit.
 
+The quota service plans its own preemptions: a job its queue is owed quota for, lent to other queues
+of the cohort (reclaim), or a higher-priority job in a queue at its quota, gets a ``job.pending``
+(code quota) whose ``details["victims"]`` names the jobs to stop. Those are asked here as they are
+(:func:`preempt_named`), once each; quota checked they free enough quota, placement's victim search
+does not apply (the job is not waiting for GPUs yet).
+
 Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grace_s``). On the
 agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
 heartbeats are the clock), the victim's allocation is released (``preempted``), ``job.preempted``
@@ -73,6 +79,9 @@ class PreemptionState:
     """Requests read before their grant (a restore reads jobs.events before allocations.log)."""
     pending: dict[JobId, None] = field(default_factory=dict)
     """Jobs placement said are pending (not for quota) since the last victim search, in order."""
+    quota_plans: dict[JobId, tuple[str, tuple[JobId, ...]]] = field(default_factory=dict)
+    """Victims the quota service named for a job it holds (reclaim, or priority within its queue), since
+    the last search: (constraint, victims), asked to checkpoint by :func:`end_batch`."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -143,9 +152,22 @@ def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> 
         flight = state.in_flight.get(data.allocation_id)
         if flight is not None:
             out += finish(state, flight, checkpointed=True, now=now)
-    elif isinstance(data, JobPending) and not any(r.code == "quota" for r in data.reasons):
-        state.pending[data.job_id] = None
+    elif isinstance(data, JobPending):
+        plan = _quota_plan(data)
+        if plan is not None:
+            state.quota_plans[data.job_id] = plan
+        elif not any(r.code == "quota" for r in data.reasons):
+            state.pending[data.job_id] = None
     return out + finish_overdue(state, now=now)
+
+
+def _quota_plan(pending: JobPending) -> tuple[str, tuple[JobId, ...]] | None:
+    """The victims a quota pending names (``details["victims"]``: comma-separated job ids), if any."""
+    for reason in pending.reasons:
+        victims = reason.details.get("victims") if reason.code == "quota" else None
+        if isinstance(victims, str) and victims:
+            return reason.constraint, tuple(JobId(v) for v in victims.split(",") if v)
+    return None
 
 
 def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
@@ -159,14 +181,17 @@ def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
 
 def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
     """Search for victims for each job found pending since the last search, in the order they were."""
-    if not state.pending:
-        return []
-    jobs = list(state.pending)
-    state.pending.clear()
-    preemptible = _preemptible_running(state)
     out: list[Outgoing] = []
-    for job_id in jobs:
-        out += preempt_for(state, job_id, now=now, preemptible=preemptible)
+    plans = list(state.quota_plans.items())
+    state.quota_plans.clear()
+    for job_id, (constraint, victims) in plans:
+        out += preempt_named(state, job_id, constraint, victims, now=now)
+    if state.pending:
+        jobs = list(state.pending)
+        state.pending.clear()
+        preemptible = _preemptible_running(state)
+        for job_id in jobs:
+            out += preempt_for(state, job_id, now=now, preemptible=preemptible)
     if out:
         out += finish_overdue(state, now=now)  # a victim with no grace period is released at once
     return out
@@ -259,6 +284,51 @@ def preempt_for(
         envelope = _envelope(event, granted.allocation_id, "preempting", now)
         state.fold(envelope)
         out.append((state.mirror.topics.events, envelope))
+    return out
+
+
+def preempt_named(
+    state: PreemptionState, job_id: JobId, constraint: str, victims: tuple[JobId, ...], *, now: datetime
+) -> list[Outgoing]:
+    """Ask the victims the quota service named for ``job_id`` to checkpoint.
+
+    Quota chose them (jobs borrowing the cohort's quota that ``job_id``'s queue is owed, or lower-priority
+    jobs of its own queue) and checked they free enough quota; here each one still running, preemptible
+    and not asked already gets ``job.preempting``. One already gone is skipped: quota plans again once
+    the releases it waits for have been read.
+    """
+    mirror = state.mirror
+    out: list[Outgoing] = []
+    for victim_id in victims:
+        victim = mirror.jobs.get(victim_id)
+        if victim is None or victim.spec is None or not victim.spec.preemptible:
+            continue
+        granted = victim.live()
+        if (
+            granted is None
+            or granted.allocation_id in state.in_flight
+            or granted.allocation_id in state.asked
+        ):
+            continue
+        grace = victim.spec.checkpoint_grace_s
+        why = (
+            "reclaims the quota its queue lent to the cohort"
+            if constraint == "reclaim"
+            else "has a higher priority in the same queue, which is at its quota"
+        )
+        event = JobPreempting(
+            job_id=victim.job_id,
+            allocation_id=granted.allocation_id,
+            deadline=now + timedelta(seconds=grace),
+            reason=(
+                f"job {job_id} {why}; checkpoint within {grace} s "
+                f"(lose {lost_gpu_hours(state, granted, now):.2f} GPU-hours otherwise)"
+            ),
+            preemptor_job_id=job_id,
+        )
+        envelope = _envelope(event, granted.allocation_id, "preempting", now)
+        state.fold(envelope)
+        out.append((mirror.topics.events, envelope))
     return out
 
 

@@ -179,6 +179,9 @@ class JobQueued(_JobEvent):
     VERSION = 1
 
     queue: QueueNameField
+    gpu_type: Label | None = None
+    """The GPU model quota charged this attempt to, when the job named none (its flavour, as Kueue
+    says): placement puts it only on GPUs of that model. None: any model the job's spec allows."""
 
 
 class PendingReason(BaseModel):

@@ -18,6 +18,7 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed
 from gangline.events.types import AllocationId, JobId, QueueName
+from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, decide
 
@@ -77,6 +78,31 @@ def test_gated_jobs_wait_for_job_queued() -> None:
     assert feed(state, admitted("j1")) == []
     out = feed(state, env(JobQueued(job_id=JobId("j1"), queue=QueueName("default"))))
     assert [g.job_id for g in grants(out)] == ["j1"]
+
+
+def test_a_gated_job_goes_only_on_the_gpu_model_quota_charged_it_to() -> None:
+    state = PlacementState(topics=TOPICS, profile=default_profile(), gated=True)
+    two_models = ClusterSpec(
+        name="unit",
+        groups=(
+            NodeGroup(
+                name="h", count=1, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l0"
+            ),
+            NodeGroup(
+                name="a", count=1, gpu_model="A100-SXM4-80GB", gpus_per_node=8, memory_mib=81920, leaf="l1"
+            ),
+        ),
+    )
+    for node in two_models.nodes():
+        state.restore(env(node))
+    feed(state, admitted("any-model", gpus_per_worker=4))
+    queued = JobQueued(job_id=JobId("any-model"), queue=QueueName("default"), gpu_type="H100-SXM5-80GB")
+    [grant] = grants(feed(state, env(queued)))
+    assert {p.node for p in grant.placements} == {"h-0"}
+    # A job with no flavour goes wherever it fits: only the A100 node has 8 free GPUs left.
+    feed(state, admitted("free", gpus_per_worker=8))
+    [other] = grants(feed(state, env(JobQueued(job_id=JobId("free"), queue=QueueName("default")))))
+    assert {p.node for p in other.placements} == {"a-0"}
 
 
 def test_failed_nodes_are_cordoned_and_a_requeued_gang_gets_its_next_allocation_elsewhere() -> None:

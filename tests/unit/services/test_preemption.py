@@ -98,3 +98,39 @@ def test_nothing_is_preempted_for_an_equal_priority_or_for_quota() -> None:
     run_job(placement, preemption, admitted("peer", gpus_per_worker=8, preemptible=True))
     run_job(placement, preemption, admitted("same", gpus_per_worker=8))
     assert decide(pending("same"), preemption, now=T0) == []
+
+
+def quota_plan(job: str, victims: str, constraint: str = "reclaim") -> Envelope:
+    reason = PendingReason(
+        code="quota",
+        constraint=constraint,
+        message=f"team-a is owed quota lent to the cohort; stopping {victims}",
+        details={"victims": victims},
+    )
+    return env(JobPending(job_id=JobId(job), reasons=(reason,)))
+
+
+def test_victims_named_by_quota_are_asked_once_each_whatever_their_priority() -> None:
+    placement, preemption = setup()
+    run_job(
+        placement,
+        preemption,
+        admitted("lender", gpus_per_worker=4, priority=9, preemptible=True, checkpoint_grace_s=30),
+    )
+    run_job(placement, preemption, admitted("pinned", gpus_per_worker=4, preemptible=False))
+    out = decide(quota_plan("owed", "lender,pinned,ghost"), preemption, now=T0)
+    [asking] = [e.data for _, e in out]
+    assert isinstance(asking, JobPreempting)
+    assert (asking.job_id, asking.preemptor_job_id) == ("lender", "owed")
+    assert "reclaims the quota" in asking.reason
+    assert asking.deadline == T0 + timedelta(seconds=30)
+    # The same plan read again (a retried batch, the quota service planning again) asks nobody twice.
+    assert decide(quota_plan("owed", "lender"), preemption, now=T0 + timedelta(seconds=1)) == []
+
+
+def test_a_quota_plan_does_not_start_placement_s_victim_search() -> None:
+    placement, preemption = setup()
+    run_job(placement, preemption, admitted("low", gpus_per_worker=8, preemptible=True))
+    plan = quota_plan("high", "someone-gone", constraint="priority")
+    assert decide(plan, preemption, now=T0) == []
+    assert preemption.pending == {} and preemption.quota_plans == {}
