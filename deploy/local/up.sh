@@ -21,6 +21,9 @@ export GANGLINE_PG_DSN="${GANGLINE_PG_DSN:-postgresql://postgres@127.0.0.1:${GAN
 export GANGLINE_PORT="${GANGLINE_API_PORT:-8080}"
 # Development tokens (loopback only): the `ops` admin token and one per team; replace for anything shared.
 export GANGLINE_TOKENS_FILE="${GANGLINE_TOKENS_FILE:-$ROOT/deploy/docker/api-tokens.dev.yaml}"
+# The example queues (an unlimited `default`, team-a and team-b sharing a cohort), read by admission,
+# quota and the API alike.
+export GANGLINE_QUEUES_FILE="${GANGLINE_QUEUES_FILE:-$ROOT/deploy/docker/queues.yaml}"
 SERVICES=(admission quota placement preemption node_health ledger api)
 
 log() { printf 'up.sh: %s\n' "$*" >&2; }

@@ -1,7 +1,9 @@
 """Admission's decisions (pure): a request in, ``job.admitted`` or ``job.rejected`` out.
 
 The state is a fold over ``nodes.inventory`` (what the cluster has, to tell whether a request can
-ever fit) and ``jobs.events`` (which job ids were admitted, to deduplicate). A request whose job id
+ever fit) and ``jobs.events`` (which job ids were admitted, to deduplicate), plus the queue
+configuration (:mod:`services.common.queues`): the queues requests may name, and the quotas a job
+must fit even with its whole cohort idle. A request whose job id
 was admitted before with the same spec is a producer's retry and is dropped; the same id with a
 different spec is rejected.
 
@@ -41,9 +43,12 @@ from gangline.events.jobs import (
 from gangline.events.nodes import NodeRegistered
 from gangline.events.types import SAFE_ID_PATTERN, JobId
 from services.common.ids import derived_id
+from services.common.queues import Queues
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/admission"
+MAX_REASON = 2000
+"""A rejection's reason is a sentence of at most this many characters (a long queue list is cut)."""
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
 
 
@@ -60,7 +65,7 @@ class GpuTypeCapacity:
 @dataclass
 class AdmissionState:
     topics: TopicNames
-    queues: frozenset[str]
+    queues: Queues
     nodes: dict[str, NodeRegistered] = field(default_factory=dict)
     admitted: dict[JobId, bytes] = field(default_factory=dict)
     """Job id → digest of its spec's canonical JSON (:func:`spec_digest`)."""
@@ -103,10 +108,20 @@ def spec_digest(spec: JobSpec) -> bytes:
 
 def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | None:
     """``(code, reason)`` when the request can never run here, None when it may be admitted."""
-    if spec.queue not in state.queues:
-        known = ", ".join(sorted(state.queues))
+    if not state.queues.known(spec.queue):
+        known = ", ".join(state.queues.names())
         return "unknown_queue", f"queue {spec.queue!r} does not exist; the queues are: {known}"
-    capacity = state.capacity()
+    problem = cluster_problem(spec, state.capacity())
+    if problem is not None:
+        return problem
+    never = state.queues.can_ever_fit(spec)
+    if never is not None:
+        return "exceeds_queue_quota", never
+    return None
+
+
+def cluster_problem(spec: JobSpec, capacity: dict[str, GpuTypeCapacity]) -> tuple[str, str] | None:
+    """``(code, reason)`` when the cluster as registered could never hold ``spec``, however idle."""
     if not capacity:
         return "no_capacity", "the cluster has no GPU nodes registered, so no job can run yet"
     if spec.gpu_type is not None and spec.gpu_type not in capacity:
@@ -200,7 +215,7 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
 def _reject(
     state: AdmissionState, cause: Envelope, job_id: JobId | None, code: str, reason: str, now: datetime
 ) -> Outgoing:
-    rejected = JobRejected(job_id=job_id, code=code, reason=reason)
+    rejected = JobRejected(job_id=job_id, code=code, reason=reason[:MAX_REASON])
     return (
         state.topics.events,
         make_envelope(rejected, event_id=derived_id(cause.id, "rejected"), source=SOURCE, time=now),
@@ -218,7 +233,9 @@ def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: 
     code = (header(letter.headers, DLQ_CODE) or b"malformed_message").decode()
     reason = (header(letter.headers, DLQ_REASON) or b"the message could not be read").decode()
     rejected = JobRejected(
-        job_id=_job_id_in(letter.value), code=code, reason=f"the request could not be read: {reason}"[:2000]
+        job_id=_job_id_in(letter.value),
+        code=code,
+        reason=f"the request could not be read: {reason}"[:MAX_REASON],
     )
     envelope = make_envelope(
         rejected, event_id=derived_id(f"dead-letter:{where}", "rejected"), source=SOURCE, time=now

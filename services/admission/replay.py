@@ -3,8 +3,10 @@
     gangline replay --from log.jsonl|kafka --verify --decider admission [--prefix P]
     python -m services.admission.replay --from log.jsonl|kafka [--prefix P]
 
-The queues requests may name are the service's settings, not in the log: the replay reads them as
-the service does (``GANGLINE_QUEUES``), or is given them (:func:`replay_admission`).
+The queues requests may name and their quotas are the service's configuration, not in the log: the
+replay reads the same queues file as the service does (``GANGLINE_QUEUES_FILE``), or is given the
+settings that name it (:func:`replay_admission`). Replaying under another file shows which
+decisions that configuration would have changed.
 
 Admission decides per request (:func:`~services.admission.handlers.on_request`), so it is replayed by
 :class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
@@ -37,6 +39,7 @@ from services.admission.handlers import SOURCE, AdmissionState, on_request, reje
 from services.admission.settings import AdmissionSettings
 from services.admission.wiring import new_state
 from services.common.env import topic_names
+from services.common.queues import load_queues
 from services.common.replay import (
     NO_TIME,
     EventReplayer,
@@ -58,6 +61,7 @@ class AdmissionModel(ServiceModel[AdmissionState]):
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
         self.topics = topic_names(settings)
+        self.queues = load_queues(settings.queues_file)
 
     @property
     def output_topics(self) -> tuple[str, ...]:
@@ -72,7 +76,7 @@ class AdmissionModel(ServiceModel[AdmissionState]):
         return (self.topics.inventory, self.topics.events)
 
     def new_state(self, started: datetime | None) -> AdmissionState:
-        return new_state(self.settings)
+        return new_state(self.settings, self.queues)
 
     def restore(self, state: AdmissionState, envelope: Envelope) -> None:
         state.restore(envelope)

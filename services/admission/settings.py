@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BeforeValidator, Field
-
 from services.common.env import ServiceSettings
 
 
-def _comma_list(value: object) -> object:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
-
-
 class AdmissionSettings(ServiceSettings):
-    """``queues`` (GANGLINE_QUEUES, comma-separated): the queues requests may name; ``default`` is open."""
-
-    queues: Annotated[tuple[str, ...], BeforeValidator(_comma_list), Field(min_length=1)] = ("default",)
+    """The queues requests may name and their quotas come from ``queues_file`` (GANGLINE_QUEUES_FILE,
+    see :mod:`services.common.queues`); without one, only the unlimited ``default`` queue exists."""

@@ -10,13 +10,18 @@ from gangline.events.base import Envelope
 from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
 from services.admission.settings import AdmissionSettings
 from services.common.env import processor_settings, topic_names
+from services.common.queues import Queues, load_queues
 from services.common.shell import restore_and_process
 
 SERVICE = "admission"
 
 
-def new_state(settings: AdmissionSettings) -> AdmissionState:
-    return AdmissionState(topics=topic_names(settings), queues=frozenset(settings.queues))
+def new_state(settings: AdmissionSettings, queues: Queues | None = None) -> AdmissionState:
+    """An empty state; ``queues`` read from ``settings.queues_file`` unless given (read once per run)."""
+    return AdmissionState(
+        topics=topic_names(settings),
+        queues=queues if queues is not None else load_queues(settings.queues_file),
+    )
 
 
 async def main(settings: AdmissionSettings) -> None:

@@ -24,7 +24,7 @@ from pydantic_core import ErrorDetails
 
 from gangline.bus import EventProducer
 from gangline.core.fairshare import dominant_share
-from gangline.core.queues import QueueName, QuotaTree
+from gangline.core.queues import QueueName
 from gangline.events import topics
 from gangline.events.base import Event, make_envelope
 from gangline.events.codec import render_errors
@@ -35,8 +35,8 @@ from gangline.telemetry.propagation import extract_context
 from gangline.telemetry.tracing import get_tracer
 from services.api import queries
 from services.api.auth import Authenticator, Principal, load_tokens
-from services.api.queues_config import load_queues
 from services.api.settings import ApiSettings
+from services.common.queues import Queues, load_queues
 
 SOURCE = "gangline/api"
 MAX_PAGE = 500
@@ -112,15 +112,17 @@ def create_app(
     settings: ApiSettings,
     *,
     resources: Resources | None = None,
-    tree: QuotaTree | None = None,
+    queues: Queues | None = None,
     authenticator: Authenticator | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     clock: Callable[[], datetime] = utc_now,
     job_ids: Callable[[], str] = new_job_id,
     event_ids: Callable[[], str] = new_event_id,
 ) -> FastAPI:
-    """The app; ``resources`` given by tests, else opened (and closed) by the lifespan."""
-    quota_tree = tree if tree is not None else load_queues(settings.queues_file)
+    """The app; ``resources`` given by tests, else opened (and closed) by the lifespan; ``queues`` by
+    tests, else read from ``settings.queues_file``."""
+    configured = queues if queues is not None else load_queues(settings.queues_file)
+    quota_tree = configured.tree
     auth = authenticator or Authenticator(load_tokens(file=settings.tokens_file, inline=settings.tokens))
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
@@ -321,44 +323,59 @@ def create_app(
     async def list_queues(caller: Caller) -> dict[str, Any]:
         """Per queue: quota (from the queues file), usage now, jobs per state, fair share and DRF share.
 
-        ``borrowed`` is what the queue holds beyond its nominal quota (lent by its cohort);
-        ``fair_share`` is the queue's weighted part of the cluster's capacity among the queues with
-        work (running or waiting) plus itself; ``dominant_share`` is DRF's usage/capacity over
-        resources, divided by the weight.
+        An unlimited queue has ``quota`` "unlimited": it is outside the quota tree, never held back,
+        and has no fair share. For the others: ``borrowed`` is what the queue holds beyond its nominal
+        quota (lent by its cohort); ``fair_share`` is the queue's weighted part of the cluster's
+        capacity among the limited queues with work (running or waiting) plus itself. For every queue,
+        ``dominant_share`` is DRF's usage/capacity over resources, divided by the weight. A queue the
+        file no longer names but that still has jobs is listed with ``configured`` false.
         """
         async with res().pool.acquire() as conn:
             node_rows = await queries.nodes(conn)
             usage, counts = await queries.queue_usage(conn, queries.gpu_models(node_rows))
         cap = queries.capacity(node_rows)
-        names = sorted(set(quota_tree.queue_names()) | set(usage) | set(counts))
+        names = sorted(set(configured.names()) | set(usage) | set(counts))
         visible = caller.visible_queues()
         if visible is not None:
             names = [n for n in names if n in visible]
 
         def weight(name: str) -> float:
-            return quota_tree.weight(QueueName(name)) if quota_tree.has_queue(name) else 1.0
+            return configured.weight(QueueName(name))
 
-        active = {n for n in set(usage) | set(counts) if usage.get(n) or _waiting(counts.get(n, {}))}
+        def unlimited(name: str) -> bool:
+            return name in configured.unlimited
+
+        active = {
+            n
+            for n in set(usage) | set(counts)
+            if (usage.get(n) or _waiting(counts.get(n, {}))) and not unlimited(n)
+        }
         items = []
         for name in names:
-            share_of = weight(name) / sum(weight(n) for n in active | {name})
             held = usage.get(name, {})
             dominant, resource = dominant_share({r: float(v) for r, v in held.items()}, cap, weight(name))
             spec = quota_tree.spec(QueueName(name)) if quota_tree.has_queue(name) else None
+            if unlimited(name):
+                quota: dict[str, Any] | str = "unlimited"
+                fair_share: dict[str, float] = {}
+            else:
+                quota = {
+                    r: {
+                        "nominal": q.nominal,
+                        "borrowing_limit": q.borrowing_limit,
+                        "lending_limit": q.lending_limit,
+                    }
+                    for r, q in (spec.quotas.items() if spec else [])
+                }
+                share_of = weight(name) / sum(weight(n) for n in active | {name})
+                fair_share = {r: round(c * share_of, 3) for r, c in cap.items()}
             items.append(
                 {
                     "queue": name,
-                    "configured": spec is not None,
+                    "configured": configured.known(name),
                     "cohort": spec.cohort if spec else None,
                     "weight": weight(name),
-                    "quota": {
-                        r: {
-                            "nominal": q.nominal,
-                            "borrowing_limit": q.borrowing_limit,
-                            "lending_limit": q.lending_limit,
-                        }
-                        for r, q in (spec.quotas.items() if spec else [])
-                    },
+                    "quota": quota,
                     "usage": held,
                     "borrowed": {
                         r: used - spec.quotas[r].nominal
@@ -366,7 +383,7 @@ def create_app(
                         if spec is not None and r in spec.quotas and used > spec.quotas[r].nominal
                     },
                     "jobs": counts.get(name, {}),
-                    "fair_share": {r: round(c * share_of, 3) for r, c in cap.items()},
+                    "fair_share": fair_share,
                     "dominant_share": round(dominant, 6),
                     "dominant_resource": resource,
                 }

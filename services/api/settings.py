@@ -14,8 +14,9 @@ class ApiSettings(ServiceSettings):
     """Where the API listens and what it reads.
 
     Tokens come from ``tokens_file`` (GANGLINE_TOKENS_FILE, YAML) or ``tokens`` (GANGLINE_TOKENS,
-    the same document as JSON); see :mod:`services.api.auth`. Queue quotas come from
-    ``queues_file`` (GANGLINE_QUEUES_FILE); see :mod:`services.api.queues_config`.
+    the same document as JSON); see :mod:`services.api.auth`. Queues and their quotas come from
+    ``queues_file`` (GANGLINE_QUEUES_FILE, the file admission and quota read); see
+    :mod:`services.common.queues`.
     """
 
     pg_dsn: SecretStr = SecretStr(DEFAULT_DSN)
@@ -23,4 +24,3 @@ class ApiSettings(ServiceSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     tokens_file: Path | None = None
     tokens: SecretStr | None = None
-    queues_file: Path | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,6 +44,9 @@ class ServiceSettings(BaseModel):
     """How soon a refused transactional request is retried (see ProcessorSettings); latency, mostly."""
     static_membership: bool = True
     """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
+    queues_file: Path | None = None
+    """The queue configuration (GANGLINE_QUEUES_FILE), read by admission, quota and the API; see
+    :mod:`services.common.queues`. Unset: one unlimited ``default`` queue."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
 

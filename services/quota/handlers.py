@@ -1,30 +1,64 @@
-"""Quota's decisions (pure): which admitted jobs may go to placement now, and why the others wait.
+"""Quota's decisions (pure): which admitted jobs may go to placement now, on which GPU model, and why
+the others wait.
 
-A job is charged to its queue (its whole GPUs) from the moment it is queued until its allocation is
-released for good (completed, failed, cancelled). A job admitted while the charge would pass the
-queue's limit gets ``job.pending`` (code ``quota``) and waits; each final release lets the queue's
-waiting jobs through, highest priority first, then oldest. A requeued job (preempted, node failed)
-stays charged and is queued again at once.
+The queues, their quotas per GPU model and their cohorts come from the queue configuration
+(:mod:`services.common.queues`); the accounting is the core's :class:`~gangline.core.queues.QuotaLedger`
+(borrowing and lending within a cohort) and the order of waiting work is the core's fair order
+(:class:`~gangline.core.fairshare.FairOrder`: priority, then DRF dominant share over decayed usage, then
+admitted time, then job id).
 
-State is a fold over ``jobs.events`` and ``allocations.log``, our own ``job.queued`` included, and
-does not depend on the order between the two topics: per job it counts queued events against the
-attempts it is owed (one, plus one per ``job.requeued``).
+Charging. A job is charged to its queue from its ``job.queued`` until the allocation of that attempt
+is released, for any reason, or the job ends (``job.completed``, ``job.failed``, a final release).
+What is charged is remembered per job (the GPU model quota chose and the resource vector), so a
+release uncharges exactly that. A requeued job (preempted, node failed: a release, then
+``job.requeued``) is uncharged and waits again like a newly admitted job, keeping its admitted time;
+a requeue read before its release waits for the release. A job of an unlimited queue is let through
+at once and charged nothing; one of a queue the configuration does not name fails (``unknown_queue``).
 
-A finished job's charge never changes again, so its record is dropped and only its id is kept
-(``retired``): state is bounded by the live jobs plus one id per finished job, and any event about a
-finished job read again (a retried batch, a restart, the other topic catching up) changes nothing.
+Deciding. On ``job.admitted`` / ``job.requeued`` of a waiting job its flavours (``Queues.requests``)
+are tried in order: the first that fits is charged and ``job.queued`` names its model (``gpu_type``,
+for every limited queue, the spec's own type when it named one; None for an unlimited queue). When
+none fits it gets ``job.pending`` (code ``quota``), or ``job.failed`` (``exceeds_queue_quota``) when
+even an idle cohort could never hold it. Whenever usage in a quota tree drops, the waiting jobs of
+every queue of that tree are let through in fair order, best effort (one that does not fit is
+skipped; smaller ones behind it may go). The first of those still waiting (``REVIEWS_PER_DECISION``)
+are told again why they wait when that changed (:func:`pending_key`: not when only a figure did), and
+the first ``PLAN_SEARCHES_PER_DECISION`` of them may get a preemption plan.
+
+Preemption plans. A waiting job that does not fit looks for running, preemptible jobs whose release
+would make it fit: when it is within its queue's nominal quota, jobs of other queues of its tree that
+borrow what it needs (constraint ``reclaim``); otherwise lower-priority jobs of its own queue
+(``priority``). Candidates go lowest priority first, then most recently granted, then job id; the set
+is then made minimal. The pending reason names them (``details["victims"]``); the preemption service
+asks them to checkpoint and releases them. A planned victim is not planned again, and a waiter is not
+re-planned, until the victims are released (or finish) or the waiter is queued.
+
+State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included) that
+does not depend on the order between the two topics: per job it counts queued attempts against the
+attempts owed (one, plus one per ``job.requeued``) and against the allocations released. The decayed
+usage history is advanced with event times (never the wall clock), so the same events in the same
+order give the same state. A finished job's record is dropped and only its id kept (``retired``):
+any event about it read again changes nothing. The restore also reads quota's own pending reasons,
+so a restarted quota keeps the plans in flight and does not repeat a pending it already sent.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gangline.bus import Outgoing
-from gangline.events.allocations import AllocationReleased
+from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory, advance
+from gangline.core.queues import QueueName as Queue
+from gangline.core.queues import QuotaLedger, Resource
+from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import (
     JobAdmitted,
+    JobCompleted,
     JobFailed,
     JobPending,
     JobQueued,
@@ -34,201 +68,619 @@ from gangline.events.jobs import (
 )
 from gangline.events.types import AllocationId, JobId, QueueName
 from services.common.ids import derived_id
+from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/quota"
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
-_NEVER = datetime.max.replace(tzinfo=UTC)
-QUOTA_EVENT_TYPES = (JobAdmitted, JobQueued, JobRequeued, AllocationReleased, JobFailed)
+QUOTA_EVENT_TYPES = (
+    JobAdmitted,
+    JobQueued,
+    JobRequeued,
+    JobCompleted,
+    JobFailed,
+    AllocationGranted,
+    AllocationReleased,
+)
+MAX_TEXT = 2000
+"""Longest sentence (and ``details`` victims list) an event carries."""
+PLAN_SEARCHES_PER_DECISION = 16
+"""Victim searches one decision may run (the first waiting jobs in fair order): a storm of releases
+over thousands of waiting jobs would otherwise search running jobs for each of them."""
+REVIEWS_PER_DECISION = 64
+"""Jobs still waiting after a let-through whose reason is looked at again (the first in fair order);
+those further back keep the reason they were last told until they come this far forward."""
+_FIGURES = re.compile(r"[0-9]+")
+
+TreeKey = tuple[bool, str]
+"""(limited, name): a quota tree by its root cohort, or an unlimited (or unknown) queue on its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What the ledger holds for a job: its queue, the GPU model chosen, and the resources counted."""
+
+    queue: QueueName
+    gpu_type: str | None
+    request: Mapping[Resource, int]
+    limited: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Running jobs whose release would let a waiting job fit, and why they may be taken."""
+
+    constraint: str
+    gpu_type: str | None
+    victims: tuple[JobId, ...]
 
 
 @dataclass
 class QuotaJob:
     job_id: JobId
     spec: JobSpec | None = None
-    queued: set[str] = field(default_factory=set)
+    queued: dict[str, str | None] = field(default_factory=dict)
+    """Each ``job.queued`` read (event id → the GPU model it named), in the order read."""
     owed: int = 1
     finished: bool = False
     released: set[AllocationId] = field(default_factory=set)
+    live: dict[AllocationId, datetime] = field(default_factory=dict)
+    """Allocations granted and not released: when each was granted."""
     admitted_at: datetime | None = None
-    """The job.admitted event's time: with the priority and the job id, the order waiting jobs are let
-    through. Read from the log, so it does not depend on how a restore or a poll interleaved partitions."""
+    """The job.admitted event's time: with the priority, fair share and job id, the order waiting jobs
+    are let through. Read from the log, so it does not depend on how a restore interleaved partitions."""
+    charge: Charge | None = None
+    """What the ledger holds for the job now (None: nothing)."""
+    options: list[tuple[str | None, dict[Resource, int]]] | None = None
+    """Its flavours (``Queues.requests``), worked out once."""
 
     @property
-    def gpus(self) -> int:
-        return self.spec.total_gpus if self.spec is not None else 0
-
-    @property
-    def charged(self) -> bool:
-        return self.spec is not None and bool(self.queued) and not self.finished
+    def due(self) -> bool:
+        """Whether its latest queued attempt holds quota (queued, not released, not finished)."""
+        return self.spec is not None and not self.finished and len(self.queued) > len(self.released)
 
     @property
     def waiting(self) -> bool:
+        """Owed a job.queued (admitted or requeued, not let through yet)."""
         return self.spec is not None and not self.finished and len(self.queued) < self.owed
+
+    @property
+    def eligible(self) -> bool:
+        """Waiting, and its previous attempt's allocation is released: it may be let through."""
+        return self.waiting and not self.due
+
+    @property
+    def running(self) -> bool:
+        return self.charge is not None and bool(self.live) and not self.finished
+
+    @property
+    def granted_at(self) -> datetime:
+        return max(self.live.values())
 
 
 @dataclass
 class QuotaState:
     topics: TopicNames
-    limits: dict[str, int | None]
+    queues: Queues
+    half_life_s: float = 3600.0
+    """Fair share's usage half-life; 0: plain DRF on what is charged now."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
-    usage: dict[QueueName, int] = field(default_factory=dict)
-    waiting: dict[QueueName, dict[JobId, QuotaJob]] = field(default_factory=dict)
-    """Jobs owed a job.queued, per queue (kept up to date by ``fold``)."""
     retired: set[JobId] = field(default_factory=set)
     """Finished jobs, dropped from ``jobs``: nothing read about them any more changes the state."""
+    waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
+    """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
+    running: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
+    """Charged jobs with a live allocation, per quota tree: the candidates of preemption plans."""
+    plans: dict[JobId, Plan] = field(default_factory=dict)
+    """Waiting job → its plan in flight (victims not released yet)."""
+    planned: dict[JobId, JobId] = field(default_factory=dict)
+    """Victim → the waiting job it is planned for."""
+    last_pending: dict[JobId, str] = field(default_factory=dict)
+    """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
+    history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
+    ledger: QuotaLedger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = QuotaLedger(self.queues.tree)
+        tree = self.queues.tree
+        self._limited_queues = [Queue(q) for q in tree.queue_names()]
+        self._tree_queues: dict[TreeKey, list[Queue]] = {}
+        for q in self._limited_queues:
+            self._tree_queues.setdefault((True, tree.root_cohort_of(q)), []).append(q)
+        self._capacity = {r: tree.total_nominal(r) for r in sorted(tree.resources)}
+
+    # -- the fold ------------------------------------------------------------------------------
 
     def restore(self, envelope: Envelope) -> None:
+        """Fold a fact read from the log at start; quota's own pending reasons restore its plans too."""
+        if isinstance(envelope.data, JobPending) and envelope.source == SOURCE:
+            self._restore_pending(envelope.data)
+            return
         self.fold(envelope)
 
-    def limit(self, queue: str) -> int | None:
-        return self.limits.get(queue)
+    def fold(self, envelope: Envelope, *, at: datetime | None = None) -> TreeKey | None:
+        """Apply one fact; the quota tree whose usage it lowered (None when it lowered none).
 
-    def fold(self, envelope: Envelope) -> QuotaJob | None:
-        """Apply one fact; the job it touched (None when the event is not about quota)."""
+        ``at`` is the event time the usage history is advanced to (default: the envelope's time); a
+        decision folds its own output at its cause's time, never at the clock's.
+        """
         job = self._fold(envelope)
-        if job is not None and job.spec is not None:
-            queue = self.waiting.setdefault(QueueName(job.spec.queue), {})
-            if job.waiting:
-                queue[job.job_id] = job
-            else:
-                queue.pop(job.job_id, None)
-        if job is not None and job.finished:
-            self.jobs.pop(job.job_id, None)
-            self.retired.add(job.job_id)
-        return job
+        if job is None:
+            return None
+        return self._refresh(job, at if at is not None else envelope.time)
 
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
-        if isinstance(data, QUOTA_EVENT_TYPES) and data.job_id in self.retired:
+        if not isinstance(data, QUOTA_EVENT_TYPES) or data.job_id in self.retired:
             return None
+        job = self.jobs.get(data.job_id)
+        if job is None:
+            job = self.jobs[data.job_id] = QuotaJob(data.job_id)
         if isinstance(data, JobAdmitted):
-            job = self._job(data.job_id)
             if job.spec is None:
-                was = job.charged
                 job.spec = data.spec
                 job.admitted_at = envelope.time
-                self._recharge(job, was)
-            return job
-        if isinstance(data, JobQueued):
-            job = self._job(data.job_id)
-            was = job.charged
-            job.queued.add(envelope.id)
-            self._recharge(job, was)
-            return job
-        if isinstance(data, JobRequeued):
-            job = self._job(data.job_id)
+        elif isinstance(data, JobQueued):
+            job.queued.setdefault(envelope.id, data.gpu_type)
+        elif isinstance(data, JobRequeued):
             job.owed = max(job.owed, data.attempt)
-            return job
-        if isinstance(data, AllocationReleased):
-            job = self._job(data.job_id)
-            if data.allocation_id in job.released:
-                return None
-            job.released.add(data.allocation_id)
-            if data.reason in FINAL_RELEASES:
-                was = job.charged
-                job.finished = True
-                self._recharge(job, was)
-            return job
-        if isinstance(data, JobFailed):
-            job = self._job(data.job_id)
-            was = job.charged
+        elif isinstance(data, JobCompleted | JobFailed):
             job.finished = True
-            self._recharge(job, was)
-            return job
-        return None
-
-    def _job(self, job_id: JobId) -> QuotaJob:
-        job = self.jobs.get(job_id)
-        if job is None:
-            job = self.jobs[job_id] = QuotaJob(job_id)
+        elif isinstance(data, AllocationGranted):
+            if data.allocation_id not in job.released:
+                job.live.setdefault(data.allocation_id, envelope.time)
+        elif data.allocation_id not in job.released:
+            job.released.add(data.allocation_id)
+            job.live.pop(data.allocation_id, None)
+            self._unplan_victim(job.job_id)
+            if data.reason in FINAL_RELEASES:
+                job.finished = True
         return job
 
-    def _recharge(self, job: QuotaJob, was_charged: bool) -> None:
-        if job.spec is None or was_charged == job.charged:
-            return
-        queue = QueueName(job.spec.queue)
-        delta = job.gpus if job.charged else -job.gpus
-        self.usage[queue] = self.usage.get(queue, 0) + delta
+    def _refresh(self, job: QuotaJob, at: datetime) -> TreeKey | None:
+        """Bring the ledger and the indexes in line with the job's facts; the tree whose usage dropped."""
+        dropped: TreeKey | None = None
+        want = self._charge_of(job)
+        if want != job.charge:
+            self._advance(at)
+            if job.charge is not None:
+                if job.charge.limited:
+                    self.ledger.release(Queue(job.charge.queue), job.charge.request)
+                dropped = self.tree_of(job.charge.queue)
+            if want is not None and want.limited:
+                self.ledger.admit(Queue(want.queue), want.request)
+            job.charge = want
+        if job.spec is not None:
+            tree = self.tree_of(job.spec.queue)
+            _index(self.waiting, tree, job, job.eligible)
+            _index(self.running, tree, job, job.running)
+        if not job.eligible:
+            self._drop_plan(job.job_id)
+        if not job.waiting:
+            self.last_pending.pop(job.job_id, None)
+        if job.finished:
+            self._unplan_victim(job.job_id)
+            del self.jobs[job.job_id]
+            self.retired.add(job.job_id)
+        return dropped
 
-    def fits(self, job: QuotaJob) -> bool:
+    def _charge_of(self, job: QuotaJob) -> Charge | None:
+        """What the job's facts say the ledger should hold for it."""
+        if not job.due or job.spec is None:
+            return None
+        spec = job.spec
+        model = next(reversed(job.queued.values()))
+        if not self.queues.limited(spec.queue):
+            return Charge(spec.queue, model, {}, limited=False)
+        if model is None:  # a job.queued naming no model (written before quota chose one): the first
+            model = spec.gpu_type or next((m for m, _ in self.queues.requests(spec)), None)
+        request = request_on(spec, model) if model is not None else {}
+        return Charge(spec.queue, model, request, limited=True)
+
+    def _advance(self, at: datetime) -> None:
+        """Move the decayed usage to ``at`` (an event time; never backwards) with what was charged."""
+        now = max(self.history.as_of, at.timestamp())
+        if self.half_life_s <= 0:
+            self.history = UsageHistory(as_of=now)
+            return
+        self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+
+    def _allocation(self, queues: Iterable[Queue] | None = None) -> dict[Queue, dict[Resource, int]]:
+        chosen = self._limited_queues if queues is None else queues
+        return {q: v for q in chosen if (v := self.ledger.usage_vector(q))}
+
+    def _restore_pending(self, pending: JobPending) -> None:
+        job = self.jobs.get(pending.job_id)
+        if job is None or not job.eligible:
+            return
+        reason = pending.reasons[0]
+        if reason.code != "quota":
+            return
+        self.last_pending[job.job_id] = pending_key(reason)
+        self._drop_plan(job.job_id)  # a later pending replaces the plan of an earlier one
+        named = reason.details.get("victims")
+        if not isinstance(named, str) or not named:
+            return
+        victims = tuple(
+            JobId(v) for v in named.split(",") if v and v not in self.retired and v not in self.planned
+        )
+        victims = tuple(v for v in victims if not self._released_since_granted(v))
+        if victims:
+            model = reason.details.get("gpu_type")
+            self._add_plan(job.job_id, Plan(reason.constraint, str(model) if model else None, victims))
+
+    def _released_since_granted(self, job_id: JobId) -> bool:
+        victim = self.jobs.get(job_id)
+        return victim is not None and bool(victim.released) and not victim.live
+
+    # -- plans ---------------------------------------------------------------------------------
+
+    def _add_plan(self, waiter: JobId, plan: Plan) -> None:
+        self.plans[waiter] = plan
+        for victim in plan.victims:
+            self.planned[victim] = waiter
+
+    def _drop_plan(self, waiter: JobId) -> None:
+        plan = self.plans.pop(waiter, None)
+        if plan is not None:
+            for victim in plan.victims:
+                if self.planned.get(victim) == waiter:
+                    del self.planned[victim]
+
+    def _unplan_victim(self, victim: JobId) -> None:
+        """The victim released its allocation (or finished): its waiter's plan no longer waits for it."""
+        waiter = self.planned.pop(victim, None)
+        if waiter is None:
+            return
+        plan = self.plans.get(waiter)
+        if plan is None:
+            return
+        left = tuple(v for v in plan.victims if v != victim)
+        if left:
+            self.plans[waiter] = Plan(plan.constraint, plan.gpu_type, left)
+        else:
+            del self.plans[waiter]
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def tree_of(self, queue: str) -> TreeKey:
+        if self.queues.limited(queue):
+            return (True, self.queues.tree.root_cohort_of(Queue(queue)))
+        return (False, queue)
+
+    def options(self, job: QuotaJob) -> list[tuple[str | None, dict[Resource, int]]]:
+        """The job's flavours in the order to try them: (GPU model, what it is charged)."""
+        if job.options is None:
+            assert job.spec is not None
+            job.options = list(self.queues.requests(job.spec))
+        return job.options
+
+    def first_fit(
+        self, job: QuotaJob, too_big: dict[tuple[Queue, Resource], int] | None = None
+    ) -> tuple[str | None, dict[Resource, int]] | None:
+        """The first flavour of an eligible job that its queue's quota admits now (model, request).
+
+        ``too_big`` remembers, within one let-through (where room only shrinks), the smallest request
+        of one resource found not to fit a queue, so larger ones are not checked again.
+        """
         assert job.spec is not None
-        limit = self.limit(job.spec.queue)
-        return limit is None or self.usage.get(QueueName(job.spec.queue), 0) + job.gpus <= limit
+        if not self.queues.limited(job.spec.queue):
+            return (None, {})
+        queue = Queue(job.spec.queue)
+        for model, request in self.options(job):
+            single = next(iter(request.items())) if len(request) == 1 else None
+            if (
+                single is not None
+                and too_big is not None
+                and single[1] >= too_big.get((queue, single[0]), 1 << 62)
+            ):
+                continue
+            if _fits(self.ledger, queue, request):
+                return (model, request)
+            if single is not None and too_big is not None:
+                too_big[(queue, single[0])] = single[1]
+        return None
+
+    def fair_share(self, tree: TreeKey, at: datetime) -> FairShare:
+        """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
+        queues = self._tree_queues.get(tree, [])
+        history: UsageHistory | None = None
+        if self.half_life_s > 0:
+            now = max(self.history.as_of, at.timestamp())
+            history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+        return FairShare(
+            capacity=self._capacity,
+            weights={q: self.queues.tree.weight(q) for q in queues},
+            allocation=self._allocation(queues),
+            history=history,
+        )
+
+    def preemptible_running(self, tree: TreeKey) -> list[QuotaJob]:
+        """The tree's running preemptible jobs in the order victims are taken: lowest priority, then
+        the most recently granted (least work lost), then job id."""
+        found = [
+            c
+            for c in self.running.get(tree, {}).values()
+            if c.spec is not None and c.spec.preemptible and c.charge is not None and c.charge.limited
+        ]
+        found.sort(key=lambda c: (_priority(c), -c.granted_at.timestamp(), c.job_id))
+        return found
+
+    def find_plan(self, job: QuotaJob, running: list[QuotaJob] | None = None) -> Plan | None:
+        """Running preemptible jobs whose release would let ``job`` fit (see the module docstring).
+
+        ``running``: :meth:`preemptible_running` of the job's tree, when already at hand.
+        """
+        spec = job.spec
+        assert spec is not None
+        queue = Queue(spec.queue)
+        if running is None:
+            running = self.preemptible_running(self.tree_of(spec.queue))
+        candidates = [c for c in running if c.job_id not in self.planned and c.running]
+        for model, request in self.options(job):
+            reclaim = self.ledger.within_nominal(queue, request)
+            what = [r for r, n in request.items() if n > 0]
+            eligible = [
+                c
+                for c in candidates
+                if c.charge is not None
+                and any(c.charge.request.get(r, 0) for r in what)
+                and (
+                    c.charge.queue != spec.queue
+                    if reclaim
+                    else c.charge.queue == spec.queue and _priority(c) < spec.priority
+                )
+            ]
+            found = self._victims(queue, request, eligible, reclaim=reclaim) if eligible else None
+            if found is None:
+                continue
+            victims = tuple(v.job_id for v in found)
+            if len(",".join(victims)) > MAX_TEXT:
+                continue
+            return Plan("reclaim" if reclaim else "priority", model, victims)
+        return None
+
+    def _victims(
+        self, queue: Queue, request: Mapping[Resource, int], candidates: list[QuotaJob], *, reclaim: bool
+    ) -> list[QuotaJob] | None:
+        """A minimal set, taken greedily in candidate order on a copy of the ledger; None if none suffices.
+
+        A reclaim takes a job only while its queue borrows a resource the waiting job needs.
+        """
+        trial = self.ledger.copy()
+        taken: list[QuotaJob] = []
+        for c in candidates:
+            if _fits(trial, queue, request):
+                break
+            assert c.charge is not None
+            held = Queue(c.charge.queue)
+            if reclaim and not any(
+                trial.borrowed(held, r) > 0 for r, n in c.charge.request.items() if n and request.get(r, 0)
+            ):
+                continue
+            trial.release(held, c.charge.request)
+            taken.append(c)
+        if not taken or not _fits(trial, queue, request):
+            return None
+        for k in reversed(range(len(taken))):
+            fewer = taken[:k] + taken[k + 1 :]
+            if fewer and self._fits_without(queue, request, fewer):
+                taken = fewer
+        return taken
+
+    def _fits_without(self, queue: Queue, request: Mapping[Resource, int], victims: list[QuotaJob]) -> bool:
+        trial = self.ledger.copy()
+        for v in victims:
+            assert v.charge is not None
+            trial.release(Queue(v.charge.queue), v.charge.request)
+        return _fits(trial, queue, request)
+
+
+def _fits(ledger: QuotaLedger, queue: Queue, request: Mapping[Resource, int]) -> bool:
+    """``ledger.check(queue, request).fits`` without writing the reasons (victim searches ask it often)."""
+    return all(n <= ledger.available(queue, r) for r, n in request.items() if n > 0)
+
+
+def _priority(job: QuotaJob) -> int:
+    return job.spec.priority if job.spec is not None else 0
+
+
+def _index(index: dict[TreeKey, dict[JobId, QuotaJob]], tree: TreeKey, job: QuotaJob, member: bool) -> None:
+    if member:
+        index.setdefault(tree, {})[job.job_id] = job
+        return
+    jobs = index.get(tree)
+    if jobs is not None:
+        jobs.pop(job.job_id, None)
+        if not jobs:
+            del index[tree]
+
+
+# -- decisions -------------------------------------------------------------------------------------
 
 
 def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outgoing]:
-    job = state.fold(envelope)
-    if job is None or job.spec is None:
-        return []
+    """Fold one event and decide what it allows: queue or hold the job it admits, let others through."""
+    dropped = state.fold(envelope)
     data = envelope.data
-    if isinstance(data, JobAdmitted | JobRequeued):
-        if not job.waiting:
-            return []
-        limit = state.limit(job.spec.queue)
-        if not job.charged and limit is not None and job.gpus > limit:
-            return [_never(state, job, limit, envelope.id, now)]
-        if job.charged or state.fits(job):
-            return [_queue(state, job, envelope.id, now)]
-        return [_pending(state, job, envelope.id, now)]
-    if isinstance(data, AllocationReleased | JobFailed) and job.finished:
-        return _let_through(state, job.spec.queue, envelope.id, now)
-    return []
-
-
-def _let_through(state: QuotaState, queue: str, cause: str, now: datetime) -> list[Outgoing]:
-    waiting = sorted(
-        state.waiting.get(QueueName(queue), {}).values(),
-        key=lambda j: (
-            -(j.spec.priority if j.spec is not None else 0),
-            j.admitted_at if j.admitted_at is not None else _NEVER,
-            j.job_id,
-        ),
-    )
     out: list[Outgoing] = []
-    for job in waiting:
-        if state.fits(job):
-            out.append(_queue(state, job, cause, now))
+    if isinstance(data, JobAdmitted | JobRequeued):
+        job = state.jobs.get(data.job_id)
+        if job is not None and job.eligible:
+            out += _admit_or_hold(state, job, envelope, now)
+    if dropped is not None:
+        out += _let_through(state, dropped, envelope, now)
     return out
 
 
-def _queue(state: QuotaState, job: QuotaJob, cause: str, now: datetime) -> Outgoing:
+def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datetime) -> list[Outgoing]:
+    spec = job.spec
+    assert spec is not None
+    if not state.queues.known(spec.queue):
+        known = ", ".join(state.queues.names())
+        why = f"queue {spec.queue} is not in the queue configuration; the queues are: {known}"
+        return _fail(state, job, "unknown_queue", why, cause, now)
+    never = state.queues.can_ever_fit(spec)
+    if never is not None:
+        return _fail(state, job, "exceeds_queue_quota", never, cause, now)
+    fit = state.first_fit(job)
+    if fit is not None:
+        return [_queue(state, job, fit[0], cause, now)]
+    fair = state.fair_share(state.tree_of(spec.queue), cause.time)
+    return _hold(state, job, fair, cause, now, search=True)
+
+
+def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetime) -> list[Outgoing]:
+    """Usage in ``tree`` dropped: its waiting jobs go in fair order while they fit; the rest are told why."""
+    waiting = list(state.waiting.get(tree, {}).values())
+    if not waiting:
+        return []
+    fair = state.fair_share(tree, cause.time)
+    order = FairOrder((_pending_item(j) for j in waiting), fair)
+    out: list[Outgoing] = []
+    still: list[QuotaJob] = []
+    too_big: dict[tuple[Queue, Resource], int] = {}
+    while (item := order.next()) is not None:
+        job = item.item
+        fit = state.first_fit(job, too_big)
+        if fit is None:
+            order.skipped()
+            still.append(job)
+            continue
+        order.admitted(fit[1])
+        out.append(_queue(state, job, fit[0], cause, now))
+    running = state.preemptible_running(tree) if still else []
+    for k, job in enumerate(still[:REVIEWS_PER_DECISION]):
+        search = k < PLAN_SEARCHES_PER_DECISION
+        out += _hold(state, job, fair, cause, now, search=search, running=running)
+    return out
+
+
+def _pending_item(job: QuotaJob) -> Pending[QuotaJob]:
     assert job.spec is not None
-    event = JobQueued(job_id=job.job_id, queue=QueueName(job.spec.queue))
-    envelope = _envelope(event, cause, "queued", now)
-    state.fold(envelope)  # charge it now, so the next decision sees it
+    admitted = job.admitted_at.timestamp() if job.admitted_at is not None else math.inf
+    return Pending(Queue(job.spec.queue), job.spec.priority, admitted, job.job_id, job)
+
+
+def _queue(state: QuotaState, job: QuotaJob, model: str | None, cause: Envelope, now: datetime) -> Outgoing:
+    assert job.spec is not None
+    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model)
+    envelope = _envelope(event, cause.id, "queued", now)
+    state.fold(envelope, at=cause.time)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
 
 
-def _never(state: QuotaState, job: QuotaJob, limit: int, cause: str, now: datetime) -> Outgoing:
-    """A job bigger than its queue's whole limit would wait forever: it fails now, saying why."""
-    assert job.spec is not None
-    failed = JobFailed(
-        job_id=job.job_id,
-        code="exceeds_queue_limit",
-        reason=f"needs {job.gpus} GPUs but queue {job.spec.queue} may hold at most {limit}",
+def _fail(
+    state: QuotaState, job: QuotaJob, code: str, why: str, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """A job its queue could never hold would wait forever: it fails now, saying why."""
+    failed = JobFailed(job_id=job.job_id, code=code, reason=_sentence(why))
+    envelope = _envelope(failed, cause.id, "failed-quota", now)
+    dropped = state.fold(envelope, at=cause.time)
+    out: list[Outgoing] = [(state.topics.events, envelope)]
+    if dropped is not None:
+        out += _let_through(state, dropped, cause, now)
+    return out
+
+
+def _hold(
+    state: QuotaState,
+    job: QuotaJob,
+    fair: FairShare,
+    cause: Envelope,
+    now: datetime,
+    *,
+    search: bool,
+    running: list[QuotaJob] | None = None,
+) -> list[Outgoing]:
+    """``job.pending`` for a job that does not fit, when its reason changed; with a plan when one is found."""
+    if job.job_id in state.plans:
+        return []  # its victims are being freed: no new plan, no new word until they are
+    reason = _reason(state, job, fair)
+    plan = state.find_plan(job, running) if search else None
+    if plan is not None:
+        reason = _with_plan(reason, plan)
+    key = pending_key(reason)
+    if state.last_pending.get(job.job_id) == key:
+        return []
+    if plan is not None:
+        state._add_plan(job.job_id, plan)
+    state.last_pending[job.job_id] = key
+    event = JobPending(job_id=job.job_id, reasons=(reason,))
+    return [(state.topics.events, _envelope(event, cause.id, "pending", now))]
+
+
+def pending_key(reason: PendingReason) -> str:
+    """What makes a pending reason news: its constraint and its sentence with the figures left out.
+
+    Every release changes some figure ("uses 12 of its 16"), and each waiting job would be told again
+    on every release; it is told when what blocks it changes (another resource, the cohort rather
+    than its own quota, a preemption plan), and the figures it gets then are the current ones.
+    """
+    return f"{reason.code}/{reason.constraint}: {_FIGURES.sub('#', reason.message)}"
+
+
+def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
+    """Why the job's queue cannot hold it now, per flavour, with the figures of the first flavour."""
+    spec = job.spec
+    assert spec is not None
+    queue = Queue(spec.queue)
+    ledger = state.ledger
+    options = state.options(job)
+    checks = [(model, ledger.check(queue, request)) for model, request in options]
+    if len(checks) == 1:
+        message = checks[0][1].reason
+    else:
+        message = "; ".join(f"on {model}: {check.reason}" for model, check in checks)
+    model, request = options[0]
+    short = next(
+        (r for r in sorted(request) if request[r] > ledger.available(queue, r)), next(iter(sorted(request)))
     )
-    envelope = _envelope(failed, cause, "failed-quota", now)
-    state.fold(envelope)
-    return (state.topics.events, envelope)
-
-
-def _pending(state: QuotaState, job: QuotaJob, cause: str, now: datetime) -> Outgoing:
-    assert job.spec is not None
-    queue = job.spec.queue
-    used = state.usage.get(QueueName(queue), 0)
-    limit = state.limit(queue)
-    reason = PendingReason(
+    needed = request[short]
+    missing = needed - max(0, ledger.available(queue, short))
+    details: dict[str, int | str | bool] = {
+        "queue": spec.queue,
+        "gpu_type": model or "any",
+        "resource": short,
+        "needed": needed,
+        "used": ledger.usage(queue, short),
+        "nominal": state.queues.tree.nominal(queue, short),
+        "cohort_can_lend": ledger.cohort_lendable(queue, short),
+        "fair_share": _sentence(fair.describe(queue)),
+    }
+    return PendingReason(
         code="quota",
-        constraint="queue-limit",
-        message=f"queue {queue} holds {used} of its {limit} GPUs; this job needs {job.gpus} more",
-        details={"queue_used": used, "queue_limit": limit or 0, "needed_gpus": job.gpus},
-        unblock=f"wait until {job.gpus - ((limit or 0) - used)} GPUs of queue {queue} are released",
+        constraint="quota",
+        message=_sentence(message or f"queue {spec.queue} cannot hold this job now"),
+        details=details,
+        unblock=_sentence(f"wait until {missing} more {short} is free to queue {spec.queue} or its cohort"),
     )
-    return (
-        state.topics.events,
-        _envelope(JobPending(job_id=job.job_id, reasons=(reason,)), cause, "pending", now),
+
+
+def _with_plan(reason: PendingReason, plan: Plan) -> PendingReason:
+    names = ", ".join(plan.victims)
+    if plan.constraint == "reclaim":
+        how = f"reclaiming quota lent to running preemptible job(s) {names}"
+    else:
+        how = f"preempting lower-priority job(s) {names} of its queue"
+    on = f" on {plan.gpu_type}" if plan.gpu_type else ""
+    details = {**reason.details, "victims": ",".join(plan.victims)}
+    if plan.gpu_type:
+        details["gpu_type"] = plan.gpu_type
+    return reason.model_copy(
+        update={
+            "constraint": plan.constraint,
+            "message": _sentence(f"{reason.message}; {how} would make room{on}"),
+            "details": details,
+            "unblock": _sentence(
+                f"job(s) {names} checkpoint and release their GPUs (the preemption service asks)"
+            ),
+        }
     )
+
+
+def _sentence(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def _envelope(event: Event, cause: str, kind: str, now: datetime) -> Envelope:

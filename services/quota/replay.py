@@ -3,22 +3,29 @@
     gangline replay --from log.jsonl|kafka --verify --decider quota [--prefix P]
     python -m services.quota.replay --from log.jsonl|kafka [--prefix P]
 
-The queue limits are the service's settings, not in the log: the replay reads them as the service
-does (``GANGLINE_QUEUE_LIMITS``), or is given them (:func:`replay_quota`).
+The queues and their quotas are the service's settings, not in the log: the replay reads the same
+queue configuration file as the service does (``GANGLINE_QUEUES_FILE``, and the fair-share half-life
+``GANGLINE_FAIR_SHARE_HALF_LIFE_S``), or is given the settings (:func:`replay_quota`).
 
 Quota decides per event (:func:`~services.quota.handlers.decide`), so it is replayed by
 :class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
 guarantees here:
 
 * every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote is re-decided from the same
-  events in the same order as the live run handled them, and compared field by field (the usage and
-  limit in a pending reason included); ``now`` only stamps the envelopes and is taken from them;
+  events in the same order as the live run handled them, and compared field by field (the GPU model
+  chosen, the usage figures, fair-share position and victims of a pending reason included); ``now``
+  only stamps the envelopes and is taken from them; the usage history is advanced with event times;
+* a restart is replayed as the service restarts: a fresh state restored from the log (quota's own
+  pending reasons included, which carry its plans in flight);
 * what happened between two recorded transactions (batches that decided nothing) is folded in
-  record-time order: quota's fold does not depend on that order (per job it counts queued events
-  against the attempts owed; usage is a sum; waiting jobs are let through by priority, the
-  ``job.admitted`` time, then job id, all read from the log), so the state at each recorded batch is
-  the live one. One exception, never seen in a run: a final release read before its job's admission
-  (two topics) retires the job before it is known;
+  record-time order. The charges do not depend on that order (per job, queued attempts are counted
+  against the attempts owed and the allocations released; the ledger is a sum; waiting jobs are let
+  through by priority, fair share, the ``job.admitted`` time, then job id, all read from the log). The
+  decayed usage history does, a little: it is advanced to each event's time in the order folded (never
+  backwards), so batches whose partitions the live run interleaved otherwise than by record time can
+  leave a slightly different history, seen only as a differing fair-share figure in a later pending
+  reason. One exception, never seen in a run: a final release read before its job's admission (two
+  topics) retires the job before it is known;
 * a decision the live run took in a batch that the log does not show (all its outputs lost) cannot
   be told apart from no decision; one the replay takes there is reported ("not in the log").
 """
@@ -32,10 +39,11 @@ from gangline.bus import Outgoing
 from gangline.events.base import Envelope
 from gangline.replay.log import LogRecord
 from services.common.env import topic_names
+from services.common.queues import load_queues
 from services.common.replay import EventReplayer, ReplayReport, ServiceModel, earliest, main, verify_with
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.settings import QuotaSettings
-from services.quota.wiring import QUOTA_EVENTS, new_state
+from services.quota.wiring import QUOTA_EVENTS, RESTORE_EVENTS, new_state
 
 NAME = "quota"
 """The decider's name for `gangline replay --decider`."""
@@ -48,6 +56,7 @@ class QuotaModel(ServiceModel[QuotaState]):
     def __init__(self, settings: QuotaSettings) -> None:
         self.settings = settings
         self.topics = topic_names(settings)
+        self.queues = load_queues(settings.queues_file)
 
     @property
     def output_topics(self) -> tuple[str, ...]:
@@ -62,10 +71,10 @@ class QuotaModel(ServiceModel[QuotaState]):
         return (self.topics.events, self.topics.allocations)
 
     def new_state(self, started: datetime | None) -> QuotaState:
-        return new_state(self.settings)
+        return new_state(self.settings, self.queues)
 
     def restores(self, kind: str) -> bool:
-        return kind in QUOTA_EVENTS or not kind
+        return kind in RESTORE_EVENTS or not kind
 
     def selects(self, state: QuotaState, record: LogRecord, kind: str) -> bool:
         return kind in QUOTA_EVENTS or not kind

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BeforeValidator
+from pydantic import Field
 
 from services.common.env import ServiceSettings
 
 
-def _limits(value: object) -> object:
-    """``"default=*,team-a=16"`` → {"default": None, "team-a": 16} (``*``: no limit)."""
-    if not isinstance(value, str):
-        return value
-    limits: dict[str, int | None] = {}
-    for item in value.split(","):
-        if not item.strip():
-            continue
-        queue, _, limit = item.partition("=")
-        limits[queue.strip()] = None if limit.strip() in ("", "*") else int(limit)
-    return limits
-
-
 class QuotaSettings(ServiceSettings):
-    """``queue_limits`` (GANGLINE_QUEUE_LIMITS): whole GPUs each queue may hold at once; ``*`` is no limit."""
+    """The queues and their quotas come from ``queues_file`` (GANGLINE_QUEUES_FILE, shared with admission
+    and the API). ``fair_share_half_life_s`` (GANGLINE_FAIR_SHARE_HALF_LIFE_S): how fast past usage is
+    forgotten when waiting jobs are ordered by fair share; 0 is plain DRF on what is charged now."""
 
-    queue_limits: Annotated[dict[str, int | None], BeforeValidator(_limits)] = {"default": None}
+    fair_share_half_life_s: float = Field(default=3600.0, ge=0)

@@ -16,15 +16,21 @@ import yaml
 from pydantic import BaseModel
 
 from gangline.store.pool import DSN_ENV
+from services.agent.cluster import load_cluster
 from services.api.auth import load_tokens
-from services.api.queues_config import load_queues
 from services.common.env import PREFIX, ServiceSettings
+from services.common.queues import DEFAULT_QUEUE, QueuesFile, load_queues
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GANGLINE = {name: s for name, s in SERVICES.items() if s.get("image") == "gangline:dev"}
 LONG_RUNNING = {"admission", "quota", "placement", "preemption", "node-health", "ledger", "api", "fake-nodes"}
+READ_QUEUES = ("admission", "quota", "api")
+"""The services that read the queue configuration (GANGLINE_QUEUES_FILE)."""
+EXAMPLE_QUEUES = ROOT / "deploy" / "docker" / "queues.yaml"
+RETIRED = {"GANGLINE_QUEUES", "GANGLINE_QUEUE_LIMITS"}
+"""Variables that described queues before the queues file; nothing sets them any more."""
 # Modules that read GANGLINE_* without a settings class, and the variables they read.
 PLAIN_ENV = {"gangline.store.migrate": {DSN_ENV}, "gangline.bus.admin": set()}
 
@@ -169,14 +175,56 @@ def test_start_order_waits_on_health_and_one_shots() -> None:
 def test_the_files_the_services_are_given_exist_and_parse() -> None:
     tokens = ROOT / COMPOSE["secrets"]["api_tokens"]["file"]
     assert load_tokens(file=tokens, inline=None).tenants
-    queues_in_image = environment(SERVICES["api"])["GANGLINE_QUEUES_FILE"].removeprefix("/app/")
-    tree = load_queues(ROOT / queues_in_image)
-    admitted = environment(SERVICES["admission"])["GANGLINE_QUEUES"].split(",")
-    assert sorted(admitted) == sorted(tree.queue_names())
     spec = SERVICES["fake-nodes"]["command"]
     assert (ROOT / spec[spec.index("--spec") + 1]).is_file()
     for volume in SERVICES["otel-collector"]["volumes"]:
         assert (ROOT / volume.split(":")[0]).is_file()
+
+
+def queues_file_in(name: str) -> Path:
+    """The host file compose mounts where the service's GANGLINE_QUEUES_FILE points."""
+    service = SERVICES[name]
+    path = environment(service).get("GANGLINE_QUEUES_FILE")
+    assert path is not None, f"{name}: set GANGLINE_QUEUES_FILE"
+    mounted = {c["target"]: c["source"] for c in service.get("configs", [])}
+    assert path in mounted, f"{name}: {path} is not a config mounted into the container ({mounted})"
+    return ROOT / str(COMPOSE["configs"][mounted[path]]["file"])
+
+
+@pytest.mark.parametrize("name", READ_QUEUES)
+def test_admission_quota_and_the_api_read_the_one_example_queues_file(name: str) -> None:
+    path = queues_file_in(name)
+    assert path.resolve() == EXAMPLE_QUEUES.resolve()
+    assert load_queues(path).names() == [DEFAULT_QUEUE, "team-a", "team-b"]
+    assert not RETIRED & set(environment(SERVICES[name]))
+
+
+def test_no_service_is_given_the_old_queue_variables() -> None:
+    for name, service in SERVICES.items():
+        assert not RETIRED & set(environment(service)), name
+
+
+def test_the_example_queues_fit_the_simulated_cluster_and_the_tenants() -> None:
+    queues = load_queues(EXAMPLE_QUEUES)
+    spec = SERVICES["fake-nodes"]["command"]
+    cluster = load_cluster(ROOT / spec[spec.index("--spec") + 1])
+    have: dict[str, int] = {}
+    for group in cluster.groups:
+        have[group.gpu_model] = have.get(group.gpu_model, 0) + group.count * group.gpus_per_node
+    assert queues.unlimited == {DEFAULT_QUEUE}  # open to every producer
+    teams = [q for q in queues.names() if queues.limited(q)]
+    assert teams == ["team-a", "team-b"]
+    assert {queues.tree.spec(q).cohort for q in teams} == {"everyone"}
+    # Quotas name the cluster's models and promise no more than it has, leaving room for `default`.
+    assert set(queues.resource_order) == set(have)
+    for model, gpus in have.items():
+        promised = sum(queues.tree.nominal(q, model) for q in teams)
+        assert 0 < promised < gpus, (model, promised, gpus)
+    assert any(queues.tree.borrowing_limit(q, r) is not None for q in teams for r in queues.resource_order)
+    # Every tenant of the development tokens may submit to a queue admission knows.
+    tokens = load_tokens(file=ROOT / COMPOSE["secrets"]["api_tokens"]["file"], inline=None)
+    for tenant in tokens.tenants:
+        assert all(queues.known(q) for q in tenant.queues), tenant.name
 
 
 K8S = ROOT / "deploy" / "k8s"
@@ -227,3 +275,29 @@ def test_k8s_manifests_run_modules_that_exist_with_variables_their_settings_read
             env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
             instance = next(e for e in env if e["name"] == "GANGLINE_INSTANCE_ID")
             assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_k8s_mounts_the_example_queues_into_admission_quota_and_the_api() -> None:
+    docs = k8s_documents()
+    [config] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gangline-queues"]
+    document = yaml.safe_load(config["data"]["queues.yaml"])
+    assert QueuesFile.model_validate(document) == QueuesFile.model_validate(
+        yaml.safe_load(EXAMPLE_QUEUES.read_text())
+    ), "deploy/k8s/config.yaml and deploy/docker/queues.yaml should carry the same queues"
+    readers = set()
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert not RETIRED & set(env), container["name"]
+            if "GANGLINE_QUEUES_FILE" not in env:
+                continue
+            readers.add(doc["metadata"]["name"])
+            path = Path(env["GANGLINE_QUEUES_FILE"])
+            [mount] = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+            assert volumes[mount["name"]]["configMap"]["name"] == "gangline-queues"
+            assert path.name in config["data"]
+    assert readers == set(READ_QUEUES)

@@ -139,6 +139,11 @@ def run_cancel(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
 # -- queues, nodes ----------------------------------------------------------------------------
 
 
+def _quota(quota: dict[str, Any] | str) -> str:
+    """A limited queue's nominal quotas, or "unlimited"."""
+    return _resources({r: v["nominal"] for r, v in quota.items()}) if isinstance(quota, dict) else quota
+
+
 def _resources(values: dict[str, Any]) -> str:
     return ",".join(f"{r}={v}" for r, v in sorted(values.items())) or "-"
 
@@ -154,7 +159,7 @@ def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
                 q["queue"],
                 q["cohort"],
                 q["weight"],
-                _resources({r: v["nominal"] for r, v in q["quota"].items()}),
+                _quota(q["quota"]),
                 _resources(q["usage"]),
                 _resources(q.get("borrowed", {})),
                 _resources(q["fair_share"]),

@@ -19,8 +19,8 @@ from gangline.events.registry import default_registry
 from gangline.events.topics import topic_for
 from services.api.app import Resources, create_app
 from services.api.auth import Authenticator, Tenant, TokenConfig
-from services.api.queues_config import QueuesFile, quota_tree
 from services.api.settings import ApiSettings
+from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
 from services.ledger.store import project_batch
 
@@ -70,11 +70,12 @@ async def world(
             )
         )
     )
-    tree = quota_tree(
+    queues = queues_of(
         QueuesFile.model_validate(
             {
                 "cohorts": [{"name": f"lab-{run}"}],
                 "queues": [
+                    {"name": "default", "unlimited": True},
                     {
                         "name": research,
                         "cohort": f"lab-{run}",
@@ -94,7 +95,7 @@ async def world(
         {}, kafka_bootstrap=kafka_bootstrap, topic_prefix=api_prefix, pg_dsn=pg_dsn
     )
     async with EventProducer(kafka_bootstrap) as producer:
-        app = create_app(settings, resources=Resources(pg_pool, producer), tree=tree, authenticator=auth)
+        app = create_app(settings, resources=Resources(pg_pool, producer), queues=queues, authenticator=auth)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
             yield World(

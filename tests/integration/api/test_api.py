@@ -223,6 +223,7 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
     job_id = uid("job")
     request = jobs.JobRequested(job_id=job_id, queue=world.research, workers=2, gpus_per_worker=2)
     borrower = jobs.JobRequested(job_id=uid("job"), queue=world.vision, workers=2, gpus_per_worker=2)
+    retired = jobs.JobRequested(job_id=uid("job"), queue=f"retired-{run}", workers=1, gpus_per_worker=1)
     lent = tuple(allocations.Placement(rank=r, node=node_names[r], gpus=("gpu2", "gpu3")) for r in range(2))
     placements = tuple(
         allocations.Placement(rank=r, node=node_names[r], gpus=("gpu0", "gpu1")) for r in range(2)
@@ -258,6 +259,8 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
                     placements=lent,
                 ),
             ),
+            (7, retired),
+            (8, jobs.JobAdmitted(job_id=retired.job_id, spec=retired.spec())),
         ),
     )
     listed = (await world.client.get("/v1/nodes", headers=world.auth(world.research_token))).json()["items"]
@@ -276,6 +279,15 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
     assert research["quota"] == {"H100": {"nominal": 8, "borrowing_limit": None, "lending_limit": None}}
     assert research["weight"] == 2 and research["dominant_resource"] == "H100"
     assert research["dominant_share"] == round(4 / queues["capacity"]["H100"] / 2, 6)
+    assert research["configured"] and research["cohort"].startswith("lab-")
+    assert 0 < research["fair_share"]["H100"] <= queues["capacity"]["H100"]
+    default = by_name["default"]  # unlimited: outside the quota tree, no fair share to be held to
+    assert (default["configured"], default["cohort"], default["quota"], default["fair_share"]) == (
+        True,
+        None,
+        "unlimited",
+        {},
+    )
 
     log = []
     cursor = None
@@ -297,6 +309,8 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
     everything = (await world.client.get("/v1/queues", headers=world.auth(world.admin_token))).json()
     vision = next(q for q in everything["items"] if q["queue"] == world.vision)
     assert (vision["usage"], vision["borrowed"]) == ({"H100": 4}, {"H100": 2})  # nominal 2, holds 4
+    gone = next(q for q in everything["items"] if q["queue"] == f"retired-{run}")  # no longer in the file
+    assert (gone["configured"], gone["quota"], gone["jobs"]) == (False, {}, {"admitted": 1})
     hidden = await world.client.get(
         "/v1/allocations", params={"job_id": job_id}, headers=world.auth(world.vision_token)
     )

@@ -68,7 +68,14 @@ async def stack(
         )
     )
     (config / "queues.yaml").write_text(
-        yaml.safe_dump({"queues": [{"name": queue, "weight": 1, "quotas": {"H100": {"nominal": 8}}}]})
+        yaml.safe_dump(
+            {
+                "queues": [
+                    {"name": queue, "weight": 1, "quotas": {"H100": {"nominal": 8}}},
+                    {"name": "default", "unlimited": True},
+                ]
+            }
+        )
     )
     port = free_port()
     env = {
@@ -202,3 +209,5 @@ async def test_queues_and_nodes_print_tables(as_team: Stack, capsys: pytest.Capt
     assert lines[0].split()[:4] == ["QUEUE", "COHORT", "WEIGHT", "QUOTA"]
     mine = next(line.split() for line in lines if line.startswith(as_team.queue))
     assert mine[:4] == [as_team.queue, "-", "1.0", "H100=8"]
+    open_queue = next(line.split() for line in lines if line.startswith("default "))
+    assert open_queue[:4] == ["default", "-", "1.0", "unlimited"]

@@ -14,7 +14,7 @@ from gangline.core.queues import QueueName, QuotaConfigError, Resource
 from services.api.app import why
 from services.api.auth import Authenticator, TokenConfig, load_tokens
 from services.api.queries import BadCursor, decode_cursor, encode_cursor
-from services.api.queues_config import QueuesFile, load_queues, quota_tree
+from services.common.queues import QueuesFile, load_queues, queues_of
 
 
 def test_tokens_from_a_file_and_the_environment_map_to_tenants_and_their_queues(tmp_path: Path) -> None:
@@ -46,23 +46,31 @@ def test_a_token_is_a_secret_that_never_shows_in_reprs_and_must_be_long_and_uniq
         )
 
 
-def test_the_queue_file_builds_the_cores_quota_tree_with_the_default_queue(tmp_path: Path) -> None:
+def test_the_queue_file_the_api_reads_builds_the_cores_quota_tree(tmp_path: Path) -> None:
     file = tmp_path / "queues.yaml"
     file.write_text(
         "cohorts: [{name: lab}]\n"
         "queues:\n"
+        "  - {name: default, unlimited: true}\n"
         "  - {name: research, cohort: lab, weight: 2, quotas: {H100: {nominal: 16, borrowing_limit: 8}}}\n"
     )
-    tree = load_queues(file)
-    assert sorted(tree.queue_names()) == ["default", "research"]
-    assert tree.nominal(QueueName("research"), Resource("H100")) == 16
-    assert tree.borrowing_limit(QueueName("research"), Resource("H100")) == 8
-    assert tree.weight(QueueName("research")) == 2
-    assert load_queues(None).queue_names() == ["default"]
-    with pytest.raises(QuotaConfigError):
-        quota_tree(QueuesFile.model_validate({"queues": [{"name": "x"}, {"name": "x"}]}))
+    queues = load_queues(file)
+    assert queues.names() == ["default", "research"]
+    assert queues.tree.queue_names() == ["research"] and queues.unlimited == {"default"}
+    assert queues.tree.nominal(QueueName("research"), Resource("H100")) == 16
+    assert queues.tree.borrowing_limit(QueueName("research"), Resource("H100")) == 8
+    assert queues.weight(QueueName("research")) == 2
+    assert load_queues(None).names() == ["default"] and load_queues(None).unlimited == {"default"}
+    file.write_text("queues: [{name: research}]\n")  # a file is authoritative: no default unless listed
+    assert load_queues(file).names() == ["research"]
+    with pytest.raises(ValueError, match="defined twice"):
+        queues_of(QueuesFile.model_validate({"queues": [{"name": "x"}, {"name": "x"}]}))
     with pytest.raises(QuotaConfigError, match="parent cohort"):
-        quota_tree(QueuesFile.model_validate({"cohorts": [{"name": "a", "parent": "nowhere"}]}))
+        queues_of(QueuesFile.model_validate({"cohorts": [{"name": "a", "parent": "nowhere"}]}))
+    with pytest.raises(ValidationError, match="unlimited queue has no quotas"):
+        QueuesFile.model_validate(
+            {"queues": [{"name": "x", "unlimited": True, "quotas": {"H100": {"nominal": 1}}}]}
+        )
 
 
 def test_why_answers_from_the_state_and_the_pending_reasons() -> None:

@@ -1,18 +1,28 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from svc_helpers import T0, cluster, env
 
 from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter
 from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested, JobSpec
 from gangline.events.types import JobId
 from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
+from services.common.queues import Queues, QueuesFile, load_queues, queues_of
 from services.common.topics import TopicNames
 
 TOPICS = TopicNames(prefix="t.")
+H100 = "H100-SXM5-80GB"  # the model of svc_helpers.cluster's nodes
+QUEUES = {"queues": [{"name": "default", "unlimited": True}, {"name": "research"}]}
 
 
-def state_with_cluster() -> AdmissionState:
-    state = AdmissionState(topics=TOPICS, queues=frozenset({"default", "research"}))
+def queues(doc: Mapping[str, object]) -> Queues:
+    return queues_of(QueuesFile.model_validate(doc))
+
+
+def state_with_cluster(doc: Mapping[str, object] = QUEUES) -> AdmissionState:
+    """20 H100s: two nodes of 8 and one of 4."""
+    state = AdmissionState(topics=TOPICS, queues=queues(doc))
     for node in cluster(("a", 2, 8), ("b", 1, 4)).nodes():
         state.restore(env(node))
     return state
@@ -47,7 +57,7 @@ def test_policy_rejections_name_the_problem() -> None:
 
 
 def test_no_nodes_registered_rejects_with_a_reason() -> None:
-    [out] = ask(AdmissionState(topics=TOPICS, queues=frozenset({"default"})), "j")
+    [out] = ask(AdmissionState(topics=TOPICS, queues=load_queues(None)), "j")
     assert isinstance(out, JobRejected) and out.code == "no_capacity"
 
 

@@ -1,119 +1,439 @@
+"""Quota's decisions on the core's quota tree: per-GPU-type quotas, cohorts that lend and borrow, the
+fair order of waiting jobs, preemption plans (reclaim, priority), requeues, idempotence."""
+
 from __future__ import annotations
 
-from svc_helpers import T0, admitted, env
+from typing import Any
 
-from gangline.events.allocations import AllocationReleased
+from svc_helpers import T0, env
+
+from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobFailed, JobPending, JobQueued, JobRequeued
-from gangline.events.types import AllocationId, JobId, QueueName
+from gangline.events.jobs import (
+    JobAdmitted,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobQueued,
+    JobRequeued,
+    JobSpec,
+    PendingReason,
+)
+from gangline.events.types import AllocationId, JobId, NodeId
+from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
 
 TOPICS = TopicNames()
+H100 = "H100-SXM5-80GB"
+A100 = "A100-SXM4-80GB"
+
+
+def quota(doc: dict[str, Any], *, half_life_s: float = 0.0) -> QuotaState:
+    return QuotaState(
+        topics=TOPICS, queues=queues_of(QueuesFile.model_validate(doc)), half_life_s=half_life_s
+    )
 
 
 def feed(state: QuotaState, envelope: Envelope) -> list[Envelope]:
     outputs = decide(envelope, state, now=T0)
     for _, out in outputs:
-        state.fold(out)  # read back from the log: no change
+        assert state.fold(out) is None  # read back from the log: no change
     return [e for _, e in outputs]
 
 
-def released(job: str, reason: str = "completed") -> Envelope:
-    return env(AllocationReleased(job_id=JobId(job), allocation_id=AllocationId(f"{job}.1"), reason=reason))  # type: ignore[arg-type]
+def admit(job: str, *, at: float = 0.0, **spec: Any) -> Envelope:
+    fields: dict[str, Any] = {"queue": "team-a", "workers": 1, "gpus_per_worker": 1, **spec}
+    return env(JobAdmitted(job_id=JobId(job), spec=JobSpec.model_validate(fields)), at=at)
 
 
-def test_queue_limits_from_the_environment() -> None:
-    settings = QuotaSettings.from_env({"GANGLINE_QUEUE_LIMITS": "default=*, team-a=16"})
-    assert settings.queue_limits == {"default": None, "team-a": 16}
+def grant(job: str, *, attempt: int = 1, at: float = 0.0) -> Envelope:
+    event = AllocationGranted(
+        job_id=JobId(job),
+        allocation_id=AllocationId(f"{job}.{attempt}"),
+        queue="team-a",
+        placements=(Placement(rank=0, node=NodeId("n0"), gpus=("g0",)),),
+    )
+    return env(event, at=at)
 
 
-def test_jobs_within_the_limit_are_queued_the_rest_wait_with_a_quota_reason() -> None:
-    state = QuotaState(topics=TOPICS, limits={"team": 8})
-    [q1] = feed(state, admitted("a", queue="team", gpus_per_worker=6))
-    assert isinstance(q1.data, JobQueued)
-    [p] = feed(state, admitted("b", queue="team", gpus_per_worker=4, priority=1))
-    [p2] = feed(state, admitted("c", queue="team", gpus_per_worker=2))
-    assert isinstance(p.data, JobPending) and p.data.reasons[0].code == "quota"
-    assert "holds 6 of its 8" in p.data.reasons[0].message
-    assert isinstance(p2.data, JobQueued)  # 6 + 2 fits
-    assert state.usage[QueueName("team")] == 8
-    # A final release lets the waiting job through; the higher priority first.
-    feed(state, released("c"))
-    assert state.usage[QueueName("team")] == 6
-    out = feed(state, released("a"))
-    assert [(e.type, e.subject) for e in out] == [("gangline.job.queued.v1", "b")]
-    assert state.usage[QueueName("team")] == 4
+def release(job: str, reason: str = "completed", *, attempt: int = 1, at: float = 0.0) -> Envelope:
+    event = AllocationReleased(
+        job_id=JobId(job),
+        allocation_id=AllocationId(f"{job}.{attempt}"),
+        reason=reason,  # type: ignore[arg-type]
+    )
+    return env(event, at=at)
 
 
-def test_a_requeued_job_stays_charged_and_is_queued_again() -> None:
-    state = QuotaState(topics=TOPICS, limits={"default": 4})
-    feed(state, admitted("a", gpus_per_worker=4))
-    assert feed(state, released("a", reason="preempted")) == []
-    [again] = feed(state, env(JobRequeued(job_id=JobId("a"), reason="preempted", attempt=2)))
-    assert isinstance(again.data, JobQueued)
-    assert state.usage[QueueName("default")] == 4
-    assert len(state.jobs[JobId("a")].queued) == 2
+def requeue(job: str, attempt: int = 2, *, at: float = 0.0) -> Envelope:
+    return env(JobRequeued(job_id=JobId(job), reason="preempted", attempt=attempt), at=at)
 
 
-def test_restore_gives_the_same_usage_and_does_not_queue_twice() -> None:
-    state = QuotaState(topics=TOPICS, limits={"default": None})
-    admit = admitted("a", gpus_per_worker=2)
-    [queued] = feed(state, admit)
-    restarted = QuotaState(topics=TOPICS, limits={"default": None})
-    restarted.restore(queued)  # order between topics does not matter
-    restarted.restore(admit)
-    assert restarted.usage == state.usage == {"default": 2}
-    assert feed(restarted, admit) == []
+def run(state: QuotaState, job: str, *, at: float = 0.0, **spec: Any) -> Envelope:
+    """Admit a job that must be queued at once, and grant it: it is running."""
+    [queued] = feed(state, admit(job, at=at, **spec))
+    assert isinstance(queued.data, JobQueued), queued.data
+    assert feed(state, grant(job, at=at)) == []
+    return queued
 
 
-def test_a_job_larger_than_its_queue_limit_fails_at_once_instead_of_waiting_forever() -> None:
-    state = QuotaState(topics=TOPICS, limits={"small": 4})
-    [out] = feed(state, admitted("huge", queue="small", workers=2, gpus_per_worker=4))
-    assert isinstance(out.data, JobFailed)
-    assert out.data.code == "exceeds_queue_limit" and "at most 4" in out.data.reason
-    assert state.waiting.get(QueueName("small"), {}) == {}
-    assert state.usage.get(QueueName("small"), 0) == 0
+def queued_ids(outputs: list[Envelope]) -> list[str]:
+    return [e.data.job_id for e in outputs if isinstance(e.data, JobQueued)]
+
+
+def reason_of(out: Envelope) -> PendingReason:
+    assert isinstance(out.data, JobPending), out.data
+    return out.data.reasons[0]
+
+
+def usage(state: QuotaState, queue: str, model: str = H100) -> int:
+    from gangline.core.queues import QueueName, Resource
+
+    return state.ledger.usage(QueueName(queue), Resource(model))
+
+
+ONE_TEAM = {
+    "queues": [
+        {"name": "team-a", "quotas": {H100: {"nominal": 16}, A100: {"nominal": 8}}},
+        {"name": "default", "unlimited": True},
+    ]
+}
+LAB = {
+    "cohorts": [{"name": "lab"}],
+    "queues": [
+        {"name": "team-a", "cohort": "lab", "quotas": {H100: {"nominal": 8}}},
+        {"name": "team-b", "cohort": "lab", "quotas": {H100: {"nominal": 8}}},
+    ],
+}
+
+
+def test_quota_settings_read_the_queues_file_and_the_half_life_from_the_environment() -> None:
+    settings = QuotaSettings.from_env(
+        {"GANGLINE_QUEUES_FILE": "/etc/gangline/queues.yaml", "GANGLINE_FAIR_SHARE_HALF_LIFE_S": "0"}
+    )
+    assert str(settings.queues_file) == "/etc/gangline/queues.yaml"
+    assert settings.fair_share_half_life_s == 0
+    assert QuotaSettings().fair_share_half_life_s == 3600
+
+
+def test_a_job_naming_a_full_gpu_type_waits_while_another_type_of_its_queue_goes() -> None:
+    state = quota(ONE_TEAM)
+    big = run(state, "big", gpu_type=H100, gpus_per_worker=8, workers=2)
+    assert isinstance(big.data, JobQueued) and big.data.gpu_type == H100
+
+    [held] = feed(state, admit("h100", gpu_type=H100, gpus_per_worker=8))
+    [a100] = feed(state, admit("a100", gpu_type=A100, gpus_per_worker=4))
+
+    reason = reason_of(held)
+    assert (reason.code, reason.constraint) == ("quota", "quota")
+    assert reason.message == f"team-a uses 16 of its 16 {H100}; no cohort to borrow from; needs 8"
+    assert reason.details["needed"] == 8 and reason.details["used"] == 16 and reason.details["nominal"] == 16
+    assert str(reason.details["fair_share"]).startswith("team-a fair share ")
+    assert reason.unblock is not None and "8 more" in reason.unblock
+    assert isinstance(a100.data, JobQueued) and a100.data.gpu_type == A100
+    assert (usage(state, "team-a"), usage(state, "team-a", A100)) == (16, 4)
+
+    [through] = feed(state, release("big"))
+    assert queued_ids([through]) == ["h100"] and usage(state, "team-a") == 8
+
+
+def test_a_job_naming_no_type_gets_the_first_model_with_room_and_the_queued_event_says_which() -> None:
+    state = quota(ONE_TEAM)
+    [first] = feed(state, admit("first", gpus_per_worker=8, workers=2))
+    [second] = feed(state, admit("second", gpus_per_worker=8))
+    [third] = feed(state, admit("third", gpus_per_worker=8))
+
+    assert isinstance(first.data, JobQueued) and first.data.gpu_type == H100
+    assert isinstance(second.data, JobQueued) and second.data.gpu_type == A100
+    message = reason_of(third).message
+    assert f"on {H100}: team-a uses 16 of its 16 {H100}" in message
+    assert f"on {A100}: team-a uses 8 of its 8 {A100}" in message
+    # A release uncharges exactly what was charged: the A100 job frees A100, the H100 stays full.
+    [through] = feed(state, release("second"))
+    assert isinstance(through.data, JobQueued) and through.data.gpu_type == A100
+    assert (usage(state, "team-a"), usage(state, "team-a", A100)) == (16, 8)
+
+
+def test_borrowing_within_a_cohort_stops_at_the_borrowing_limit() -> None:
+    doc = {
+        "cohorts": [{"name": "lab"}],
+        "queues": [
+            {"name": "team-a", "cohort": "lab", "quotas": {H100: {"nominal": 8, "borrowing_limit": 4}}},
+            {"name": "team-b", "cohort": "lab", "quotas": {H100: {"nominal": 8}}},
+        ],
+    }
+    state = quota(doc)
+    run(state, "a1", gpus_per_worker=8)
+    run(state, "a2", gpus_per_worker=4)  # borrows 4 of team-b's idle quota
+    [held] = feed(state, admit("a3", gpus_per_worker=1))
+    assert (
+        reason_of(held).message
+        == f"team-a uses 12 of its 8 {H100}; borrows 4 of its borrowing limit of 4; needs 1"
+    )
+    [never] = feed(state, admit("huge", gpus_per_worker=8, workers=2))
+    assert isinstance(never.data, JobFailed) and never.data.code == "exceeds_queue_quota"
+    assert "can never hold this job" in never.data.reason
+    assert "huge" in state.retired and usage(state, "team-a") == 12
+
+
+def test_a_lender_keeps_what_its_lending_limit_does_not_lend() -> None:
+    doc = {
+        "cohorts": [{"name": "lab"}],
+        "queues": [
+            {"name": "team-a", "cohort": "lab", "quotas": {H100: {"nominal": 8}}},
+            {"name": "team-b", "cohort": "lab", "quotas": {H100: {"nominal": 8, "lending_limit": 2}}},
+        ],
+    }
+    state = quota(doc)
+    run(state, "a1", gpus_per_worker=8)
+    run(state, "a2", gpus_per_worker=2)
+    [held] = feed(state, admit("a3", gpus_per_worker=1))
+    assert reason_of(held).message == f"team-a uses 10 of its 8 {H100}; cohort has 0 to lend; needs 1"
+    [b] = feed(state, admit("b1", queue="team-b", gpus_per_worker=6))  # what team-b kept is its own
+    assert isinstance(b.data, JobQueued)
+
+
+def _fair_scenario(doc: dict[str, Any], *, half_life_s: float) -> list[str]:
+    """team-a held the whole cohort for an hour; then a job of each queue waits for all of it."""
+    state = quota(doc, half_life_s=half_life_s)
+    run(state, "a0", gpus_per_worker=8, workers=2, at=0)
+    assert reason_of(feed(state, admit("a1", gpus_per_worker=8, workers=2, at=10))[0])
+    assert reason_of(feed(state, admit("b1", queue="team-b", gpus_per_worker=8, workers=2, at=20))[0])
+    return queued_ids(feed(state, release("a0", at=3600)))
+
+
+def test_a_release_lets_the_queue_with_the_lower_dominant_share_through_first() -> None:
+    state = quota(LAB)
+    run(state, "a0", gpus_per_worker=4, at=0)
+    run(state, "a1", gpus_per_worker=4, at=1)
+    run(state, "a2", gpus_per_worker=4, at=2)  # team-a borrows 4
+    run(state, "b0", queue="team-b", gpus_per_worker=4, at=3)
+    feed(state, admit("a-wait", gpus_per_worker=4, at=10))  # admitted first
+    feed(state, admit("b-wait", queue="team-b", gpus_per_worker=4, at=20))
+    # team-a would hold 8 of 16 after the release, team-b 4: team-b's job goes though admitted later.
+    assert queued_ids(feed(state, release("a0", at=30))) == ["b-wait"]
+
+    weighted = {**LAB, "queues": [{**LAB["queues"][0], "weight": 3}, LAB["queues"][1]]}  # type: ignore[dict-item]
+    state = quota(weighted)
+    for k, (job, queue) in enumerate(
+        [("a0", "team-a"), ("a1", "team-a"), ("a2", "team-a"), ("b0", "team-b")]
+    ):
+        run(state, job, queue=queue, gpus_per_worker=4, at=k)
+    feed(state, admit("b-wait", queue="team-b", gpus_per_worker=4, at=10))  # admitted first
+    feed(state, admit("a-wait", gpus_per_worker=4, at=20))
+    # Weight 3: team-a's 8 of 16 count as a share of 1/6, below team-b's 1/4.
+    assert queued_ids(feed(state, release("a0", at=30))) == ["a-wait"]
+
+
+def test_a_queue_that_used_a_lot_recently_goes_after_one_that_did_not() -> None:
+    assert _fair_scenario(LAB, half_life_s=0) == ["a1"]  # plain DRF: both at 0, the earlier admitted
+    assert _fair_scenario(LAB, half_life_s=3600) == ["b1"]  # team-a's last hour counts against it
+
+
+def test_reclaim_names_the_borrowers_latest_preemptible_job_and_the_waiter_goes_once_it_is_released() -> None:
+    state = quota(LAB)
+    run(state, "b-keep", queue="team-b", gpus_per_worker=8, at=0)  # within team-b's nominal, not preemptible
+    run(state, "b-old", queue="team-b", gpus_per_worker=4, preemptible=True, at=1)
+    run(state, "b-new", queue="team-b", gpus_per_worker=4, preemptible=True, at=2)
+
+    [held] = feed(state, admit("a1", gpus_per_worker=4, at=10))
+
+    reason = reason_of(held)
+    assert (reason.code, reason.constraint) == ("quota", "reclaim")
+    assert reason.details["victims"] == "b-new"
+    assert "b-new" in reason.message and "b-old" not in reason.message
+    assert state.plans[JobId("a1")].victims == ("b-new",)
+    # Another waiter of team-a is not given the same victim: it gets the next one.
+    [other] = feed(state, admit("a2", gpus_per_worker=4, at=11))
+    assert reason_of(other).details["victims"] == "b-old"
+    # The preemption service releases the victim and requeues it: team-a's job goes, the victim waits.
+    [through] = feed(state, release("b-new", "preempted", at=20))
+    assert queued_ids([through]) == ["a1"] and JobId("a1") not in state.plans
+    assert "b-new" not in state.planned
+    [again] = feed(state, requeue("b-new", at=21))
+    assert reason_of(again).code == "quota" and usage(state, "team-b") == 12
+
+
+def test_reclaim_takes_as_few_borrowing_jobs_as_needed() -> None:
+    state = quota(LAB)
+    run(state, "b-small", queue="team-b", gpus_per_worker=2, preemptible=True, at=0)
+    run(state, "b-big", queue="team-b", gpus_per_worker=8, preemptible=True, at=1)
+    run(state, "b-last", queue="team-b", gpus_per_worker=6, preemptible=True, at=2)
+    # team-a needs 8: greedily b-last (6), then b-big (8) are taken; b-big alone is enough.
+    [held] = feed(state, admit("a1", gpus_per_worker=8, at=10))
+    assert reason_of(held).details["victims"] == "b-big"
+
+
+def test_a_high_priority_job_in_a_full_queue_names_only_lower_priority_preemptible_victims() -> None:
+    doc = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 8}}}]}
+    state = quota(doc)
+    run(state, "fixed", gpus_per_worker=4, priority=0, at=0)  # not preemptible
+    run(state, "peer", gpus_per_worker=2, priority=10, preemptible=True, at=1)  # same priority as the waiter
+    run(state, "low", gpus_per_worker=2, priority=1, preemptible=True, at=2)
+
+    [big] = feed(state, admit("big", gpus_per_worker=4, priority=10, at=10))
+    [small] = feed(state, admit("small", gpus_per_worker=2, priority=10, at=11))
+
+    assert reason_of(big).constraint == "quota" and "victims" not in reason_of(big).details  # 2 is not enough
+    assert (reason_of(small).constraint, reason_of(small).details["victims"]) == ("priority", "low")
+    [low] = feed(state, admit("low-waiter", gpus_per_worker=2, priority=0, at=12))
+    assert "victims" not in reason_of(low).details  # nothing of lower priority than 0 to take
+
+
+def test_a_preempted_job_is_uncharged_waits_and_is_queued_again_when_room_returns() -> None:
+    doc = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 4}}}]}
+    state = quota(doc)
+    run(state, "j1", gpus_per_worker=4, at=0)
+    feed(state, admit("j2", gpus_per_worker=4, at=1))
+    [j2] = feed(state, release("j1", "preempted", at=2))  # uncharged: the waiting job takes the room
+    assert queued_ids([j2]) == ["j2"] and usage(state, "team-a") == 4
+    [wait] = feed(state, requeue("j1", at=3))
+    assert reason_of(wait).code == "quota"
+    assert state.jobs[JobId("j1")].admitted_at == T0  # keeps its original admitted time
+    assert feed(state, grant("j2", at=4)) == []
+    [back] = feed(state, env(JobCompleted(job_id=JobId("j2"), allocation_id=AllocationId("j2.1")), at=5))
+    assert isinstance(back.data, JobQueued) and back.data.job_id == "j1"
+    assert usage(state, "team-a") == 4 and len(state.jobs[JobId("j1")].queued) == 2
+
+
+def test_a_requeue_read_before_its_release_waits_for_the_release_and_then_competes_in_fair_order() -> None:
+    doc = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 4}}}]}
+    state = quota(doc)
+    run(state, "j1", gpus_per_worker=4, at=0)
+    feed(state, admit("j2", gpus_per_worker=4, priority=5, at=1))
+    assert feed(state, requeue("j1", at=2)) == []  # its GPUs are not released yet: still charged
+    assert usage(state, "team-a") == 4
+    # On the release both wait; the higher priority goes, the requeued job is told why it waits.
+    outputs = feed(state, release("j1", "preempted", at=3))
+    assert queued_ids(outputs) == ["j2"]
+    assert [e.data.job_id for e in outputs if isinstance(e.data, JobPending)] == ["j1"]
+
+
+def test_pending_reasons_are_sent_only_when_what_blocks_the_job_changes() -> None:
+    doc = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 8}}}]}
+    state = quota(doc)
+    run(state, "a", gpus_per_worker=4, at=0)
+    run(state, "b", gpus_per_worker=2, preemptible=True, at=1)
+    run(state, "c", gpus_per_worker=1, at=2)
+    run(state, "d", gpus_per_worker=1, at=3)
+    admit_big = admit("big", gpus_per_worker=4, priority=5, at=4)
+    [first] = feed(state, admit_big)
+    assert reason_of(first).message == f"team-a uses 8 of its 8 {H100}; no cohort to borrow from; needs 4"
+    assert feed(state, admit_big) == []  # delivered again: same reason, not repeated
+    assert feed(state, release("d", at=5)) == []  # 7 of 8 used: only a figure changed
+    # 6 of 8 used: now preempting b would make room, which is news.
+    [plan] = feed(state, release("c", at=6))
+    assert (reason_of(plan).constraint, reason_of(plan).details["victims"]) == ("priority", "b")
+    assert f"team-a uses 6 of its 8 {H100}" in reason_of(plan).message  # with the figures of now
+    [through] = feed(state, release("b", "preempted", at=7))
+    assert queued_ids([through]) == ["big"] and JobId("big") not in state.last_pending
+
+
+def test_an_unlimited_queue_is_never_held_and_an_unknown_queue_fails() -> None:
+    state = quota(ONE_TEAM)
+    for k in range(5):
+        [out] = feed(state, admit(f"free{k}", queue="default", gpus_per_worker=8, workers=8))
+        assert isinstance(out.data, JobQueued) and out.data.gpu_type is None
+    [nowhere] = feed(state, admit("lost", queue="nowhere"))
+    assert isinstance(nowhere.data, JobFailed) and nowhere.data.code == "unknown_queue"
+    assert usage(state, "team-a") == 0
+
+
+def _scenario() -> list[Envelope]:
+    return [
+        admit("a1", gpus_per_worker=8, at=0),
+        admit("b1", queue="team-b", gpus_per_worker=8, preemptible=True, at=1),
+        admit("b2", queue="team-b", gpus_per_worker=4, preemptible=True, at=2),
+        grant("a1", at=3),
+        grant("b1", at=3),
+        admit("a2", gpus_per_worker=4, at=4),
+        admit("b3", queue="team-b", gpus_per_worker=4, at=5),
+        release("a1", at=6),
+        release("b1", "preempted", at=7),
+        requeue("b1", at=8),
+        env(JobFailed(job_id=JobId("b2"), code="worker_exit", reason="died"), at=9),
+        release("b2", "failed", at=10),
+    ]
+
+
+def _summary(state: QuotaState) -> dict[str, Any]:
+    return {
+        "usage": {q: state.ledger.usage_vector(q) for q in state.queues.tree.queue_names()},
+        "charges": {j: job.charge for j, job in state.jobs.items()},
+        "waiting": {t: sorted(js) for t, js in state.waiting.items()},
+        "running": {t: sorted(js) for t, js in state.running.items()},
+        "retired": sorted(state.retired),
+        "plans": dict(state.plans),
+    }
+
+
+def test_every_event_delivered_twice_gives_the_same_outputs_and_state() -> None:
+    once, twice = quota(LAB, half_life_s=600), quota(LAB, half_life_s=600)
+    out_once: list[Envelope] = []
+    out_twice: list[Envelope] = []
+    for envelope in _scenario():
+        out_once += feed(once, envelope)
+        out_twice += feed(twice, envelope)
+        assert feed(twice, envelope) == []
+    assert [(e.id, e.type) for e in out_once] == [(e.id, e.type) for e in out_twice]
+    assert _summary(once) == _summary(twice)
+    assert once.history == twice.history
+
+
+def test_a_restore_in_topic_order_gives_the_live_state() -> None:
+    live = quota(LAB)
+    log: list[Envelope] = []
+    for envelope in _scenario():
+        log += [envelope, *feed(live, envelope)]
+    events = [e for e in log if not e.type.startswith("gangline.allocation.")]
+    allocations = [e for e in log if e.type.startswith("gangline.allocation.")]
+    for order in ([*events, *allocations], [*allocations, *events], log):
+        restored = quota(LAB)
+        for envelope in order:
+            restored.restore(envelope)
+        assert _summary(restored) == _summary(live)
+
+
+def test_a_restore_keeps_the_plans_in_flight_from_quotas_own_pending_reasons() -> None:
+    live = quota(LAB)
+    log: list[Envelope] = []
+    steps = [
+        admit("b1", queue="team-b", gpus_per_worker=8, preemptible=True, at=0),
+        admit("b2", queue="team-b", gpus_per_worker=8, preemptible=True, at=1),
+        grant("b1", at=2),
+        grant("b2", at=3),
+        admit("a1", gpus_per_worker=4, at=4),
+    ]
+    for envelope in steps:
+        log += [envelope, *feed(live, envelope)]
+    assert live.plans[JobId("a1")].victims == ("b2",)
+    restored = quota(LAB)
+    for envelope in log:
+        restored.restore(envelope)
+    assert restored.plans == live.plans and restored.planned == live.planned
+    assert restored.last_pending == live.last_pending
+    # The waiter's plan is in flight: a second admission of another team-a job plans b1, never b2 again.
+    [other] = feed(restored, admit("a2", gpus_per_worker=4, at=5))
+    assert reason_of(other).details["victims"] == "b1"
 
 
 def test_finished_jobs_are_dropped_and_nothing_read_about_them_again_changes_the_state() -> None:
-    state = QuotaState(topics=TOPICS, limits={"default": 4})
+    doc = {"queues": [{"name": "default", "quotas": {H100: {"nominal": 4}}}]}
+    state = quota(doc)
     history: list[Envelope] = []
-    for k in range(100):
-        admit = admitted(f"j{k}", gpus_per_worker=4)
-        [queued] = feed(state, admit)
-        done = released(f"j{k}") if k % 2 else env(JobFailed(job_id=JobId(f"j{k}"), code="x", reason="died"))
+    for k in range(50):
+        admitted = admit(f"j{k}", queue="default", gpus_per_worker=4, at=k)
+        [queued] = feed(state, admitted)
+        done = (
+            release(f"j{k}", at=k)
+            if k % 2
+            else env(JobFailed(job_id=JobId(f"j{k}"), code="x", reason="died"), at=k)
+        )
         assert feed(state, done) == []
-        history += [admit, queued, done]
-    assert state.jobs == {} and len(state.retired) == 100
-    assert state.usage == {"default": 0}
-    # Everything delivered again, in any order: no output, no charge, no record.
+        history += [admitted, queued, done]
+    assert state.jobs == {} and len(state.retired) == 50 and usage(state, "default") == 0
     for envelope in [*reversed(history), *history]:
         assert feed(state, envelope) == []
-    assert state.jobs == {} and state.usage == {"default": 0} and state.waiting[QueueName("default")] == {}
-
-
-def test_a_waiting_job_still_gets_through_when_a_finished_job_is_dropped() -> None:
-    state = QuotaState(topics=TOPICS, limits={"default": 4})
-    feed(state, admitted("a", gpus_per_worker=4))
-    [wait] = feed(state, admitted("b", gpus_per_worker=2))
-    assert isinstance(wait.data, JobPending)
-    [through] = feed(state, released("a"))
-    assert isinstance(through.data, JobQueued) and through.data.job_id == "b"
-    assert set(state.jobs) == {"b"} and state.retired == {"a"}
-    assert state.usage == {"default": 2}
-
-
-def test_a_restore_in_topic_order_retires_finished_jobs_like_the_live_service() -> None:
-    live = QuotaState(topics=TOPICS, limits={"default": None})
-    events: list[Envelope] = []
-    for job in ("a", "b"):
-        admit = admitted(job, gpus_per_worker=2)
-        events += [admit, *feed(live, admit)]
-    feed(live, released("a"))
-    restored = QuotaState(topics=TOPICS, limits={"default": None})
-    for envelope in [*events, released("a")]:  # jobs.events, then allocations.log
-        restored.restore(envelope)
-    assert restored.usage == live.usage == {"default": 2}
-    assert set(restored.jobs) == set(live.jobs) == {"b"} and restored.retired == live.retired == {"a"}
+    assert state.jobs == {} and state.waiting == {} and state.running == {} and usage(state, "default") == 0

@@ -12,6 +12,7 @@ from replay_recorder import TOPICS, Log, ServiceRun, outputs_of, tampered
 from svc_helpers import cluster, env
 from test_admission_replay import request
 from test_admission_replay import wiring as admission_wiring
+from test_quota_replay import QUEUES_FILE
 from test_quota_replay import wiring as quota_wiring
 
 from gangline.cli import main as gangline_main
@@ -24,15 +25,14 @@ from services.quota.handlers import SOURCE as QUOTA
 @pytest.fixture(autouse=True)
 def service_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the services ran with (the replay reads the same variables)."""
-    monkeypatch.setenv("GANGLINE_QUEUES", "default,research,team")
-    monkeypatch.setenv("GANGLINE_QUEUE_LIMITS", "team=8,default=*")
+    monkeypatch.setenv("GANGLINE_QUEUES_FILE", str(QUEUES_FILE))
 
 
 def pipeline_log() -> list[LogRecord]:
     log = Log()
     for node in cluster(("a", 2, 8)).nodes():
         log.produce(TOPICS.inventory, env(node))
-    admission = ServiceRun(log, admission_wiring(AdmissionSettings(queues=("default", "research", "team"))))
+    admission = ServiceRun(log, admission_wiring(AdmissionSettings(queues_file=QUEUES_FILE)))
     quota = ServiceRun(log, quota_wiring())
     for k in range(5):
         request(log, f"t{k}", queue="team", gpus_per_worker=4)

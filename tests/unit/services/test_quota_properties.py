@@ -1,0 +1,142 @@
+"""Properties of quota's decisions over random histories: no queue is ever charged beyond what the
+ledger's check allows, the ledger holds exactly the charges of the jobs that hold quota, and a restore
+of the same log gives the same charges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from svc_helpers import env
+
+from gangline.core.queues import QueueName, Resource
+from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
+from gangline.events.base import Envelope
+from gangline.events.jobs import JobAdmitted, JobFailed, JobQueued, JobRequeued, JobSpec
+from gangline.events.types import AllocationId, JobId, NodeId
+from services.common.queues import QueuesFile, queues_of
+from services.common.topics import TopicNames
+from services.quota.handlers import QuotaState, decide
+
+H100 = "H100-SXM5-80GB"
+A100 = "A100-SXM4-80GB"
+DOC: dict[str, Any] = {
+    "cohorts": [{"name": "lab"}],
+    "queues": [
+        {
+            "name": "team-a",
+            "cohort": "lab",
+            "weight": 2,
+            "quotas": {H100: {"nominal": 8, "borrowing_limit": 4}, A100: {"nominal": 4}},
+        },
+        {"name": "team-b", "cohort": "lab", "quotas": {H100: {"nominal": 8, "lending_limit": 2}}},
+        {"name": "team-c", "cohort": "lab", "quotas": {A100: {"nominal": 4}}},
+        {"name": "solo", "quotas": {H100: {"nominal": 4}}},
+        {"name": "default", "unlimited": True},
+    ],
+}
+QUEUES = ["team-a", "team-b", "team-c", "solo", "default"]
+
+admit_op = st.tuples(
+    st.just("admit"),
+    st.sampled_from(QUEUES),
+    st.integers(1, 6),
+    st.sampled_from([None, H100, A100]),
+    st.integers(0, 3),
+    st.booleans(),
+)
+other_op = st.tuples(st.sampled_from(["grant", "release", "preempt", "fail"]), st.integers(0, 40))
+
+
+class History:
+    """Drives quota through a random history, as the other services would answer its decisions."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self.state = QuotaState(
+            topics=TopicNames(), queues=queues_of(QueuesFile.model_validate(DOC)), half_life_s=half_life_s
+        )
+        self.log: list[Envelope] = []
+        self.jobs: list[JobId] = []
+        self.queued: dict[JobId, int] = {}
+        self.granted: dict[JobId, int] = {}
+        self.clock = 0.0
+
+    def send(self, event: Any) -> None:
+        self.clock += 1.0
+        envelope = env(event, at=self.clock)
+        self.log.append(envelope)
+        for _, out in decide(envelope, self.state, now=envelope.time):
+            self.log.append(out)
+            if isinstance(out.data, JobQueued):
+                self.queued[out.data.job_id] = self.queued.get(out.data.job_id, 0) + 1
+        self.check()
+
+    def step(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "admit":
+            _, queue, gpus, gpu_type, priority, preemptible = op
+            job = JobId(f"j{len(self.jobs)}")
+            self.jobs.append(job)
+            spec = JobSpec(
+                queue=queue, workers=1, gpus_per_worker=gpus, gpu_type=gpu_type, priority=priority,
+                preemptible=preemptible,
+            )  # fmt: skip
+            self.send(JobAdmitted(job_id=job, spec=spec))
+            return
+        if not self.jobs:
+            return
+        job = self.jobs[op[1] % len(self.jobs)]
+        attempt = self.queued.get(job, 0)
+        allocation = AllocationId(f"{job}.{attempt}")
+        if kind == "grant" and attempt > self.granted.get(job, 0):
+            self.granted[job] = attempt
+            placement = Placement(rank=0, node=NodeId("n0"), gpus=("g0",))
+            self.send(
+                AllocationGranted(
+                    job_id=job, allocation_id=allocation, queue="team-a", placements=(placement,)
+                )
+            )
+        elif kind in ("release", "preempt") and self.granted.get(job, 0) == attempt > 0:
+            self.granted[job] = -attempt  # released: not granted again for this attempt
+            reason = "completed" if kind == "release" else "preempted"
+            self.send(AllocationReleased(job_id=job, allocation_id=allocation, reason=reason))
+            if kind == "preempt":
+                self.send(JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1))
+        elif kind == "fail":
+            self.send(JobFailed(job_id=job, code="worker_exit", reason="it died"))
+
+    def check(self) -> None:
+        state = self.state
+        tree = state.queues.tree
+        expected: dict[str, dict[Resource, int]] = {}
+        for job in state.jobs.values():
+            if job.charge is not None and job.charge.limited:
+                vec = expected.setdefault(job.charge.queue, {})
+                for r, n in job.charge.request.items():
+                    vec[r] = vec.get(r, 0) + n
+        for q in tree.queue_names():
+            assert state.ledger.usage_vector(q) == {r: n for r, n in expected.get(q, {}).items() if n}
+            for r in tree.resources:
+                # Every charge was checked first: no queue can ever be past what it may take.
+                assert state.ledger.available(QueueName(q), r) >= 0, (q, r)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(st.one_of(admit_op, other_op), min_size=1, max_size=60),
+    half_life_s=st.sampled_from([0.0, 30.0]),
+)
+def test_no_queue_is_ever_charged_past_its_quota_and_a_restore_gives_the_same_charges(
+    ops: list[tuple[Any, ...]], half_life_s: float
+) -> None:
+    history = History(half_life_s)
+    for op in ops:
+        history.step(op)
+    restored = QuotaState(topics=TopicNames(), queues=history.state.queues, half_life_s=half_life_s)
+    for envelope in history.log:
+        restored.restore(envelope)
+    live = history.state
+    assert {j: r.charge for j, r in restored.jobs.items()} == {j: r.charge for j, r in live.jobs.items()}
+    assert {t: set(w) for t, w in restored.waiting.items()} == {t: set(w) for t, w in live.waiting.items()}
+    assert restored.retired == live.retired
