@@ -2,8 +2,9 @@
 
 Spans leave the process over OTLP/HTTP (protobuf) only when an endpoint is configured, by
 argument or by the standard ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``
-variables; with none, spans are still created (trace ids flow through Kafka headers) but
-nothing is exported.
+variables; with none (and no span processor given), spans are not recorded at all: the
+:class:`~gangline.telemetry.light.LightTracerProvider` still gives each one its own id under its
+parent's trace, so trace context flows through Kafka headers and envelopes exactly as before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from gangline.telemetry.light import LightTracerProvider
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -54,7 +57,7 @@ def setup_tracing(
     span_processors: Sequence[SpanProcessor] = (),
     environ: Mapping[str, str] | None = None,
     install_global: bool = True,
-) -> TracerProvider:
+) -> trace.TracerProvider:
     """Build the service's tracer provider and (by default) install it as the global one.
 
     ``span_processors`` are added after the OTLP exporter (tests pass a ``SimpleSpanProcessor``
@@ -62,11 +65,16 @@ def setup_tracing(
     later calls still return a working provider, which callers may inject where a tracer
     provider is accepted.
     """
+    endpoint = traces_endpoint(otlp_endpoint, os.environ if environ is None else environ)
+    if endpoint is None and not span_processors:
+        light = LightTracerProvider()
+        if install_global:
+            trace.set_tracer_provider(light)
+        return light
     attributes: dict[str, str] = {"service.name": service_name}
     if instance_id:
         attributes["service.instance.id"] = instance_id
     provider = TracerProvider(resource=Resource.create(attributes))
-    endpoint = traces_endpoint(otlp_endpoint, os.environ if environ is None else environ)
     if endpoint is not None:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     for processor in span_processors:
