@@ -12,7 +12,8 @@ Its id is derived from the allocation, and an allocation already released (preem
 cancelled, or by us before a restart) is never released again. The batch's end decides it, not the
 event, so a restore that finds a job ended while placement was down releases it on the first batch.
 
-A job may be placed when it was admitted (or, ``gated``, queued by the quota service), holds no
+A job may be placed when it was admitted (or, ``gated``, queued by the quota service; a job of an
+unlimited queue is never held by quota, so it is placed once admitted, one Kafka hop sooner), holds no
 live allocation, is not finished, and has had fewer grants than attempts allowed (one, plus one per
 ``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
 and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
@@ -114,6 +115,9 @@ class PlacementState:
     topics: TopicNames
     profile: Profile
     gated: bool = True
+    unlimited_queues: frozenset[str] = frozenset()
+    """Queues the queues file marks unlimited: quota never holds their jobs back (it writes no
+    job.queued for them), so even ``gated`` placement takes them as soon as they are admitted."""
     max_jobs_per_cycle: int = 256
     nodes: dict[NodeId, NodeRegistered] = field(default_factory=dict)
     registered_at: dict[NodeId, datetime] = field(default_factory=dict)
@@ -289,8 +293,13 @@ class PlacementState:
             record = self.jobs[job_id] = JobRecord(job_id)
         return record
 
+    def gated_for(self, record: JobRecord) -> bool:
+        """Whether ``record`` waits for quota's job.queued (not for a job of an unlimited queue)."""
+        spec = record.spec
+        return self.gated and (spec is None or spec.queue not in self.unlimited_queues)
+
     def _refresh(self, record: JobRecord) -> bool:
-        if record.waiting(self.gated):
+        if record.waiting(self.gated_for(record)):
             new = record.job_id not in self.waiting
             self.waiting[record.job_id] = record
             return new

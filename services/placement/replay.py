@@ -86,11 +86,13 @@ class PlacementReplayer:
         *,
         topics: TopicNames,
         gated: bool = True,
+        unlimited_queues: frozenset[str] = frozenset(),
         profile: Profile | None = None,
         max_jobs_per_cycle: int = 256,
     ) -> None:
         self.topics = topics
         self._gated = gated
+        self._unlimited = unlimited_queues
         self._profile = profile if profile is not None else default_profile()
         self._max_jobs = max_jobs_per_cycle
         self._restore_topics = (topics.inventory, topics.health, topics.events, topics.allocations)
@@ -106,7 +108,11 @@ class PlacementReplayer:
 
     def _new_state(self) -> PlacementState:
         return PlacementState(
-            topics=self.topics, profile=self._profile, gated=self._gated, max_jobs_per_cycle=self._max_jobs
+            topics=self.topics,
+            profile=self._profile,
+            gated=self._gated,
+            unlimited_queues=self._unlimited,
+            max_jobs_per_cycle=self._max_jobs,
         )
 
     def replay(self) -> ReplayReport:
@@ -217,14 +223,24 @@ def replay_placement(
     *,
     topics: TopicNames | None = None,
     gated: bool = True,
+    unlimited_queues: frozenset[str] | None = None,
     profile: Profile | None = None,
     max_jobs_per_cycle: int = 256,
 ) -> PlacementReplay:
-    """Re-run placement's handlers over the recorded inputs; every difference in its outputs, in order."""
+    """Re-run placement's handlers over the recorded inputs; every difference in its outputs, in order.
+
+    ``unlimited_queues``: the queues the run's queues file marked unlimited (None: the configuration
+    without a file, where only ``default`` is).
+    """
+    if unlimited_queues is None:
+        from services.common.queues import load_queues
+
+        unlimited_queues = frozenset(load_queues(None).unlimited)
     return PlacementReplayer(
         records,
         topics=topics if topics is not None else TopicNames(),
         gated=gated,
+        unlimited_queues=unlimited_queues,
         profile=profile,
         max_jobs_per_cycle=max_jobs_per_cycle,
     ).replay()
@@ -247,6 +263,7 @@ def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> Rep
     """Placement's replay under ``prefix``, with the profile and cycle size it reads (``GANGLINE_*``)."""
     from gangline.core.defaults import placement_registry
     from gangline.core.framework.profile import load_profile_file
+    from services.common.queues import load_queues
     from services.placement.settings import PlacementSettings
 
     settings = PlacementSettings.from_env(topic_prefix=prefix)
@@ -257,6 +274,7 @@ def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> Rep
         records,
         topics=TopicNames(prefix=prefix),
         gated=gated,
+        unlimited_queues=frozenset(load_queues(settings.queues_file).unlimited),
         profile=profile,
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
     )

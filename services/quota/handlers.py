@@ -12,8 +12,10 @@ is released, for any reason, or the job ends (``job.completed``, ``job.failed``,
 What is charged is remembered per job (the GPU model quota chose and the resource vector), so a
 release uncharges exactly that. A requeued job (preempted, node failed: a release, then
 ``job.requeued``) is uncharged and waits again like a newly admitted job, keeping its admitted time;
-a requeue read before its release waits for the release. A job of an unlimited queue is let through
-at once and charged nothing; one of a queue the configuration does not name fails (``unknown_queue``).
+a requeue read before its release waits for the release. A job of an unlimited queue is not quota's
+business: it is retired as soon as its admission is read (no ``job.queued``), and placement places it once
+admitted (one hop less on its way to a grant); one of a queue the configuration does not name fails
+(``unknown_queue``).
 
 Deciding. On ``job.admitted`` / ``job.requeued`` of a waiting job its flavours (``Queues.requests``)
 are tried in order: the first that fits is charged and ``job.queued`` names its model (``gpu_type``,
@@ -217,6 +219,12 @@ class QuotaState:
         if job is None:
             job = self.jobs[data.job_id] = QuotaJob(data.job_id)
         if isinstance(data, JobAdmitted):
+            if Queue(data.spec.queue) in self.queues.unlimited:
+                # Nothing to decide: placement takes it once admitted. Retired at once, so whatever is
+                # read about it later (its grant, its end) changes nothing here.
+                del self.jobs[data.job_id]
+                self.retired.add(data.job_id)
+                return None
             if job.spec is None:
                 job.spec = data.spec
                 job.admitted_at = envelope.time

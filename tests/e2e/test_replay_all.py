@@ -68,8 +68,12 @@ def two_nodes() -> ClusterSpec:
 async def test_every_service_replays_identical_after_a_preemption_and_a_node_failure(
     kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # `default` is a limited queue here, with room to spare: every job goes through quota (job.queued),
+    # so quota has decisions to replay, and the preemption is placement's, as in the preemption story.
+    queues_file = tmp_path / "queues.yaml"
+    queues_file.write_text("queues:\n  - name: default\n    quotas: {H100-SXM5-80GB: {nominal: 1000}}\n")
     async with private_topics(kafka_bootstrap, "replayall") as topics:
-        env = service_env(kafka_bootstrap, topics, **NODE_HEALTH)
+        env = service_env(kafka_bootstrap, topics, **NODE_HEALTH, queues_file=str(queues_file))
         cluster = fake_cluster(kafka_bootstrap, topics, two_nodes(), heartbeat_s=0.3)
         tasks = Tasks()
         try:
@@ -122,11 +126,11 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
         records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))
 
     names = TopicNames(prefix=topics.prefix)
-    prefix = {"topic_prefix": topics.prefix}
+    prefix = {"topic_prefix": topics.prefix, "queues_file": queues_file}
     results: dict[str, ReplayReport] = {
         "admission": replay_admission(records, AdmissionSettings(**prefix)),
         "quota": replay_quota(records, QuotaSettings(**prefix)),
-        "placement": replay_placement(records, topics=names),
+        "placement": replay_placement(records, topics=names, unlimited_queues=frozenset()),
         "preemption": replay_preemption(records, PreemptionSettings(**prefix)),
         "node_health": replay_node_health(records, NodeHealthSettings(**prefix, **NODE_HEALTH)),
     }
@@ -148,6 +152,7 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
     write_jsonl(records, path)
     for key, value in NODE_HEALTH.items():
         monkeypatch.setenv(f"GANGLINE_{key.upper()}", value)
+    monkeypatch.setenv("GANGLINE_QUEUES_FILE", str(queues_file))
     capsys.readouterr()
     argv = ["replay", "--from", str(path), "--verify", "--decider", "all", "--prefix", topics.prefix]
     assert gangline_main(argv) == 0

@@ -80,6 +80,15 @@ def test_gated_jobs_wait_for_job_queued() -> None:
     assert [g.job_id for g in grants(out)] == ["j1"]
 
 
+def test_jobs_of_unlimited_queues_do_not_wait_for_quota() -> None:
+    state = new_state(("a", 1, 8), gated=True)
+    state.unlimited_queues = frozenset({"default"})
+    assert [g.job_id for g in grants(feed(state, admitted("open", gpus_per_worker=2)))] == ["open"]
+    assert feed(state, admitted("held", queue="team", gpus_per_worker=2)) == []
+    out = feed(state, env(JobQueued(job_id=JobId("held"), queue=QueueName("team"))))
+    assert [g.job_id for g in grants(out)] == ["held"]
+
+
 def test_a_gated_job_goes_only_on_the_gpu_model_quota_charged_it_to() -> None:
     state = PlacementState(topics=TOPICS, profile=default_profile(), gated=True)
     two_models = ClusterSpec(

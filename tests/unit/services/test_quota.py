@@ -331,11 +331,14 @@ def test_pending_reasons_are_sent_only_when_what_blocks_the_job_changes() -> Non
     assert queued_ids([through]) == ["big"] and JobId("big") not in state.last_pending
 
 
-def test_an_unlimited_queue_is_never_held_and_an_unknown_queue_fails() -> None:
+def test_an_unlimited_queue_is_left_to_placement_and_an_unknown_queue_fails() -> None:
     state = quota(ONE_TEAM)
     for k in range(5):
-        [out] = feed(state, admit(f"free{k}", queue="default", gpus_per_worker=8, workers=8))
-        assert isinstance(out.data, JobQueued) and out.data.gpu_type is None
+        # Nothing to decide (placement takes these once admitted); nothing kept but the retired id.
+        assert feed(state, admit(f"free{k}", queue="default", gpus_per_worker=8, workers=8)) == []
+        assert feed(state, grant(f"free{k}", at=1)) == []
+        assert feed(state, release(f"free{k}", "completed", at=2)) == []
+    assert not state.jobs and {f"free{k}" for k in range(5)} <= state.retired
     [nowhere] = feed(state, admit("lost", queue="nowhere"))
     assert isinstance(nowhere.data, JobFailed) and nowhere.data.code == "unknown_queue"
     assert usage(state, "team-a") == 0
