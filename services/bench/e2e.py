@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("admission", "quota", "placement", "preemption", "node_health")
 
 
-def request(job_id: str, duration_s: int) -> bytes:
+def request(job_id: str, duration_s: int, queue: str = "default") -> bytes:
     return json.dumps(
         {
             "specversion": "1.0",
@@ -55,13 +55,30 @@ def request(job_id: str, duration_s: int) -> bytes:
             "subject": job_id,
             "data": {
                 "job_id": job_id,
-                "queue": "default",
+                "queue": queue,
                 "workers": 1,
                 "gpus_per_worker": 1,
                 "duration_hint_s": duration_s,
             },
         }
     ).encode()
+
+
+METERED = "metered"
+
+
+def write_queues(folder: Path, nodes: int) -> Path:
+    """The bench's queues file: ``default`` unlimited, ``metered`` with a quota of the whole cluster."""
+    path = folder / "queues.yaml"
+    path.write_text(
+        "queues:\n"
+        "  - name: default\n"
+        "    unlimited: true\n"
+        f"  - name: {METERED}\n"
+        f"    quotas: {{H100-SXM5-80GB: {{nominal: {nodes * 8}}}}}\n",
+        encoding="utf-8",
+    )
+    return path
 
 
 STAGES = (b"job.admitted", b"job.queued")
@@ -110,13 +127,15 @@ class Grants:
             left = [j for j in left if j not in self.released]
         return len(jobs) - len(left)
 
-    async def wait_for_stages(self, jobs: dict[str, int], timeout_s: float) -> None:
-        """Read jobs.events on until every job's admitted and queued were seen (it may lag the grants)."""
+    async def wait_for_stages(self, jobs: dict[str, int], timeout_s: float, *, metered: bool) -> None:
+        """Read jobs.events on until every job's admitted (and, ``metered``, queued) were seen (it may
+        lag the grants)."""
+        stages = STAGES if metered else STAGES[:1]
         deadline = time.monotonic() + timeout_s
-        left = [j for j in jobs if not all(j in self.stage_at[stage] for stage in STAGES)]
+        left = [j for j in jobs if not all(j in self.stage_at[stage] for stage in stages)]
         while left and time.monotonic() < deadline:
             await self.poll()
-            left = [j for j in left if not all(j in self.stage_at[stage] for stage in STAGES)]
+            left = [j for j in left if not all(j in self.stage_at[stage] for stage in stages)]
 
     async def wait_for(self, jobs: dict[str, int], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -128,7 +147,12 @@ class Grants:
 
 
 async def publish(
-    producer: AIOKafkaProducer, topic: str, jobs: list[str], rate: float | None, duration_s: int
+    producer: AIOKafkaProducer,
+    topic: str,
+    jobs: list[str],
+    rate: float | None,
+    duration_s: int,
+    queue: str = "default",
 ) -> dict[str, int]:
     """Send the jobs (at ``rate`` per second, or as fast as possible); request timestamps by job id."""
     sent: dict[str, int] = {}
@@ -139,23 +163,26 @@ async def publish(
             delay = started + k / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-        futures.append((job, await producer.send(topic, value=request(job, duration_s), key=job.encode())))
+        value = request(job, duration_s, queue)
+        futures.append((job, await producer.send(topic, value=value, key=job.encode())))
     for job, future in futures:
         sent[job] = (await future).timestamp
     return sent
 
 
-def stage_figures(grants: Grants, sent: dict[str, int]) -> str:
-    """p50/p99 of request->admitted, admitted->queued, queued->granted (jobs seen at every stage)."""
+def stage_figures(grants: Grants, sent: dict[str, int], *, metered: bool) -> str:
+    """p50/p99 of request->admitted, admitted->queued, queued->granted (jobs seen at every stage); for
+    the unlimited queue, whose jobs quota does not queue, request->admitted and admitted->granted."""
     admitted, queued = grants.stage_at[b"job.admitted"], grants.stage_at[b"job.queued"]
-    seen = [j for j in sent if j in admitted and j in queued and j in grants.at]
+    seen = [j for j in sent if j in admitted and (j in queued or not metered) and j in grants.at]
     if not seen:
         return "n/a"
-    stages = {
-        "request->admitted": [float(admitted[j] - sent[j]) for j in seen],
-        "admitted->queued": [float(queued[j] - admitted[j]) for j in seen],
-        "queued->granted": [float(grants.at[j] - queued[j]) for j in seen],
-    }
+    stages = {"request->admitted": [float(admitted[j] - sent[j]) for j in seen]}
+    if metered:
+        stages["admitted->queued"] = [float(queued[j] - admitted[j]) for j in seen]
+        stages["queued->granted"] = [float(grants.at[j] - queued[j]) for j in seen]
+    else:
+        stages["admitted->granted"] = [float(grants.at[j] - admitted[j]) for j in seen]
     return ", ".join(f"{k} {percentile(v, 0.5):.0f}/{percentile(v, 0.99):.0f}" for k, v in stages.items())
 
 
@@ -261,7 +288,9 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         "GANGLINE_INSTANCE_ID": "bench",
         "GANGLINE_SILENCE_S": "60",
         "GANGLINE_LOG_LEVEL": "WARNING",
+        "GANGLINE_QUEUES_FILE": str(write_queues(logs, args.nodes)),
     }
+    metered = args.queue == METERED
     procs: dict[str, subprocess.Popen[bytes]] = {}
     figures: dict[str, float] = {}
     # The bench shares the machine: what else keeps its cores busy skews every figure below.
@@ -271,7 +300,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
     figures["background_busy"] = round(quiet_busy_s / max(quiet_all_s, 1e-9), 2)
     print(
         f"before starting: the machine's cores were {figures['background_busy']:.0%} busy; "
-        f"{args.nodes} simulated nodes will run at nice {args.nodes_nice}",
+        f"{args.nodes} simulated nodes will run at nice {args.nodes_nice}; jobs go to queue {args.queue}",
         flush=True,
     )
     try:
@@ -296,7 +325,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             await grants.wait_for(warm, timeout_s=120)
 
             jobs = [f"burst-{k:06d}" for k in range(args.burst)]
-            sent = await publish(producer, topics.requests, jobs, None, args.job_s)
+            sent = await publish(producer, topics.requests, jobs, None, args.job_s, args.queue)
             await grants.wait_for(sent, timeout_s=300)
             first = min(sent.values())
             last = max(grants.at[j] for j in jobs)
@@ -353,14 +382,14 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             cpu_before = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
             cpu_before["bench"] = cpu_seconds(os.getpid())
             busy_before = machine_busy_s()
-            sent = await publish(producer, topics.requests, jobs, args.offered, args.job_s)
+            sent = await publish(producer, topics.requests, jobs, args.offered, args.job_s, args.queue)
             busy_after = machine_busy_s()
             cpu_steady = {
                 name: round(cpu_seconds(proc.pid) - cpu_before[name], 1) for name, proc in procs.items()
             }
             cpu_steady["bench"] = round(cpu_seconds(os.getpid()) - cpu_before["bench"], 1)
             await grants.wait_for(sent, timeout_s=300)
-            await grants.wait_for_stages(sent, timeout_s=10)
+            await grants.wait_for_stages(sent, timeout_s=10, metered=metered)
             latencies = [float(grants.at[j] - sent[j]) for j in jobs]
             figures["offered_per_s"] = args.offered
             figures["p50_ms"] = percentile(latencies, 0.50)
@@ -371,7 +400,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                 f"p99 {figures['p99_ms']} ms, mean {figures['mean_ms']} ms",
                 flush=True,
             )
-            print(f"  per stage (p50/p99 ms): {stage_figures(grants, sent)}", flush=True)
+            print(f"  per stage (p50/p99 ms): {stage_figures(grants, sent, metered=metered)}", flush=True)
             busy_s, all_s = (after - before for after, before in zip(busy_after, busy_before, strict=True))
             figures["steady_machine_busy"] = round(busy_s / max(all_s, 1e-9), 2)
             print(
@@ -467,6 +496,13 @@ def main() -> int:
         type=int,
         default=10,
         help="niceness of the simulated nodes' process (0: compete with the services for the CPU)",
+    )
+    p.add_argument(
+        "--queue",
+        choices=("default", METERED),
+        default="default",
+        help="the jobs' queue: default is unlimited (admission -> placement); metered has a quota as big as "
+        "the cluster, so quota queues every job (admission -> quota -> placement)",
     )
     p.add_argument("--keep-topics", action="store_true", help="leave the topics for inspection")
     figures = asyncio.run(bench(p.parse_args()))

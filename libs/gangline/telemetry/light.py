@@ -36,7 +36,9 @@ class LightTracer(trace.Tracer):
     """Non-recording spans with real, fresh ids (see the module docstring)."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self._bits = (rng or random.SystemRandom()).getrandbits
+        # Ids need to be unique, not secret: a Mersenne twister seeded from the OS, as the SDK's own
+        # RandomIdGenerator does (SystemRandom would cost a system call per id).
+        self._bits = (rng or random.Random()).getrandbits
 
     def start_span(
         self,

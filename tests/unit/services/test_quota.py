@@ -440,3 +440,35 @@ def test_finished_jobs_are_dropped_and_nothing_read_about_them_again_changes_the
     for envelope in [*reversed(history), *history]:
         assert feed(state, envelope) == []
     assert state.jobs == {} and state.waiting == {} and state.running == {} and usage(state, "default") == 0
+
+
+def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
+    from dataclasses import dataclass
+
+    from gangline.events.codec import encode
+    from services.quota.wiring import unless_retired
+
+    @dataclass(frozen=True)
+    class Record:
+        topic: str
+        partition: int
+        offset: int
+        timestamp: int
+        key: bytes | None
+        value: bytes | None
+        headers: tuple[tuple[str, bytes], ...] = ()
+
+    state = quota(ONE_TEAM)
+    feed(state, admit("open", queue="default"))  # an unlimited queue's job: retired on admission
+    decoded: list[bytes | None] = []
+
+    def count(record: Any) -> bool:
+        decoded.append(record.key)
+        return True
+
+    select = unless_retired(state, count)
+    about = {job: encode(grant(job, at=1)) for job in ("open", "a1")}
+    assert not select(Record("jobs.events", 0, 0, 0, b"open", about["open"]))
+    assert select(Record("jobs.events", 0, 1, 0, b"a1", about["a1"]))
+    assert select(Record("jobs.events", 0, 2, 0, None, b"not json"))
+    assert decoded == [b"a1", None]
