@@ -45,7 +45,8 @@ class ServiceSettings(BaseModel):
     static_membership: bool = True
     """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
     queues_file: Path | None = None
-    """The queue configuration (GANGLINE_QUEUES_FILE), read by admission, quota and the API; see
+    """The queue configuration (GANGLINE_QUEUES_FILE), read by admission, quota and the API (placement and
+    preemption read which queues are unlimited); see
     :mod:`services.common.queues`. Unset: one unlimited ``default`` queue."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""

@@ -1,4 +1,5 @@
-"""The queue configuration file, one for admission, quota and the API (``GANGLINE_QUEUES_FILE``).
+"""The queue configuration file, one for admission, quota and the API (``GANGLINE_QUEUES_FILE``);
+placement and preemption read it too, for the unlimited queues whose jobs skip quota.
 
 ::
 

@@ -26,7 +26,8 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GANGLINE = {name: s for name, s in SERVICES.items() if s.get("image") == "gangline:dev"}
 LONG_RUNNING = {"admission", "quota", "placement", "preemption", "node-health", "ledger", "api", "fake-nodes"}
-READ_QUEUES = ("admission", "quota", "api")
+READ_QUEUES = ("admission", "quota", "api", "placement", "preemption")
+"""Placement and preemption read which queues are unlimited: those jobs are placed without quota's job.queued."""
 """The services that read the queue configuration (GANGLINE_QUEUES_FILE)."""
 EXAMPLE_QUEUES = ROOT / "deploy" / "docker" / "queues.yaml"
 RETIRED = {"GANGLINE_QUEUES", "GANGLINE_QUEUE_LIMITS"}
@@ -192,7 +193,7 @@ def queues_file_in(name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", READ_QUEUES)
-def test_admission_quota_and_the_api_read_the_one_example_queues_file(name: str) -> None:
+def test_every_reader_of_queues_reads_the_one_example_queues_file(name: str) -> None:
     path = queues_file_in(name)
     assert path.resolve() == EXAMPLE_QUEUES.resolve()
     assert load_queues(path).names() == [DEFAULT_QUEUE, "team-a", "team-b"]
@@ -277,7 +278,7 @@ def test_k8s_manifests_run_modules_that_exist_with_variables_their_settings_read
             assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
-def test_k8s_mounts_the_example_queues_into_admission_quota_and_the_api() -> None:
+def test_k8s_mounts_the_example_queues_into_every_reader() -> None:
     docs = k8s_documents()
     [config] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gangline-queues"]
     document = yaml.safe_load(config["data"]["queues.yaml"])
