@@ -625,7 +625,8 @@ def pending_key(reason: PendingReason) -> str:
     on every release; it is told when what blocks it changes (another resource, the cohort rather
     than its own quota, a preemption plan), and the figures it gets then are the current ones.
     """
-    return f"{reason.code}/{reason.constraint}: {_FIGURES.sub('#', reason.message)}"
+    victims = reason.details.get("victims", "")  # job ids: their digits are names, not figures
+    return f"{reason.code}/{reason.constraint}/{victims}: {_FIGURES.sub('#', reason.message)}"
 
 
 def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:

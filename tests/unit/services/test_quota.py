@@ -472,3 +472,19 @@ def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
     assert select(Record("jobs.events", 0, 1, 0, b"a1", about["a1"]))
     assert select(Record("jobs.events", 0, 2, 0, None, b"not json"))
     assert decoded == [b"a1", None]
+
+
+def test_a_new_plan_is_news_even_when_only_the_digits_of_its_victims_differ() -> None:
+    from gangline.events.jobs import PendingReason
+    from services.quota.handlers import pending_key
+
+    def reason(used: int, victims: str) -> PendingReason:
+        return PendingReason(
+            code="quota",
+            constraint="reclaim",
+            message=f"team-a uses {used} of its 8 H100; reclaiming quota lent to {victims} would make room",
+            details={"victims": victims},
+        )
+
+    assert pending_key(reason(4, "b-1")) == pending_key(reason(6, "b-1"))  # only a figure changed
+    assert pending_key(reason(4, "b-1")) != pending_key(reason(4, "b-2"))
