@@ -27,7 +27,7 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GANGLINE = {name: s for name, s in SERVICES.items() if s.get("image") == "gangline:dev"}
 LONG_RUNNING = {"admission", "quota", "placement", "preemption", "node-health", "ledger", "api", "fake-nodes"}
 READ_QUEUES = ("admission", "quota", "api", "placement", "preemption")
-"""Placement and preemption read which queues are unlimited: those jobs are placed without quota's job.queued."""
+"""Placement and preemption read which queues are unlimited: placed without quota's job.queued."""
 """The services that read the queue configuration (GANGLINE_QUEUES_FILE)."""
 EXAMPLE_QUEUES = ROOT / "deploy" / "docker" / "queues.yaml"
 RETIRED = {"GANGLINE_QUEUES", "GANGLINE_QUEUE_LIMITS"}
