@@ -269,21 +269,9 @@ def preempt_for(
     for victim in found.victims:
         victim_record = mirror.jobs[JobId(victim.job_id)]
         granted = victim_record.live()
-        assert granted is not None and victim_record.spec is not None
-        grace = victim_record.spec.checkpoint_grace_s
-        event = JobPreempting(
-            job_id=victim_record.job_id,
-            allocation_id=granted.allocation_id,
-            deadline=now + timedelta(seconds=grace),
-            reason=(
-                f"job {job_id} (priority {priority}) needs the GPUs; checkpoint within {grace} s "
-                f"(lose {victim.lost_gpu_hours:.2f} GPU-hours otherwise)"
-            ),
-            preemptor_job_id=job_id,
-        )
-        envelope = _envelope(event, granted.allocation_id, "preempting", now)
-        state.fold(envelope)
-        out.append((state.mirror.topics.events, envelope))
+        assert granted is not None
+        why = f"(priority {priority}) needs the GPUs"
+        out.append(_ask(state, victim_record, granted, job_id, why, victim.lost_gpu_hours, now=now))
     return out
 
 
@@ -310,26 +298,42 @@ def preempt_named(
             or granted.allocation_id in state.asked
         ):
             continue
-        grace = victim.spec.checkpoint_grace_s
         why = (
             "reclaims the quota its queue lent to the cohort"
             if constraint == "reclaim"
             else "has a higher priority in the same queue, which is at its quota"
         )
-        event = JobPreempting(
-            job_id=victim.job_id,
-            allocation_id=granted.allocation_id,
-            deadline=now + timedelta(seconds=grace),
-            reason=(
-                f"job {job_id} {why}; checkpoint within {grace} s "
-                f"(lose {lost_gpu_hours(state, granted, now):.2f} GPU-hours otherwise)"
-            ),
-            preemptor_job_id=job_id,
-        )
-        envelope = _envelope(event, granted.allocation_id, "preempting", now)
-        state.fold(envelope)
-        out.append((mirror.topics.events, envelope))
+        lost = lost_gpu_hours(state, granted, now)
+        out.append(_ask(state, victim, granted, job_id, why, lost, now=now))
     return out
+
+
+def _ask(
+    state: PreemptionState,
+    victim: JobRecord,
+    granted: AllocationGranted,
+    preemptor: JobId,
+    why: str,
+    lost_hours: float,
+    *,
+    now: datetime,
+) -> Outgoing:
+    """``job.preempting`` for the victim's live allocation: checkpoint within its grace period, because
+    ``preemptor`` ``why``; folded at once, so the same allocation is never asked twice."""
+    assert victim.spec is not None
+    grace = victim.spec.checkpoint_grace_s
+    event = JobPreempting(
+        job_id=victim.job_id,
+        allocation_id=granted.allocation_id,
+        deadline=now + timedelta(seconds=grace),
+        reason=(
+            f"job {preemptor} {why}; checkpoint within {grace} s (lose {lost_hours:.2f} GPU-hours otherwise)"
+        ),
+        preemptor_job_id=preemptor,
+    )
+    envelope = _envelope(event, granted.allocation_id, "preempting", now)
+    state.fold(envelope)
+    return (state.mirror.topics.events, envelope)
 
 
 def finish(state: PreemptionState, flight: InFlight, *, checkpointed: bool, now: datetime) -> list[Outgoing]:
