@@ -162,6 +162,12 @@ class Queues:
         return f"queue {spec.queue} can never hold this job, even with the whole cohort idle ({why})"
 
 
+def unlimited_queues(path: Path | None) -> frozenset[str]:
+    """The unlimited queues of the file at ``path`` (only ``default`` without one): placement and
+    preemption's mirror take their jobs once admitted, since quota writes no ``job.queued`` for them."""
+    return frozenset(load_queues(path).unlimited)
+
+
 def request_on(spec: JobSpec, model: str) -> dict[Resource, int]:
     """What ``spec`` uses of ``model``: whole GPUs, MIG slices (one per worker) or milli-GPUs."""
     if spec.mig_profile is not None:

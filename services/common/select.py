@@ -8,7 +8,7 @@ be found that way the record is decoded as usual, so a skip is always safe.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 
 from gangline.bus.records import KafkaRecord
 
@@ -43,3 +43,22 @@ def select_types(wanted: Wanted, *, not_ours: frozenset[str] = frozenset()) -> C
         return want() if callable(want) else want
 
     return select
+
+
+def unless_keyed_by(
+    ids: Container[str], select: Callable[[KafkaRecord], bool]
+) -> Callable[[KafkaRecord], bool]:
+    """``select``, but a record whose key is in ``ids`` is skipped before anything is decoded.
+
+    For topics keyed by job id and a service that retires finished jobs: nothing read about a retired
+    job changes its state, so the record need not cost a decode. ``ids`` is read at each record, so it
+    may grow while the service runs.
+    """
+
+    def wanted(record: KafkaRecord) -> bool:
+        key = record.key
+        if key is not None and key.decode("utf-8", "replace") in ids:
+            return False
+        return select(record)
+
+    return wanted

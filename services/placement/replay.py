@@ -233,9 +233,9 @@ def replay_placement(
     without a file, where only ``default`` is).
     """
     if unlimited_queues is None:
-        from services.common.queues import load_queues
+        from services.common.queues import unlimited_queues as read_unlimited
 
-        unlimited_queues = frozenset(load_queues(None).unlimited)
+        unlimited_queues = read_unlimited(None)
     return PlacementReplayer(
         records,
         topics=topics if topics is not None else TopicNames(),
@@ -263,7 +263,7 @@ def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> Rep
     """Placement's replay under ``prefix``, with the profile and cycle size it reads (``GANGLINE_*``)."""
     from gangline.core.defaults import placement_registry
     from gangline.core.framework.profile import load_profile_file
-    from services.common.queues import load_queues
+    from services.common.queues import unlimited_queues
     from services.placement.settings import PlacementSettings
 
     settings = PlacementSettings.from_env(topic_prefix=prefix)
@@ -274,7 +274,7 @@ def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> Rep
         records,
         topics=TopicNames(prefix=prefix),
         gated=gated,
-        unlimited_queues=frozenset(load_queues(settings.queues_file).unlimited),
+        unlimited_queues=unlimited_queues(settings.queues_file),
         profile=profile,
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
     )

@@ -10,7 +10,7 @@ from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
-from services.common.queues import load_queues
+from services.common.queues import unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement.handlers import PlacementState, end_batch, fold_event
@@ -43,7 +43,7 @@ def new_state(settings: PlacementSettings) -> PlacementState:
         topics=topic_names(settings),
         profile=profile,
         gated=settings.gated,
-        unlimited_queues=frozenset(load_queues(settings.queues_file).unlimited),
+        unlimited_queues=unlimited_queues(settings.queues_file),
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
     )
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
-from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
 from services.common.queues import Queues, load_queues
-from services.common.select import select_types
+from services.common.select import select_types, unless_keyed_by
 from services.common.shell import restore_and_process
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
 
 SERVICE = "quota"
-Select = Callable[[KafkaRecord], bool]
 QUOTA_EVENTS = (
     "job.admitted",
     "job.queued",
@@ -39,20 +37,6 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
     )
 
 
-def unless_retired(state: QuotaState, select: Select) -> Select:
-    """``select``, skipping undecoded every record keyed by a retired job (both topics are keyed by job
-    id): nothing about a finished job, or one of an unlimited queue, changes quota's state any more, so
-    the record need not cost a decode. Most of what quota reads is about such jobs."""
-
-    def wanted(record: KafkaRecord) -> bool:
-        key = record.key
-        if key is not None and key.decode("utf-8", "replace") in state.retired:
-            return False
-        return select(record)
-
-    return wanted
-
-
 async def main(settings: QuotaSettings) -> None:
     state = new_state(settings)
     topics = state.topics
@@ -61,13 +45,15 @@ async def main(settings: QuotaSettings) -> None:
         return decide(envelope, state, now=datetime.now(UTC))
 
     inputs = [topics.events, topics.allocations]
+    # Both topics are keyed by job id; most of what quota reads is about finished jobs or jobs of
+    # unlimited queues (retired at once), skipped undecoded.
     await restore_and_process(
         processor_settings(settings, SERVICE, inputs),
         state,
         handle,
         restore_topics=inputs,
-        select=unless_retired(state, select_types(dict.fromkeys(QUOTA_EVENTS, True))),
-        restore_select=unless_retired(state, select_types(dict.fromkeys(RESTORE_EVENTS, True))),
+        select=unless_keyed_by(state.retired, select_types(dict.fromkeys(QUOTA_EVENTS, True))),
+        restore_select=unless_keyed_by(state.retired, select_types(dict.fromkeys(RESTORE_EVENTS, True))),
         lock_topic=topics.inventory,
         # Outputs name the batch and positions they were decided on: replayable (services/quota/replay.py).
         record_inputs=True,

@@ -446,7 +446,7 @@ def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
     from dataclasses import dataclass
 
     from gangline.events.codec import encode
-    from services.quota.wiring import unless_retired
+    from services.common.select import unless_keyed_by
 
     @dataclass(frozen=True)
     class Record:
@@ -466,7 +466,7 @@ def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
         decoded.append(record.key)
         return True
 
-    select = unless_retired(state, count)
+    select = unless_keyed_by(state.retired, count)
     about = {job: encode(grant(job, at=1)) for job in ("open", "a1")}
     assert not select(Record("jobs.events", 0, 0, 0, b"open", about["open"]))
     assert select(Record("jobs.events", 0, 1, 0, b"a1", about["a1"]))
