@@ -258,3 +258,11 @@ def test_a_bad_v1_message_is_reported_against_v1_not_v2() -> None:
 
 def test_default_registry_is_built_once() -> None:
     assert codec._default() is codec._default()
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json(constant: str) -> None:
+    # Python's json module reads them; a message carrying one is refused, not a crash further on.
+    text = encode(envelope()).decode().replace('"workers":2', f'"workers":{constant}')
+    with pytest.raises(MalformedMessage, match=f"not JSON \\({constant} is not a JSON value\\)"):
+        decode(text.encode())
