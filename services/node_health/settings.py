@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from services.common.env import ServiceSettings
+from services.common.env import LAZY_LINGER_MS, ServiceSettings
 
 
 class NodeHealthSettings(ServiceSettings):
@@ -14,6 +14,9 @@ class NodeHealthSettings(ServiceSettings):
     job-fault XIDs (or correctable ECC errors) reported within the window is drained (degraded).
     """
 
+    linger_ms: int = Field(default=LAZY_LINGER_MS, ge=0)
+    """node_health mostly folds heartbeats and allocations; a silence is seconds long: it waits longer
+    to fill a batch (see LAZY_LINGER_MS)."""
     silence_s: float = Field(default=10.0, gt=0)
     check_every_s: float = Field(default=0.5, gt=0)
     error_window_s: float = Field(default=3600.0, gt=0)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from services.common.env import ServiceSettings
+from pydantic import Field
+
+from services.common.env import LAZY_LINGER_MS, ServiceSettings
 
 
 class PreemptionSettings(ServiceSettings):
     """``gated`` must match placement's (whether jobs wait for the quota service's job.queued)."""
 
+    linger_ms: int = Field(default=LAZY_LINGER_MS, ge=0)
+    """Preemption mostly folds the cluster's events and acts on a few (plans, checkpoints) whose
+    deadlines are seconds long: it waits longer to fill a batch (see LAZY_LINGER_MS)."""
     gated: bool = True
     profile_path: str | None = None

@@ -1,0 +1,26 @@
+"""Batch waits: short on the request-to-grant path, longer where a service mostly folds events."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.admission.settings import AdmissionSettings
+from services.common.env import LAZY_LINGER_MS, ServiceSettings, processor_settings
+from services.node_health.settings import NodeHealthSettings
+from services.placement.settings import PlacementSettings
+from services.preemption.settings import PreemptionSettings
+from services.quota.settings import QuotaSettings
+
+
+@pytest.mark.parametrize("cls", [AdmissionSettings, QuotaSettings, PlacementSettings])
+def test_services_on_the_grant_path_wait_briefly(cls: type[ServiceSettings]) -> None:
+    settings = cls.from_env({})
+    assert settings.linger_ms == 10
+    assert processor_settings(settings, "s", ["t"]).linger_ms == 10
+
+
+@pytest.mark.parametrize("cls", [PreemptionSettings, NodeHealthSettings])
+def test_services_that_mostly_fold_wait_longer_unless_told(cls: type[ServiceSettings]) -> None:
+    assert LAZY_LINGER_MS > 10
+    assert processor_settings(cls.from_env({}), "s", ["t"]).linger_ms == LAZY_LINGER_MS
+    assert cls.from_env({"GANGLINE_LINGER_MS": "5"}).linger_ms == 5
