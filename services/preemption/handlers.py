@@ -9,7 +9,9 @@ The quota service plans its own preemptions: a job its queue is owed quota for, 
 of the cohort (reclaim), or a higher-priority job in a queue at its quota, gets a ``job.pending``
 (code quota) whose ``details["victims"]`` names the jobs to stop. Those are asked here as they are
 (:func:`preempt_named`), once each; quota checked they free enough quota, placement's victim search
-does not apply (the job is not waiting for GPUs yet).
+does not apply (the job is not waiting for GPUs yet). Quota may name a victim whose grant this
+service has not read yet (the two read allocations.log at their own pace): it is asked when the grant
+is read, unless it was released meanwhile.
 
 Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grace_s``). On the
 agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
@@ -82,6 +84,11 @@ class PreemptionState:
     quota_plans: dict[JobId, tuple[str, tuple[JobId, ...]]] = field(default_factory=dict)
     """Victims the quota service named for a job it holds (reclaim, or priority within its queue), since
     the last search: (constraint, victims), asked to checkpoint by :func:`end_batch`."""
+    named_early: dict[JobId, tuple[str, dict[JobId, frozenset[AllocationId]]]] = field(default_factory=dict)
+    """Victims quota named before this mirror read their grant (quota read allocations.log further than
+    preemption had): waiter → (constraint, victim → the victim's allocations released when the plan was
+    read). Each is asked once its grant is read; forgotten when it is released meanwhile (quota's plan
+    waited for that release), retires, or the waiter leaves the mirror or holds an allocation."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -185,7 +192,10 @@ def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
     plans = list(state.quota_plans.items())
     state.quota_plans.clear()
     for job_id, (constraint, victims) in plans:
+        state.named_early.pop(job_id, None)  # the newer plan replaces the older
         out += preempt_named(state, job_id, constraint, victims, now=now)
+    if state.named_early:
+        out += _ask_named_early(state, now=now)
     if state.pending:
         jobs = list(state.pending)
         state.pending.clear()
@@ -292,11 +302,12 @@ def preempt_named(
         if victim is None or victim.spec is None or not victim.spec.preemptible:
             continue
         granted = victim.live()
-        if (
-            granted is None
-            or granted.allocation_id in state.in_flight
-            or granted.allocation_id in state.asked
-        ):
+        if granted is None:
+            # Quota saw it running: its grant is on its way here. Asked once read (named_early).
+            early = state.named_early.setdefault(job_id, (constraint, {}))[1]
+            early.setdefault(victim_id, frozenset(victim.released))
+            continue
+        if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
         why = (
             "reclaims the quota its queue lent to the cohort"
@@ -305,6 +316,26 @@ def preempt_named(
         )
         lost = lost_gpu_hours(state, granted, now)
         out.append(_ask(state, victim, granted, job_id, why, lost, now=now))
+    return out
+
+
+def _ask_named_early(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Ask the victims named before their grant was read whose grant has been read since."""
+    out: list[Outgoing] = []
+    for waiter, (constraint, victims) in list(state.named_early.items()):
+        record = state.mirror.jobs.get(waiter)
+        if record is None or record.live() is not None:
+            del state.named_early[waiter]  # finished, or placed: the plan is moot
+            continue
+        for victim_id, released in list(victims.items()):
+            victim = state.mirror.jobs.get(victim_id)
+            if victim is None or frozenset(victim.released) != released:
+                del victims[victim_id]  # gone, or released since: the quota it held is free
+            elif victim.live() is not None:
+                del victims[victim_id]
+                out += preempt_named(state, waiter, constraint, (victim_id,), now=now)
+        if not victims:
+            del state.named_early[waiter]
     return out
 
 

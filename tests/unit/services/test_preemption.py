@@ -134,3 +134,51 @@ def test_a_quota_plan_does_not_start_placement_s_victim_search() -> None:
     plan = quota_plan("high", "someone-gone", constraint="priority")
     assert decide(plan, preemption, now=T0) == []
     assert preemption.pending == {} and preemption.quota_plans == {}
+
+
+def held_back_grant(
+    placement: PlacementState, preemption: PreemptionState, envelope: Envelope
+) -> Envelope | None:
+    """Run a job, folding all but its grant into preemption (quota read allocations.log first)."""
+    preemption.restore(envelope)
+    grant = None
+    for _, out in place(envelope, placement, now=T0):
+        if isinstance(out.data, AllocationGranted):
+            grant = out
+        else:
+            preemption.restore(out)
+    return grant
+
+
+def test_a_victim_named_before_its_grant_was_read_is_asked_once_the_grant_is() -> None:
+    placement, preemption = setup()
+    grant = held_back_grant(
+        placement,
+        preemption,
+        admitted("borrower", gpus_per_worker=4, preemptible=True, checkpoint_grace_s=30),
+    )
+    assert grant is not None
+    preemption.restore(admitted("owed", gpus_per_worker=8))
+    # Quota plans before preemption read the grant: nothing to ask yet, and not forgotten.
+    assert decide(quota_plan("owed", "borrower"), preemption, now=T0) == []
+    out = decide(grant, preemption, now=T0 + timedelta(seconds=1))
+    [asking] = [e.data for _, e in out]
+    assert isinstance(asking, JobPreempting)
+    assert (asking.job_id, asking.preemptor_job_id) == ("borrower", "owed")
+    assert preemption.named_early == {}
+    # Asked once: the grant read again asks nobody.
+    assert decide(grant, preemption, now=T0 + timedelta(seconds=2)) == []
+
+
+def test_a_victim_named_early_and_released_before_its_grant_was_read_is_not_asked() -> None:
+    placement, preemption = setup()
+    grant = held_back_grant(placement, preemption, admitted("borrower", gpus_per_worker=4, preemptible=True))
+    assert grant is not None and isinstance(grant.data, AllocationGranted)
+    preemption.restore(admitted("owed", gpus_per_worker=8))
+    assert decide(quota_plan("owed", "borrower"), preemption, now=T0) == []
+    released = AllocationReleased(
+        job_id=JobId("borrower"), allocation_id=grant.data.allocation_id, reason="completed"
+    )
+    preemption.fold(env(released, at=1))
+    assert decide(grant, preemption, now=T0 + timedelta(seconds=2)) == []
+    assert preemption.named_early == {}
