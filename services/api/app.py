@@ -329,6 +329,10 @@ def create_app(
         capacity among the limited queues with work (running or waiting) plus itself. For every queue,
         ``dominant_share`` is DRF's usage/capacity over resources, divided by the weight. A queue the
         file no longer names but that still has jobs is listed with ``configured`` false.
+
+        These figures are a snapshot against the nodes' capacity. The quota service's fair order, the
+        one that decides which waiting job goes first and is quoted in its pending reasons, uses usage
+        decayed over GANGLINE_FAIR_SHARE_HALF_LIFE_S against the tree's nominal quota: the two can differ.
         """
         async with res().pool.acquire() as conn:
             node_rows = await queries.nodes(conn)
