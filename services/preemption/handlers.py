@@ -67,6 +67,21 @@ class InFlight:
     preemptor: JobId
 
 
+@dataclass(frozen=True)
+class QuotaPlan:
+    constraint: str
+    victims: tuple[JobId, ...]
+    planned_at: datetime
+    """The time of quota's job.pending: a grant younger than that is not the one quota saw."""
+
+
+@dataclass
+class EarlyVictims:
+    plan: QuotaPlan
+    released: dict[JobId, frozenset[AllocationId]] = field(default_factory=dict)
+    """Victim → its allocations released when the plan was read."""
+
+
 @dataclass
 class PreemptionState:
     mirror: PlacementState
@@ -81,14 +96,14 @@ class PreemptionState:
     """Requests read before their grant (a restore reads jobs.events before allocations.log)."""
     pending: dict[JobId, None] = field(default_factory=dict)
     """Jobs placement said are pending (not for quota) since the last victim search, in order."""
-    quota_plans: dict[JobId, tuple[str, tuple[JobId, ...]]] = field(default_factory=dict)
+    quota_plans: dict[JobId, QuotaPlan] = field(default_factory=dict)
     """Victims the quota service named for a job it holds (reclaim, or priority within its queue), since
-    the last search: (constraint, victims), asked to checkpoint by :func:`end_batch`."""
-    named_early: dict[JobId, tuple[str, dict[JobId, frozenset[AllocationId]]]] = field(default_factory=dict)
+    the last search, asked to checkpoint by :func:`end_batch`."""
+    named_early: dict[JobId, EarlyVictims] = field(default_factory=dict)
     """Victims quota named before this mirror read their grant (quota read allocations.log further than
-    preemption had): waiter → (constraint, victim → the victim's allocations released when the plan was
-    read). Each is asked once its grant is read; forgotten when it is released meanwhile (quota's plan
-    waited for that release), retires, or the waiter leaves the mirror or holds an allocation."""
+    preemption had), per waiting job. Each is asked once its grant is read, if that grant is not younger
+    than the plan; forgotten when it is released meanwhile (quota's plan waited for that release),
+    retires, or the waiter leaves the mirror or holds an allocation."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -162,7 +177,7 @@ def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> 
     elif isinstance(data, JobPending):
         plan = _quota_plan(data)
         if plan is not None:
-            state.quota_plans[data.job_id] = plan
+            state.quota_plans[data.job_id] = QuotaPlan(*plan, planned_at=envelope.time)
         elif not any(r.code == "quota" for r in data.reasons):
             state.pending[data.job_id] = None
     return out + finish_overdue(state, now=now)
@@ -191,9 +206,9 @@ def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
     out: list[Outgoing] = []
     plans = list(state.quota_plans.items())
     state.quota_plans.clear()
-    for job_id, (constraint, victims) in plans:
+    for job_id, plan in plans:
         state.named_early.pop(job_id, None)  # the newer plan replaces the older
-        out += preempt_named(state, job_id, constraint, victims, now=now)
+        out += preempt_named(state, job_id, plan.constraint, plan.victims, now=now, plan=plan)
     if state.named_early:
         out += _ask_named_early(state, now=now)
     if state.pending:
@@ -286,14 +301,21 @@ def preempt_for(
 
 
 def preempt_named(
-    state: PreemptionState, job_id: JobId, constraint: str, victims: tuple[JobId, ...], *, now: datetime
+    state: PreemptionState,
+    job_id: JobId,
+    constraint: str,
+    victims: tuple[JobId, ...],
+    *,
+    now: datetime,
+    plan: QuotaPlan | None = None,
 ) -> list[Outgoing]:
     """Ask the victims the quota service named for ``job_id`` to checkpoint.
 
     Quota chose them (jobs borrowing the cohort's quota that ``job_id``'s queue is owed, or lower-priority
     jobs of its own queue) and checked they free enough quota; here each one still running, preemptible
     and not asked already gets ``job.preempting``. One already gone is skipped: quota plans again once
-    the releases it waits for have been read.
+    the releases it waits for have been read. One whose grant was not read yet is kept with ``plan``
+    (:attr:`PreemptionState.named_early`).
     """
     mirror = state.mirror
     out: list[Outgoing] = []
@@ -303,9 +325,10 @@ def preempt_named(
             continue
         granted = victim.live()
         if granted is None:
-            # Quota saw it running: its grant is on its way here. Asked once read (named_early).
-            early = state.named_early.setdefault(job_id, (constraint, {}))[1]
-            early.setdefault(victim_id, frozenset(victim.released))
+            if plan is not None:
+                # Quota saw it running: its grant may not have been read here yet.
+                early = state.named_early.setdefault(job_id, EarlyVictims(plan))
+                early.released.setdefault(victim_id, frozenset(victim.released))
             continue
         if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
@@ -322,18 +345,26 @@ def preempt_named(
 def _ask_named_early(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
     """Ask the victims named before their grant was read whose grant has been read since."""
     out: list[Outgoing] = []
-    for waiter, (constraint, victims) in list(state.named_early.items()):
+    for waiter, early in list(state.named_early.items()):
         record = state.mirror.jobs.get(waiter)
         if record is None or record.live() is not None:
             del state.named_early[waiter]  # finished, or placed: the plan is moot
             continue
+        victims = early.released
         for victim_id, released in list(victims.items()):
             victim = state.mirror.jobs.get(victim_id)
             if victim is None or frozenset(victim.released) != released:
                 del victims[victim_id]  # gone, or released since: the quota it held is free
-            elif victim.live() is not None:
-                del victims[victim_id]
-                out += preempt_named(state, waiter, constraint, (victim_id,), now=now)
+                continue
+            granted = victim.live()
+            if granted is None:
+                continue
+            del victims[victim_id]
+            granted_at = state.started_at.get(granted.allocation_id)
+            if granted_at is not None and granted_at <= early.plan.planned_at:
+                out += preempt_named(state, waiter, early.plan.constraint, (victim_id,), now=now)
+            # else: granted after the plan, so not the allocation quota saw (that one was released
+            # and the job placed again since): quota plans again if it still needs to
         if not victims:
             del state.named_early[waiter]
     return out

@@ -182,3 +182,20 @@ def test_a_victim_named_early_and_released_before_its_grant_was_read_is_not_aske
     preemption.fold(env(released, at=1))
     assert decide(grant, preemption, now=T0 + timedelta(seconds=2)) == []
     assert preemption.named_early == {}
+
+
+def test_a_victim_released_before_the_plan_was_read_is_not_asked_when_it_runs_again() -> None:
+    # Quota planned on a grant preemption had already seen released; the job was placed again since.
+    placement, preemption = setup()
+    grant = held_back_grant(placement, preemption, admitted("borrower", gpus_per_worker=4, preemptible=True))
+    assert grant is not None and isinstance(grant.data, AllocationGranted)
+    preemption.restore(admitted("owed", gpus_per_worker=8))
+    preemption.fold(grant)
+    first = grant.data.allocation_id
+    preemption.fold(
+        env(AllocationReleased(job_id=JobId("borrower"), allocation_id=first, reason="preempted"), at=1)
+    )
+    assert decide(quota_plan("owed", "borrower"), preemption, now=T0 + timedelta(seconds=2)) == []
+    again = grant.data.model_copy(update={"allocation_id": AllocationId("borrower.2")})
+    assert decide(env(again, at=5), preemption, now=T0 + timedelta(seconds=5)) == []
+    assert preemption.named_early == {}
