@@ -78,7 +78,7 @@ run: venv
 	deploy/local/run.sh
 
 bench-e2e: venv
-	$(PY) -m services.bench.e2e
+	$(PY) -m services.bench.e2e $(BENCH_ARGS)
 
 # --- trace-driven simulation (gangline.sim); traces live in ../shared/traces ---
 TRACES ?= ../shared/traces

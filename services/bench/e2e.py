@@ -33,6 +33,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -505,11 +506,32 @@ def main() -> int:
         "the cluster, so quota queues every job (admission -> quota -> placement)",
     )
     p.add_argument("--keep-topics", action="store_true", help="leave the topics for inspection")
-    figures = asyncio.run(bench(p.parse_args()))
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="run the whole bench this many times (fresh topics and processes each time); the last line "
+        "then gives the median of each figure and every run's figures under 'runs'",
+    )
+    args = p.parse_args()
+    runs = []
+    for k in range(args.runs):
+        if args.runs > 1:
+            print(f"--- run {k + 1} of {args.runs}", flush=True)
+        runs.append(asyncio.run(bench(args)))
+    figures = runs[0] if len(runs) == 1 else medians(runs)
     print(
         json.dumps({k: figures.get(k) for k in ("jobs_per_s", "p50_ms", "p99_ms", "offered_per_s")} | figures)
     )
     return 0
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """Each figure's median over the runs that have it, with every run's figures under ``runs``."""
+    keys = sorted({k for run in runs for k in run})
+    summary: dict[str, Any] = {k: statistics.median([run[k] for run in runs if k in run]) for k in keys}
+    summary["runs"] = runs
+    return summary
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from gangline.events.allocations import AllocationGranted, AllocationReleased, P
 from gangline.events.codec import encode
 from gangline.events.jobs import JobQueued, JobStarted
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
-from services.bench.e2e import Grants, percentile
+from services.bench.e2e import Grants, medians, percentile
 
 
 @dataclass
@@ -70,3 +70,15 @@ def test_percentile_picks_the_value_at_or_above_the_rank() -> None:
     assert percentile(values, 0.5) == 51.0
     assert percentile(values, 0.99) == 100.0
     assert percentile([7.0], 0.99) == 7.0
+
+
+def test_medians_over_runs_keep_every_run() -> None:
+    runs = [
+        {"p99_ms": 120.0, "jobs_per_s": 900.0},
+        {"p99_ms": 300.0, "jobs_per_s": 1000.0, "restore_s": 2.5},
+        {"p99_ms": 110.0, "jobs_per_s": 1100.0},
+    ]
+    summary = medians(runs)
+    assert summary["p99_ms"] == 120.0 and summary["jobs_per_s"] == 1000.0
+    assert summary["restore_s"] == 2.5  # only runs that have a figure count for it
+    assert summary["runs"] == runs
