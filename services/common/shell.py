@@ -190,10 +190,18 @@ async def restore_and_process(
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
+    Such a service commits its consumed offsets every ``idle_commit_ms`` rather than in every
+    transaction (ProcessorSettings.offsets_in_every_transaction): whoever starts next re-reads at most
+    that much input, whose decisions its restored state already holds.
     """
 
     if lock_topic is not None:
-        settings = settings.model_copy(update={"transactional_role": "leader"})
+        # One leader at a time, whose state is rebuilt from the log (its own decisions included) when
+        # it starts: an input read again after a crash or a failover decides nothing again, so the
+        # consumed offsets need not ride in every transaction (two round trips fewer per batch).
+        settings = settings.model_copy(
+            update={"transactional_role": "leader", "offsets_in_every_transaction": False}
+        )
 
     def restore_and_process() -> Coroutine[Any, Any, None]:
         return _restore_and_process(

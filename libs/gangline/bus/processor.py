@@ -196,6 +196,8 @@ class Processor:
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
         self._pending_offsets: dict[TopicPartition, int] = {}
+        self._handled: dict[TopicPartition, int] = {}
+        """Per input partition: the offset after the last batch this run committed (outputs included)."""
         """Offsets of handled batches that published nothing, not committed yet (``idle_commit_ms``)."""
         self._offsets_committed_at = 0.0
         self._run_announced = False
@@ -260,7 +262,9 @@ class Processor:
                 batch = await self._linger(consumer, batch)
                 async with self._batch_lock:
                     if generation != self._generation:
-                        # A rebalance happened since the poll: positions were reset to committed offsets.
+                        # A rebalance happened since the poll: the batch is not handled, so it is read
+                        # again (it may have been fetched after the positions were reset).
+                        await self._unread(consumer, batch)
                         continue
                     await self._process(batch)
             if self._pending_offsets:
@@ -342,9 +346,26 @@ class Processor:
         log.info("processor stopped", extra={"stats": vars(self.stats)})
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        """With input recording: where this run resumes each partition first assigned to it (committed)."""
+        """Resume a partition this run had handled past its committed offset where it had got to; with
+        input recording, note where this run resumes each partition first assigned to it (committed).
+
+        Offsets held back (idle batches; every batch without ``offsets_in_every_transaction``) are not
+        committed when a rebalance takes the partitions away. Given back to this run, a partition would
+        restart at its committed offset, and a handler that remembers its outputs for retried batches
+        (as the services' shell does) would publish the outputs of already committed inputs again; so
+        this run goes on after what it committed instead. Another process taking the partitions over
+        starts at the committed offset with a state rebuilt from the log, and decides nothing again.
+        """
         consumer = self._consumer or self._joining
-        if self._inputs is None or consumer is None:
+        if consumer is None:
+            return
+        for tp in assigned:
+            handled = self._handled.get(tp)
+            if handled is not None:
+                committed = await consumer.committed(tp)
+                if committed is None or committed < handled:
+                    consumer.seek(tp, handled)
+        if self._inputs is None:
             return
         for tp in assigned:
             key = (tp.topic, tp.partition)
@@ -360,7 +381,8 @@ class Processor:
         async with self._batch_lock:
             self._generation += 1
             self._attempts.clear()
-            # Whoever owns these partitions next reads that idle input again (it published nothing).
+            # Whoever owns these partitions next reads that input again: it published nothing, or (without
+            # offsets_in_every_transaction) what it published is in the log, which a new owner's state folds.
             self._pending_offsets.clear()
             if self._chain is not None:
                 # Another replica may extend our chains while it owns the partitions: catch up first.
@@ -416,7 +438,9 @@ class Processor:
         await asyncio.gather(*deliveries)
         # Offsets only move forward: this batch's positions over those still pending.
         to_commit = {**self._pending_offsets, **offsets}
-        defer = not deliveries and not self._idle_commit_due()
+        defer = (
+            not deliveries or not self._settings.offsets_in_every_transaction
+        ) and not self._idle_commit_due()
         if not defer:
             await producer.send_offsets_to_transaction(to_commit, self._settings.group_id)
         if self._before_commit is not None:
@@ -436,6 +460,7 @@ class Processor:
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
         for tp, records in batch.items():
+            self._handled[tp] = records[-1].offset + 1
             for record in records:
                 self._attempts.pop((tp.topic, tp.partition, record.offset), None)
 
@@ -628,6 +653,18 @@ class Processor:
             self._in_transaction = False
             if self._chain is not None:
                 self._chain.rollback()
+
+    async def _unread(self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Put back a batch polled across a rebalance, on the partitions this run still holds: from its
+        first record, but never before what is committed or what this run already handled."""
+        assigned = consumer.assignment()
+        for tp, records in batch.items():
+            if tp not in assigned or not records:
+                continue
+            committed = await consumer.committed(tp)
+            start = max(records[0].offset, committed or 0, self._handled.get(tp, 0))
+            with contextlib.suppress(IllegalStateError):
+                consumer.seek(tp, start)
 
     def _rewind(self, batch: dict[TopicPartition, list[Any]]) -> None:
         consumer = self._consumer

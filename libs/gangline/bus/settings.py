@@ -34,6 +34,14 @@ class ProcessorSettings(BaseModel):
     this long. That saves the empty transactions a steady trickle of inputs would cost; after a crash
     at most this much more input is read again, which handlers already treat idempotently. 0: commit
     every batch."""
+    offsets_in_every_transaction: bool = True
+    """Commit the consumed offsets in every transaction that publishes (AddOffsetsToTxn and
+    TxnOffsetCommit, two of its five round trips, and a marker on __consumer_offsets): a crash never
+    re-reads an input whose outputs are in the log. False: publishing batches hold their offsets back
+    too, like idle ones (``idle_commit_ms``), and a crash or a new leader re-reads at most that much
+    input whose outputs are already committed. Only for handlers that then decide nothing again: their
+    state folds their own outputs and is rebuilt from the log at start (the single-leader services).
+    Within one run an input is never handled twice either way (see ``Processor._on_assigned``)."""
     max_handler_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.1, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1)
