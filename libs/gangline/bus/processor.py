@@ -9,6 +9,9 @@ For each batch polled from the input topics the processor
 3. produces the handler's outputs, each stamped with ``causationid`` = the consumed event's id
    and the trace context of the consumer span,
 4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits.
+   Offsets of a batch that published nothing are held back (``idle_commit_ms``); so are those of
+   every batch when ``offsets_in_every_transaction`` is off (single-leader services whose state
+   folds their own outputs: an input read again after a crash decides nothing again).
 
 Records on ``settings.chained_topics`` carry the hash chain (:mod:`gangline.bus.chain`): the
 heads are read from the committed log before the first stamp and after each rebalance, and put
@@ -41,9 +44,10 @@ across restarts:
   bumps the epoch and aborts whatever transaction the zombie left open, and the zombie's next
   transactional call fails with ``ProducerFenced``;
 - across a rebalance, the revoke callback waits for the in-flight transaction to commit or
-  abort before the partitions are released, and a batch polled before a rebalance is dropped
-  (the new assignment restarts from committed offsets), so a live member never commits
-  offsets of a partition it no longer owns;
+  abort before the partitions are released, and a batch polled across a rebalance is put back
+  unhandled (read again from its first record, never before the committed offset or what this run
+  already handled), so a live member never commits offsets of a partition it no longer owns; a
+  partition given back to the same run resumes after what that run handled;
 - what this does not cover is a replica that is cut off (stalled past the session timeout)
   and later resumes a transaction its successor under a different instance id already
   redid. ``static_membership`` (``group.instance.id`` = instance id) narrows that window: a
