@@ -200,9 +200,10 @@ class Processor:
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
         self._pending_offsets: dict[TopicPartition, int] = {}
+        """Offsets of committed batches not committed yet themselves (batches that published nothing,
+        or every batch without ``offsets_in_every_transaction``; see ``idle_commit_ms``)."""
         self._handled: dict[TopicPartition, int] = {}
         """Per input partition: the offset after the last batch this run committed (outputs included)."""
-        """Offsets of handled batches that published nothing, not committed yet (``idle_commit_ms``)."""
         self._offsets_committed_at = 0.0
         self._run_announced = False
         """Whether a transaction carrying the restore's headers committed with outputs."""

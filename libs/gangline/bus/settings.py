@@ -41,7 +41,7 @@ class ProcessorSettings(BaseModel):
     too, like idle ones (``idle_commit_ms``), and a crash or a new leader re-reads at most that much
     input whose outputs are already committed. Only for handlers that then decide nothing again: their
     state folds their own outputs and is rebuilt from the log at start (the single-leader services).
-    Within one run an input is never handled twice either way (see ``Processor._on_assigned``)."""
+    Within one run a committed batch is never handled again either way (``Processor._on_assigned``)."""
     max_handler_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.1, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1)
