@@ -1,4 +1,5 @@
-"""Batches that publish nothing hold their offsets back; a publishing batch or the idle timer commits them."""
+"""Held-back offsets: batches that publish nothing (and, without offsets_in_every_transaction, every
+batch) leave their offsets to a publishing batch or the idle timer; rebalances neither lose nor redo input."""
 
 from __future__ import annotations
 
