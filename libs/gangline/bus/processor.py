@@ -71,7 +71,7 @@ from datetime import datetime
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, ProducerFenced, UnsupportedVersionError
+from aiokafka.errors import IllegalStateError, KafkaError, ProducerFenced, UnsupportedVersionError
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -367,7 +367,7 @@ class Processor:
         for tp in assigned:
             handled = self._handled.get(tp)
             if handled is not None:
-                committed = await consumer.committed(tp)
+                committed = await self._committed(consumer, tp)
                 if committed is None or committed < handled:
                     consumer.seek(tp, handled)
         if self._inputs is None:
@@ -666,10 +666,22 @@ class Processor:
         for tp, records in batch.items():
             if tp not in assigned or not records:
                 continue
-            committed = await consumer.committed(tp)
+            committed = await self._committed(consumer, tp)
             start = max(records[0].offset, committed or 0, self._handled.get(tp, 0))
             with contextlib.suppress(IllegalStateError):
                 consumer.seek(tp, start)
+
+    async def _committed(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp``; None when it cannot be had within a few seconds (asked
+        while the batch lock or a rebalance is held: never wait on the broker for long there)."""
+        try:
+            committed: int | None = await asyncio.wait_for(
+                consumer.committed(tp), min(5.0, self._settings.request_timeout_ms / 1000)
+            )
+        except (KafkaError, TimeoutError) as error:
+            log.warning("could not read the committed offset of %s: %r", tp, error)
+            return None
+        return committed
 
     def _rewind(self, batch: dict[TopicPartition, list[Any]]) -> None:
         consumer = self._consumer
