@@ -7,12 +7,10 @@ be found that way the record is decoded as usual, so a skip is always safe.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Container, Mapping
 
 from gangline.bus.records import KafkaRecord
-
-_TYPE = re.compile(rb'"type"\s*:\s*"gangline\.([a-z][a-z0-9_.]*)\.v[0-9]+"')
+from gangline.events.codec import last_wire_type
 
 Wanted = Mapping[str, Callable[[], bool] | bool]
 """Event type (e.g. "job.admitted") → whether to decode it (a callable is asked each time)."""
@@ -20,12 +18,8 @@ Wanted = Mapping[str, Callable[[], bool] | bool]
 
 def wire_type_of(value: bytes | None) -> str | None:
     """The event type named by a raw record ("job.admitted"), or None when it cannot be told cheaply."""
-    if not value:
-        return None
-    found = _TYPE.findall(value)
-    if not found:
-        return None
-    return str(found[-1].decode())
+    named = last_wire_type(value)
+    return named[0] if named is not None else None
 
 
 def select_types(wanted: Wanted, *, not_ours: frozenset[str] = frozenset()) -> Callable[[KafkaRecord], bool]:

@@ -169,7 +169,20 @@ def _refuse_constant(name: str) -> Any:
     raise _NotJson(f"{name} is not a JSON value")
 
 
-_WIRE_TYPE_BYTES = re.compile(rb'"type"\s*:\s*"gangline\.([a-z][a-z0-9_.]*)\.v([1-9][0-9]*)"')
+_WIRE_TYPE_BYTES = re.compile(rb'"type"\s*:\s*"gangline\.([a-z][a-z0-9_.]*)\.v([0-9]+)"')
+
+
+def last_wire_type(raw: bytes | None) -> tuple[str, int] | None:
+    """The event type and version the raw bytes name last (``"type":"gangline.<type>.v<N>"``), without
+    decoding; None when none is found. Our codec sorts keys, so an envelope's own ``type`` comes after
+    ``data``: a hint to check against the decoded message, never a verdict."""
+    if not raw:
+        return None
+    found = _WIRE_TYPE_BYTES.findall(raw)
+    if not found:
+        return None
+    name, version = found[-1]
+    return name.decode("ascii"), int(version)
 
 
 def _decode_latest(raw: bytes, registry: Registry) -> Envelope | None:
@@ -182,12 +195,11 @@ def _decode_latest(raw: bytes, registry: Registry) -> Envelope | None:
     returns None and :func:`decode` takes the long way, which accepts the same messages and words the
     errors; this way only saves the second JSON pass and the re-encoding of ``data``.
     """
-    found = _WIRE_TYPE_BYTES.findall(raw)
-    if not found:
+    named = last_wire_type(raw)
+    if named is None:
         return None
-    name, version = found[-1]
-    event_type = name.decode("ascii")
-    cls = registry.get(event_type, int(version))
+    event_type, version = named
+    cls = registry.get(event_type, version)
     if cls is None or cls is not registry.latest(event_type):
         return None
     try:
