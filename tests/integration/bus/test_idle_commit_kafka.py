@@ -48,6 +48,13 @@ async def _committed(bootstrap: str, group: str, topic: str) -> int | None:
         await consumer.stop()
 
 
+async def _until_committed(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    async def committed() -> bool:
+        return await _committed(bootstrap, group, topic) == offset
+
+    await _until(committed)
+
+
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float = 30) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await check():
@@ -86,10 +93,7 @@ async def test_idle_offsets_ride_with_the_next_output_or_commit_on_the_timer(
         assert processor.stats.offsets_deferred >= 1
         await produce_pings(kafka_bootstrap, source, [100])
 
-        async def committed_through_the_output() -> bool:
-            return await _committed(kafka_bootstrap, group, source) == 11
-
-        await _until(committed_through_the_output)
+        await _until_committed(kafka_bootstrap, group, source, 11)
     finally:
         processor.request_stop()
         await asyncio.wait_for(task, timeout=30)
@@ -102,10 +106,7 @@ async def test_idle_offsets_ride_with_the_next_output_or_commit_on_the_timer(
     try:
         await produce_pings(kafka_bootstrap, source, range(20, 25))
 
-        async def committed_by_the_timer() -> bool:
-            return await _committed(kafka_bootstrap, group, source) == 16
-
-        await _until(committed_by_the_timer)
+        await _until_committed(kafka_bootstrap, group, source, 16)
         assert quick.stats.outputs_sent == 0
     finally:
         quick.request_stop()
@@ -174,10 +175,7 @@ async def test_without_offsets_in_every_transaction_outputs_commit_and_offsets_f
     try:
         await produce_pings(kafka_bootstrap, source, range(8, 12))
 
-        async def committed_by_the_timer() -> bool:
-            return await _committed(kafka_bootstrap, group, source) == 12
-
-        await _until(committed_by_the_timer)
+        await _until_committed(kafka_bootstrap, group, source, 12)
     finally:
         timed.request_stop()
         await asyncio.wait_for(task, timeout=30)
