@@ -29,12 +29,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing
-from gangline.core.framework.cycle import apply_plan, run_cycle
+from gangline.core.actions.queueing import (
+    PreemptionPolicy,
+    QueueContext,
+    RunFacts,
+    open_context,
+    run_queue_cycle,
+)
+from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
 from gangline.core.model import AllocationId as CoreAllocationId
+from gangline.core.model import GpuId as CoreGpuId
+from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.snapshot import RunningJob, Snapshot
+from gangline.core.waiting import cycle_jobs
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import (
@@ -55,11 +65,13 @@ from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.ids import derived_id
 from services.common.topics import TopicNames
-from services.placement.convert import core_allocation, core_job, core_node, wire_placements
+from services.placement.convert import core_allocation, core_gpu_id, core_job, core_node, wire_placements
 
 log = logging.getLogger(__name__)
 
 SOURCE = "gangline/placement"
+LIVE_POLICY = PreemptionPolicy(evict_in_cycle=False)
+"""Placement plans no eviction: the preemption service picks victims and runs the checkpoint protocol."""
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -81,6 +93,19 @@ class JobRecord:
     admitted_at: datetime | None = None
     """The time of the job.admitted event: with the priority and the job id, the waiting order. Read
     from the log, so the order does not depend on how a restore or a poll interleaved the partitions."""
+    granted_at: dict[AllocationId, datetime] = field(default_factory=dict)
+    """When each grant was written (its event's time): a running job's start, for the core's run facts."""
+    _core: Job | None = None
+    _core_of: JobSpec | None = None
+
+    def core(self) -> Job | None:
+        """The core's job for :meth:`placement_spec` (converted once per spec)."""
+        spec = self.placement_spec()
+        if spec is None:
+            return None
+        if self._core is None or self._core_of is not spec:
+            self._core, self._core_of = core_job(self.job_id, spec), spec
+        return self._core
 
     def placement_spec(self) -> JobSpec | None:
         """The spec to place: the job's own, narrowed to the model quota charged it to, if any."""
@@ -135,8 +160,9 @@ class PlacementState:
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
     """Jobs that may be placed now (a cycle orders them by :func:`_order_key`)."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
-    preemptors: set[JobId] = field(default_factory=set)
-    """Jobs for which running work was asked to give its GPUs back (job.preempting names them)."""
+    preemptors: dict[JobId, set[tuple[JobId, AllocationId]]] = field(default_factory=dict)
+    """Per job for which running work was asked to give its GPUs back (job.preempting names it), the
+    victims' allocations: their GPUs are kept for it as they free up, and only those."""
     cycle: int = 0
     needs_cycle: bool = True
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
@@ -215,7 +241,8 @@ class PlacementState:
             return self._refresh(record)
         if isinstance(data, JobPreempting):
             if data.preemptor_job_id is not None and data.preemptor_job_id not in self.retired:
-                self.preemptors.add(data.preemptor_job_id)
+                victims = self.preemptors.setdefault(data.preemptor_job_id, set())
+                victims.add((data.job_id, data.allocation_id))
             return False
         if isinstance(data, JobCompleted | JobFailed):
             record = self._record(data.job_id)
@@ -230,6 +257,7 @@ class PlacementState:
             if data.allocation_id in record.grants:
                 return False
             record.grants[data.allocation_id] = data
+            record.granted_at.setdefault(data.allocation_id, envelope.time)
             if data.allocation_id not in record.released and self._snapshot is not None:
                 self._grant_in_snapshot(self._snapshot, record, data)
             self._note_end(record, data.allocation_id)
@@ -285,7 +313,7 @@ class PlacementState:
     def _retire(self, record: JobRecord) -> None:
         del self.jobs[record.job_id]
         self.retired[record.job_id] = tuple(sorted(record.released))
-        self.preemptors.discard(record.job_id)
+        self.preemptors.pop(record.job_id, None)
 
     def _record(self, job_id: JobId) -> JobRecord:
         record = self.jobs.get(job_id)
@@ -348,11 +376,49 @@ class PlacementState:
     def running(self) -> list[RunningJob]:
         return list(self.snapshot().running.values())
 
+    def queue_context(self, snap: Snapshot, jobs: list[Job], *, now: datetime) -> QueueContext:
+        """The core's queue facts for a cycle: no quota (the quota service is the gate), the clock,
+        when each waiting job was admitted, when each running job started, and what preemption frees."""
+        submit_time = {
+            CoreJobId(r.job_id): r.admitted_at.timestamp() for r in self.waiting.values() if r.admitted_at
+        }
+        run_facts: dict[CoreJobId, RunFacts] = {}
+        for job_id in snap.running:
+            record = self.jobs.get(JobId(job_id))
+            live = record.live() if record is not None else None
+            started = record.granted_at.get(live.allocation_id) if record and live else None
+            if started is not None:
+                run_facts[job_id] = RunFacts(started_at=started.timestamp())
+        return open_context(
+            snap,
+            jobs,
+            now=now.timestamp(),
+            submit_time=submit_time,
+            run_facts=run_facts,
+            freeing=self.freeing(),
+            policy=LIVE_POLICY,
+        )
+
+    def freeing(self) -> dict[CoreJobId, frozenset[CoreGpuId]]:
+        """Per waiting preemptor, the GPUs of the allocations its victims were asked to give back."""
+        out: dict[CoreJobId, frozenset[CoreGpuId]] = {}
+        for preemptor, victims in self.preemptors.items():
+            if preemptor not in self.waiting:
+                continue
+            gpus: set[CoreGpuId] = set()
+            for victim, allocation_id in victims:
+                record = self.jobs.get(victim)
+                granted = record.grants.get(allocation_id) if record is not None else None
+                if granted is not None:
+                    gpus.update(core_gpu_id(p.node, g) for p in granted.placements for g in p.gpus)
+            out[CoreJobId(preemptor)] = frozenset(gpus)
+        return out
+
 
 def decide(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
     """Fold one event; when it may let jobs run, run a cycle and return its decisions."""
     outputs = fold_event(envelope, state, now=now)
-    return outputs + end_batch(state, cause=envelope.id, now=now, max_cycles=1)
+    return outputs + end_batch(state, cause=envelope.id, now=now)
 
 
 def fold_event(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
@@ -366,12 +432,11 @@ def fold_event(envelope: Envelope, state: PlacementState, *, now: datetime) -> l
     return []
 
 
-def end_batch(state: PlacementState, *, cause: str, now: datetime, max_cycles: int = 64) -> list[Outgoing]:
+def end_batch(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:
     """The cycle the events folded since the last one call for (none when none is due), caused by ``cause``.
 
     First the allocations whose job ended are released (:func:`release_ended`), so the cycle can use
-    their GPUs. A cycle looks at ``max_jobs_per_cycle`` waiting jobs; while it places some and more are
-    waiting beyond that window, another cycle follows (up to ``max_cycles``), as one cycle per event would.
+    their GPUs. One cycle sees every waiting job that could be placed (see :func:`schedule`).
     """
     outputs = release_ended(state, now=now)
     if not state.cycle_due or not state.waiting:
@@ -379,14 +444,7 @@ def end_batch(state: PlacementState, *, cause: str, now: datetime, max_cycles: i
         return outputs
     state.cycle_due = False
     state.needs_cycle = False
-    for k in range(max_cycles):
-        more = len(state.waiting) > state.max_jobs_per_cycle
-        decided = schedule(state, cause=cause if k == 0 else f"{cause}/cycle-{k + 1}", now=now)
-        outputs += decided
-        placed = any(isinstance(envelope.data, JobPlaced) for _, envelope in decided)
-        if not (more and placed and state.waiting):
-            break
-    return outputs
+    return outputs + schedule(state, cause=cause, now=now)
 
 
 def release_ended(state: PlacementState, *, now: datetime) -> list[Outgoing]:
@@ -453,21 +511,25 @@ def _order_key(record: JobRecord) -> tuple[int, datetime, str]:
 
 
 def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:
-    """One scheduling cycle over the waiting jobs; the events that announce its decisions."""
+    """One scheduling cycle over the waiting jobs; the events that announce its decisions.
+
+    The core decides: the profile's actions (reserve, allocate, backfill, ...) over the snapshot,
+    with the queue facts of :meth:`PlacementState.queue_context`. It sees the first
+    ``max_jobs_per_cycle`` jobs in line and every later one the free GPUs could hold
+    (:func:`~gangline.core.waiting.cycle_jobs`), so no blocked front strands a job that fits.
+    """
     snap = state.snapshot()
     if not snap.nodes:
         return []
-    waiting = sorted(state.waiting.values(), key=_order_key)
-    held = hold_for_preemptors(state, waiting)
-    candidates = [r for r in waiting if r.job_id not in held][: state.max_jobs_per_cycle]
-    jobs = [core_job(r.job_id, spec) for r in candidates if (spec := r.placement_spec()) is not None]
-    ids: dict[CoreJobId, AllocationId] = {CoreJobId(r.job_id): r.next_allocation_id() for r in candidates}
+    line = [job for r in sorted(state.waiting.values(), key=_order_key) if (job := r.core()) is not None]
+    jobs = cycle_jobs(snap, line, state.max_jobs_per_cycle)
 
     def allocation_id(job: CoreJobId, cycle: int) -> CoreAllocationId:
-        return CoreAllocationId(ids[job])
+        return CoreAllocationId(state.jobs[JobId(job)].next_allocation_id())
 
     state.cycle += 1
-    plan = run_cycle(snap, jobs, state.profile, cycle=state.cycle, allocation_id=allocation_id)
+    ctx = state.queue_context(snap, jobs, now=now)
+    plan, _ = run_queue_cycle(snap, jobs, state.profile, ctx, cycle=state.cycle, allocation_id=allocation_id)
     problems = apply_plan(snap, plan)
     if problems:
         log.error("a plan could not be applied: %s", [p.message for p in problems])
@@ -493,15 +555,10 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
             reasons=tuple(_decision_reason(r) for r in placed.reasons),
         )
         record.grants[granted.allocation_id] = granted
+        record.granted_at.setdefault(granted.allocation_id, now)
         state._refresh(record)
         outputs.append(_out(state.topics.allocations, granted, cause, "granted", now))
         outputs.append(_out(state.topics.events, job_placed, cause, "placed", now))
-    for job_id, reason in held.items():
-        key: tuple[str, ...] = (f"{reason.code}:{reason.message}",)
-        if state.last_pending.get(job_id) != key:
-            state.last_pending[job_id] = key
-            held_event = JobPending(job_id=job_id, cycle=state.cycle, reasons=(reason,))
-            outputs.append(_out(state.topics.events, held_event, cause, "pending", now))
     for pending in plan.pending:
         job_id = JobId(pending.job_id)
         reasons = tuple(_pending_reason(r) for r in pending.reasons) or (
@@ -514,24 +571,6 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
         event = JobPending(job_id=job_id, cycle=state.cycle, reasons=reasons)
         outputs.append(_out(state.topics.events, event, cause, "pending", now))
     return outputs
-
-
-def hold_for_preemptors(state: PlacementState, waiting: list[JobRecord]) -> dict[JobId, PendingReason]:
-    """Lower-priority jobs wait while GPUs are being freed for a preemptor, so they cannot take them first."""
-    preemptors = [r for r in waiting if r.job_id in state.preemptors and r.spec is not None]
-    if not preemptors:
-        return {}
-    top = max(preemptors, key=lambda r: r.spec.priority if r.spec is not None else 0)
-    assert top.spec is not None
-    floor = top.spec.priority
-    reason = PendingReason(
-        code="reservation",
-        constraint="preemption",
-        message=f"GPUs are being freed for job {top.job_id} (priority {floor}); lower priorities wait",
-        details={"preemptor_priority": floor},
-        unblock=f"wait until job {top.job_id} is placed",
-    )
-    return {r.job_id: reason for r in waiting if r.spec is not None and r.spec.priority < floor}
 
 
 def _out(topic: str, event: Event, cause: str, kind: str, now: datetime) -> Outgoing:

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gangline.core.actions import allocate
+from gangline.core.actions import allocate, backfill, elastic, preempt, reclaim
 from gangline.core.framework.profile import Profile, load_profile
 from gangline.core.framework.registry import Registry
-from gangline.core.plugins import binpack, gang, gpu_fit, health, mig_packing, topology
+from gangline.core.plugins import binpack, gang, gpu_fit, health, mig_packing, priority, quota, topology
 
 DEFAULT_PROFILE_YAML = """\
 name: default
-actions: [allocate]
+actions:
+  - name: reserve
+    args: {max_reservations: 1, min_gpus: 2}
+  - allocate
+  - backfill
 plugins:
   - name: health
   - name: gpu-fit
@@ -28,11 +32,19 @@ plugins:
 settings:
   max_candidates: 4
 """
-"""The built-in default profile (the same as deploy/profiles/default.yaml)."""
+"""The built-in default profile (the same as deploy/profiles/default.yaml): the first blocked gang
+of two GPUs or more holds the GPUs it will start on, and only work that ends before then (or is
+preemptible) is backfilled onto them, so a stream of small jobs cannot starve it."""
 
 
 def placement_registry() -> Registry:
-    """Part-1 plugins and actions: placement."""
+    """Every plugin and action of the core, the one registry profiles are built from.
+
+    Placement (health, gpu-fit, mig-packing, gang, topology, binpack; allocate), and quota, priority,
+    reserve, backfill, preempt, reclaim and elastic, which read the cycle's queue facts
+    (:func:`~gangline.core.actions.queueing.run_queue_cycle` supplies them; a plain cycle gets
+    neutral ones). Any profile `gangline simulate` accepts, the services accept.
+    """
     return Registry(
         plugins={
             health.NAME: health.Health,
@@ -41,13 +53,22 @@ def placement_registry() -> Registry:
             gang.NAME: gang.Gang,
             topology.NAME: topology.Topology,
             binpack.NAME: binpack.Binpack,
+            quota.NAME: quota.Quota,
+            priority.NAME: priority.Priority,
         },
-        actions={allocate.NAME: allocate.Allocate},
+        actions={
+            allocate.NAME: allocate.Allocate,
+            backfill.RESERVE: backfill.Reserve,
+            backfill.BACKFILL: backfill.Backfill,
+            preempt.NAME: preempt.Preempt,
+            reclaim.NAME: reclaim.Reclaim,
+            elastic.NAME: elastic.Elastic,
+        },
     )
 
 
 def default_profile(registry: Registry | None = None) -> Profile:
-    """The default profile, built from `registry` (placement_registry() when None)."""
+    """The default profile, built from `registry` (every action and plugin when None)."""
     return load_profile(DEFAULT_PROFILE_YAML, registry or placement_registry())
 
 

@@ -30,6 +30,7 @@ from typing import NewType
 from gangline.core.model import QueueName
 
 __all__ = [
+    "UNLIMITED",
     "CohortName",
     "CohortSpec",
     "QueueName",
@@ -52,6 +53,9 @@ Resource = NewType("Resource", str)
 ResourceVector = Mapping[Resource, int]
 
 MIG_SEPARATOR = "/"
+
+UNLIMITED = 1 << 62
+"""What an unlimited queue may still be admitted, of any resource: more than any cluster holds."""
 
 
 def gpu_resource(gpu_type: str) -> Resource:
@@ -89,10 +93,14 @@ class QueueSpec:
     quotas: Mapping[Resource, ResourceQuota] = field(default_factory=dict)
     cohort: CohortName | None = None
     weight: float = 1.0
+    unlimited: bool = False
+    """No quota: the queue may always be admitted what it asks (capacity is the only limit)."""
 
     def __post_init__(self) -> None:
         if self.weight <= 0:
             raise ValueError(f"queue {self.name}: weight must be > 0, got {self.weight}")
+        if self.unlimited and (self.quotas or self.cohort is not None):
+            raise ValueError(f"queue {self.name}: an unlimited queue has no quotas and no cohort")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +141,15 @@ class _Node:
         "nominal",
         "parent",
         "subtree_quota",
+        "unlimited",
     )
 
-    def __init__(self, name: str, is_queue: bool, quotas: Mapping[Resource, ResourceQuota]) -> None:
+    def __init__(
+        self, name: str, is_queue: bool, quotas: Mapping[Resource, ResourceQuota], unlimited: bool = False
+    ) -> None:
         self.name = name
         self.is_queue = is_queue
+        self.unlimited = unlimited
         self.parent: _Node | None = None
         self.children: list[_Node] = []
         self.depth = 0
@@ -167,7 +179,7 @@ class QuotaTree:
         for q in queues:
             if q.name in self._queues:
                 raise QuotaConfigError(f"queue {q.name} is defined twice")
-            self._queues[q.name] = _Node(q.name, True, q.quotas)
+            self._queues[q.name] = _Node(q.name, True, q.quotas, q.unlimited)
             self._specs[q.name] = q
         # Cohorts named only by their members exist implicitly, with no quota of their own.
         for q in self._specs.values():
@@ -329,6 +341,8 @@ class QuotaLedger:
                 self._add(node, r, -n)
 
     def _available(self, node: _Node, r: Resource) -> int:
+        if node.unlimited:
+            return UNLIMITED
         usage = self._get(node, r)
         subtree = node.subtree_quota.get(r, 0)
         if node.parent is None:
@@ -358,11 +372,15 @@ class QuotaLedger:
     def is_borrowing(self, queue: QueueName, resource: Resource | None = None) -> bool:
         """Whether the queue uses more than its nominal quota (of ``resource``, or of any resource)."""
         node = self._tree._queues[queue]
+        if node.unlimited:
+            return False
         resources = [resource] if resource is not None else list(self._usage.get(id(node), {}))
         return any(self._get(node, r) > node.subtree_quota.get(r, 0) for r in resources)
 
     def borrowed(self, queue: QueueName, resource: Resource) -> int:
         node = self._tree._queues[queue]
+        if node.unlimited:
+            return 0
         return max(0, self._get(node, resource) - node.subtree_quota.get(resource, 0))
 
     def check(self, queue: QueueName, request: ResourceVector) -> QuotaCheck:
@@ -378,7 +396,7 @@ class QuotaLedger:
                 continue
             used = self._get(node, r)
             nominal = node.subtree_quota.get(r, 0)
-            if used + n > nominal:
+            if used + n > nominal and not node.unlimited:
                 borrows = True
             avail = self._available(node, r)
             if n > avail:
@@ -402,4 +420,6 @@ class QuotaLedger:
     def within_nominal(self, queue: QueueName, request: ResourceVector) -> bool:
         """Whether admitting ``request`` keeps the queue at or below its nominal quota of every resource."""
         node = self._tree._queues[queue]
+        if node.unlimited:
+            return True
         return all(self._get(node, r) + n <= node.subtree_quota.get(r, 0) for r, n in request.items() if n)

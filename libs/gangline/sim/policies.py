@@ -12,9 +12,9 @@
 A policy owns a `Snapshot` of the cluster, so metrics read free GPUs the same way for all.
 
 Under contention both keep cycles proportional to what can change, not to what waits, and decide
-exactly what the plain loops decide (`tests/unit/sim/test_waiting.py` compares them job by job):
+exactly what the plain loops decide (`tests/unit/core/test_waiting.py` compares them job by job):
 `CorePolicy` hands the core only the waiting jobs that could be placed or charged
-(`gangline.sim.waiting`); `PodFirstFit` walks its waiting jobs by pod shape and stops a shape at
+(`gangline.core.waiting`); `PodFirstFit` walks its waiting jobs by pod shape and stops a shape at
 its first failure.
 """
 
@@ -24,12 +24,14 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 from gangline.core.actions.queueing import (
     QueueContext,
     RunFacts,
     job_request,
+    open_context,
     request_for_order,
     run_queue_cycle,
 )
@@ -53,7 +55,12 @@ from gangline.core.model import (
 )
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
 from gangline.core.snapshot import Snapshot
-from gangline.sim.waiting import WaitingIndex
+from gangline.core.waiting import WaitingIndex
+
+NON_EVICTING_ACTIONS = frozenset({"allocate", "reserve", "backfill"})
+"""Actions that only take GPUs (reserve evicts only preemptible work, checked separately)."""
+FRONT = 256
+"""Waiting jobs at the front of the line every cycle sees, placeable now or not (reservations)."""
 
 FIFO_GANG_BEST_FIT_YAML = """\
 name: fifo-gang-best-fit
@@ -127,7 +134,7 @@ class CorePolicy:
     nodes: Sequence[Node]
     queues: QueueSetup | None = None
     prune: bool = True
-    """Hand each cycle only the waiting jobs that could change its outcome (`gangline.sim.waiting`);
+    """Hand each cycle only the waiting jobs that could change its outcome (`gangline.core.waiting`);
     False runs the core over every waiting job (the reference the pruned runs are tested against)."""
     snapshot: Snapshot = field(init=False)
     _pending: dict[JobId, Job] = field(init=False, default_factory=dict)
@@ -213,6 +220,21 @@ class CorePolicy:
         """Whether cycles only take GPUs (no action evicts), which pruning and `new` rely on."""
         return all(a.name == "allocate" for a in self.profile.actions)
 
+    def _evicts(self) -> bool:
+        """Whether an action may free GPUs inside a cycle (then every waiting job is a candidate)."""
+        return any(a.name not in NON_EVICTING_ACTIONS for a in self.profile.actions) or any(
+            j.preemptible for j in self._pending.values()
+        )
+
+    def _front_and_fits(self) -> list[Job]:
+        """The first `FRONT` waiting jobs in line, then every later one the free GPUs could hold."""
+        front = list(islice(self._pending.values(), FRONT))
+        seen = {j.id for j in front}
+        lined = [(self._waiting.line_of(j.id), j) for j in front]
+        lined += [e for e in self._waiting.candidates(self.snapshot) if e[1].id not in seen]
+        lined.sort(key=lambda e: e[0])
+        return [j for _, j in lined]
+
     def _admit_limit(self, job: Job, size: int) -> int:
         """How many of `size` jobs like `job` its queue's quota could admit now (at most `size`).
 
@@ -254,11 +276,19 @@ class CorePolicy:
             lined = self._waiting.candidates(self.snapshot, admit)
             lined.sort(key=lambda e: e[0])
             jobs = [j for _, j in lined]
+        elif self.prune and self.queues is None and not self._evicts():
+            jobs = self._front_and_fits()
         else:
             jobs = list(self._pending.values())
         if not jobs:
             return CycleOutcome()
-        if self.queues is not None and self._ledger is not None:
+        if self.queues is None and not self._allocate_only():
+            # Queue-aware actions (reserve, backfill, ...) read a QueueContext: no quotas here.
+            ctx = open_context(
+                self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts
+            )
+            plan, _ = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+        elif self.queues is not None and self._ledger is not None:
             fair = FairShare(
                 capacity=self.queues.capacity,
                 weights={q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()},

@@ -144,7 +144,9 @@ def test_deployed_default_profile_matches_the_builtin_one() -> None:
     builtin = load_profile(DEFAULT_PROFILE_YAML, placement_registry())
     assert [p.name for p in loaded.plugins] == [p.name for p in builtin.plugins]
     assert dict(loaded.weights) == dict(builtin.weights)
-    assert [a.name for a in loaded.actions] == ["allocate"]
+    assert [a.name for a in loaded.actions] == [a.name for a in builtin.actions]
+    assert [a.name for a in loaded.actions] == ["reserve", "allocate", "backfill"]
+    assert [vars(a) for a in loaded.actions] == [vars(a) for a in builtin.actions]
     assert [n for _, _, n in loaded.scorers] == ["mig-packing", "gang", "topology", "binpack"]
 
 

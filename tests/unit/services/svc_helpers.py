@@ -28,19 +28,19 @@ def admitted(job_id: str, **spec: object) -> Envelope:
     return env(JobAdmitted(job_id=JobId(job_id), spec=JobSpec.model_validate(fields)))
 
 
-def cluster(*groups: tuple[str, int, int]) -> ClusterSpec:
-    """(name, nodes, gpus per node) groups of H100 nodes, one leaf per group."""
+def cluster(*groups: tuple[str, int, int] | tuple[str, int, int, str]) -> ClusterSpec:
+    """(name, nodes, gpus per node[, GPU model]) groups of nodes (H100 by default), one leaf per group."""
     return ClusterSpec(
         name="unit",
         groups=tuple(
             NodeGroup(
-                name=name,
-                count=count,
-                gpu_model="H100-SXM5-80GB",
-                gpus_per_node=gpus,
+                name=group[0],
+                count=group[1],
+                gpu_model=group[3] if len(group) > 3 else "H100-SXM5-80GB",
+                gpus_per_node=group[2],
                 memory_mib=81920,
-                leaf=f"leaf-{name}",
+                leaf=f"leaf-{group[0]}",
             )
-            for name, count, gpus in groups
+            for group in groups
         ),
     )

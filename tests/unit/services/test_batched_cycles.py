@@ -64,14 +64,14 @@ def test_nothing_is_decided_when_no_folded_event_could_let_a_job_run() -> None:
     assert end_batch(state, cause="c3", now=T0) == []  # no new event since: no cycle
 
 
-def test_more_jobs_than_one_cycle_looks_at_get_further_cycles_in_the_same_batch() -> None:
+def test_jobs_past_the_front_of_the_line_that_fit_are_placed_in_the_same_cycle() -> None:
     state = new_state(("a", 4, 8), max_jobs_per_cycle=3)
     events = [admitted(f"j{k}", workers=1, gpus_per_worker=1) for k in range(10)]
     for e in events:
         fold_event(e, state, now=T0)
     outputs = [out for _, out in end_batch(state, cause=events[-1].id, now=T0)]
     assert sorted(placed_on(outputs)) == sorted(f"j{k}" for k in range(10))
-    assert state.cycle == 4
+    assert state.cycle == 1
     ids = [e.id for e in outputs]
     assert len(ids) == len(set(ids))  # later cycles' events get ids of their own
 

@@ -4,7 +4,8 @@ from datetime import timedelta
 
 from svc_helpers import T0, admitted, cluster, env
 
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.profile import Profile, load_profile
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import (
@@ -23,10 +24,15 @@ from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, decide
 
 TOPICS = TopicNames()
+ALLOCATE_ONLY = "name: allocate-only\nactions: [allocate]\nplugins: [health, gpu-fit, gang]\n"
 
 
-def new_state(*groups: tuple[str, int, int], gated: bool = False) -> PlacementState:
-    state = PlacementState(topics=TOPICS, profile=default_profile(), gated=gated)
+def new_state(
+    *groups: tuple[str, int, int] | tuple[str, int, int, str],
+    gated: bool = False,
+    profile: Profile | None = None,
+) -> PlacementState:
+    state = PlacementState(topics=TOPICS, profile=profile or default_profile(), gated=gated)
     for node in cluster(*groups).nodes():
         state.restore(env(node))
     state.needs_cycle = False
@@ -156,10 +162,54 @@ def test_lower_priorities_wait_while_gpus_are_freed_for_a_preemptor() -> None:
     feed(state, env(JobRequeued(job_id=JobId("low"), reason="preempted", attempt=2)))
     release = AllocationReleased(job_id=JobId("low"), allocation_id=low.allocation_id, reason="preempted")
     out = feed(state, env(release))
-    # Both wait now; the urgent job is placed and the victim told why it waits.
+    # Both wait now; the urgent job is placed on the freed GPUs, the victim waits for capacity.
     assert [g.job_id for g in grants(out)] == ["urgent"]
     [held] = [e.data for e in out if isinstance(e.data, JobPending)]
-    assert held.job_id == "low" and held.reasons[0].code == "reservation"
+    assert held.job_id == "low" and held.reasons[0].code == "capacity"
+
+
+def test_gpus_freed_for_a_preemptor_are_held_for_it_while_its_other_victims_still_run() -> None:
+    # Allocate only: no reservation holds anything, the preemption's own hold is what is tested.
+    state = new_state(("a", 2, 8), profile=load_profile(ALLOCATE_ONLY, placement_registry()))
+    lows = [grants(feed(state, admitted(f"low-{k}", gpus_per_worker=8, preemptible=True)))[0] for k in (0, 1)]
+    feed(state, admitted("urgent", workers=2, gpus_per_worker=8, priority=10))
+    for low in lows:
+        asking = JobPreempting(
+            job_id=low.job_id,
+            allocation_id=low.allocation_id,
+            deadline=T0 + timedelta(seconds=30),
+            reason="urgent needs it",
+            preemptor_job_id=JobId("urgent"),
+        )
+        feed(state, env(asking))
+    first = AllocationReleased(job_id=lows[0].job_id, allocation_id=lows[0].allocation_id, reason="preempted")
+    feed(state, env(first))
+    # A newcomer that would take the first victim's GPUs waits: they are kept for the preemptor.
+    out = feed(state, admitted("newcomer", gpus_per_worker=8))
+    assert grants(out) == []
+    [why] = [e.data for e in out if isinstance(e.data, JobPending) and e.data.job_id == "newcomer"]
+    assert why.reasons[0].code == "capacity"
+    second = AllocationReleased(
+        job_id=lows[1].job_id, allocation_id=lows[1].allocation_id, reason="preempted"
+    )
+    assert [g.job_id for g in grants(feed(state, env(second)))] == ["urgent"]
+
+
+def test_a_preemption_holds_back_no_work_that_would_not_take_the_gpus_it_frees() -> None:
+    state = new_state(("a", 1, 8), ("b", 1, 8, "L40S"))
+    [low] = grants(feed(state, admitted("low", gpus_per_worker=8, preemptible=True)))
+    feed(state, admitted("urgent", gpus_per_worker=8, priority=10, gpu_type="H100-SXM5-80GB"))
+    asking = JobPreempting(
+        job_id=JobId("low"),
+        allocation_id=AllocationId(low.allocation_id),
+        deadline=T0 + timedelta(seconds=30),
+        reason="urgent needs it",
+        preemptor_job_id=JobId("urgent"),
+    )
+    feed(state, env(asking))
+    # While low checkpoints, a lower-priority job for the other GPU model is placed at once.
+    out = feed(state, admitted("other-model", gpus_per_worker=4, gpu_type="L40S"))
+    assert [g.job_id for g in grants(out)] == ["other-model"]
 
 
 def test_cancelling_frees_a_running_gang_and_drops_a_waiting_job() -> None:

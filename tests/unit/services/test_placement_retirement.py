@@ -80,10 +80,9 @@ def test_a_grant_for_a_retired_job_arriving_late_keeps_its_gpus_taken() -> None:
 
     assert "done" not in state.retired and state.jobs[JobId("done")].finished
     assert len(used_gpus(state)) == 4
-    # Only the other four GPUs are left: an 8-GPU job waits, a 4-GPU one gets the untaken ones.
-    out = feed(state, admitted("big", gpus_per_worker=8))
-    assert grants(out) == []
+    # Only the other four GPUs are left: a 4-GPU job gets the untaken ones, an 8-GPU job waits.
     [small] = grants(feed(state, admitted("small", gpus_per_worker=4)))
+    assert grants(feed(state, admitted("big", gpus_per_worker=8))) == []
     assert set(small.placements[0].gpus).isdisjoint(late.placements[0].gpus)
     # Its release, when it comes, frees them and retires the job again.
     feed(

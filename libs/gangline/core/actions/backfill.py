@@ -21,6 +21,7 @@ it needs only go to work that will be out of the way when it starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -79,25 +80,39 @@ def _hold(session: Session, reservation: Reservation, job: Job) -> list[Slot]:
 def earliest_start(
     session: Session, ctx: QueueContext, job: Job
 ) -> tuple[float, Candidate, list[RunningJob]] | None:
-    """When and where ``job`` could start if running jobs end as expected; None if never known.
+    """When and where ``job`` could start if running jobs end as expected; None if it never fits.
 
     Returns the start time, the placement, and the lower-priority preemptible jobs it would take
-    when that start is *now*.
+    when that start is *now*. Running jobs with no known end (no duration hint) count as ending
+    after all the others, so the start is ``inf`` when the gang needs their GPUs: the reservation
+    still holds the GPUs it will use, as they free up.
     """
     snap = session.snapshot
     place = placement_oracle(session)
     now_free: list[RunningJob] = []
     timeline: list[tuple[float, str, RunningJob]] = []
+    unknown: list[tuple[float, str, RunningJob]] = []
     for r in snap.running.values():
         if r.job.id in session.evicted:
             continue
-        if r.job.preemptible and r.job.priority < job.priority and r.job.id not in ctx.in_flight:
+        if (
+            ctx.policy.evict_in_cycle
+            and r.job.preemptible
+            and r.job.priority < job.priority
+            and r.job.id not in ctx.in_flight
+        ):
             now_free.append(r)
             continue
         end = ctx.expected_end(r.job)
         if end is not None:
             timeline.append((max(end, ctx.now), r.job.id, r))
+        else:
+            unknown.append((ctx.runtime(r.job.id), r.job.id, r))
     timeline.sort(key=lambda t: (t[0], t[1]))
+    # Jobs with no known end come last, the longest-running first: where the gang will go is then
+    # the same cycle after cycle, so the GPUs held for it build up instead of wandering.
+    unknown.sort(key=lambda t: (-t[0], t[1]))
+    timeline.extend((math.inf, job_id, r) for _, job_id, r in unknown)
     now_free.sort(key=lambda r: r.job.id)
     need = job.fewest_workers * job.gpus_per_worker
     models = (
@@ -150,7 +165,7 @@ class Reserve:
                 continue  # allocate will place it
             found = earliest_start(session, ctx, job)
             if found is None:
-                decisions.explain(job.id, "blocked, and no running job has a known end: no reservation")
+                decisions.explain(job.id, "blocked, and would not fit even on idle GPUs: no reservation")
                 continue
             start, candidate, to_preempt = found
             made += 1
@@ -161,6 +176,10 @@ class Reserve:
                     why = {v.job_id: because for v in victims.victims}
                     commit_plan(session, ctx, job, victims, RESERVE, why)
                     continue
+            # Its own reasons first (fragmentation, capacity, ...), read before its GPUs are held;
+            # allocate then passes it by (backfill hands it back to any later action).
+            if allocate_one(session, job).ok:
+                continue
             snap = session.snapshot
             reservation = Reservation(
                 job_id=job.id,
@@ -171,9 +190,10 @@ class Reserve:
             decisions.reservations.append(reservation)
             decisions.explain(
                 job.id,
-                f"waiting for reservation at t={start:g}: {len(reservation.gpu_indexes)} GPUs on "
+                f"waiting for reservation {when(start)}: {len(reservation.gpu_indexes)} GPUs on "
                 f"{len({p.node for p in reservation.placements})} node(s) held for it",
             )
+            session.set_aside.add(job.id)
             holds.append(_Held(job, tuple(_hold(session, reservation, job))))
 
 
@@ -199,12 +219,14 @@ class Backfill:
             return
         first_start = min(r.start for r in reservations)
         holders = {r.job_id for r in reservations}
+        session.set_aside -= holders
         for job in session.open_jobs():
             pending = session.pending.get(job.id)
             if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:
                 continue
             ends = ctx.now + job.duration_hint_s if job.duration_hint_s is not None else None
-            if job.preemptible or (ends is not None and ends <= first_start):
+            # When the reservation's start is not known, no end is known to come before it.
+            if job.preemptible or (ends is not None and math.isfinite(first_start) and ends <= first_start):
                 allocate_one(session, job)
         new_holds: list[_Held] = []
         for r in reservations:
@@ -215,7 +237,7 @@ class Backfill:
             reason = Reason(
                 ReasonCode.RESERVATION,
                 BACKFILL,
-                f"waiting for reservation at t={r.start:g}",
+                f"waiting for reservation {when(r.start)}",
                 {"start": str(r.start), "gpus": len(r.gpu_indexes)},
             )
             prior = session.pending.get(r.job_id)
@@ -229,12 +251,22 @@ class Backfill:
             decisions.explain(job.id, _reserved_sentence(reservations, job))
 
 
+def when(start: float) -> str:
+    """A reservation's start in words: ``at t=T``, or that it waits for jobs with no known end."""
+    if math.isfinite(start):
+        return f"at t={start:g}"
+    return "until running jobs with no known end free its GPUs"
+
+
 def _reserved_sentence(reservations: list[Reservation], job: Job) -> str:
     r = min(reservations, key=lambda r: (r.start, r.job_id))
     if job.preemptible:
         tail = "it did not fit even with them"
     elif job.duration_hint_s is None:
         tail = "it has no duration hint, so it cannot be backfilled"
+    elif not math.isfinite(r.start):
+        tail = "when they free up is not known, so nothing is backfilled on them"
     else:
         tail = "it would not end before then"
-    return f"{len(r.gpu_indexes)} GPUs are reserved for {r.job_id} from t={r.start:g}; {tail}"
+    since = f"from t={r.start:g}" if math.isfinite(r.start) else "until they free up"
+    return f"{len(r.gpu_indexes)} GPUs are reserved for {r.job_id} {since}; {tail}"

@@ -101,6 +101,8 @@ class Elastic:
 
     def execute(self, session: Session) -> None:
         ctx = context_of(session)
+        if not ctx.policy.evict_in_cycle:
+            return  # a resize restarts running work: the caller cannot carry it out
         waiting = preemptors(session, ctx, self.max_preemptors)
         if waiting:
             for job in waiting:

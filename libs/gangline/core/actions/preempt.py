@@ -192,9 +192,14 @@ def commit_plan(
 def preemptors(session: Session, ctx: QueueContext, limit: int | None = None) -> list[Job]:
     """Open jobs that waited in this cycle for capacity or quota (not a broken request), in order.
 
+    None when the caller's cycle may not evict (``PreemptionPolicy.evict_in_cycle``): then preempt,
+    reclaim and elastic plan nothing.
+
     At most ``limit`` of them: each costs a victim search, and like kube-scheduler a cycle only
     tries preemption for the first blocked jobs in line; the rest try again next cycle.
     """
+    if not ctx.policy.evict_in_cycle:
+        return []
     out: list[Job] = []
     decisions = decisions_of(session)
     for job in session.open_jobs():

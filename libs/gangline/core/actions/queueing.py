@@ -20,14 +20,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gangline.core.actions.allocate import allocate_one
 from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory
 from gangline.core.framework.cycle import AllocationIds, Session, default_allocation_id
 from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.state import StateKey
-from gangline.core.model import GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
-from gangline.core.queues import QuotaLedger, QuotaTree, Resource, gpu_resource, mig_resource
-from gangline.core.snapshot import RunningJob, Snapshot
+from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
+from gangline.core.model import GpuId, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.queues import (
+    QueueSpec,
+    QuotaLedger,
+    QuotaTree,
+    Resource,
+    gpu_resource,
+    mig_resource,
+)
+from gangline.core.snapshot import RunningJob, Slot, Snapshot
 
 SHARED_SUFFIX = "/milli"
 
@@ -72,6 +81,10 @@ class PreemptionPolicy:
     """Checkpoint grace for jobs that give none."""
     reclaim_lower_priority_only: bool = False
     """Kueue's reclaimWithinCohort=LowerPriority: reclaim only from lower-priority borrowers."""
+    evict_in_cycle: bool = True
+    """Whether the cycle's evictions take effect at once (the simulator). False where victims are
+    asked to checkpoint by another service (live placement: the preemption service chooses and asks
+    them with the core's victim search): then no action plans an eviction or a resize."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +175,9 @@ class QueueContext:
     policy: PreemptionPolicy = field(default_factory=PreemptionPolicy)
     in_flight: frozenset[JobId] = frozenset()
     """Jobs already being checkpointed for an earlier plan: never chosen again, never re-planned."""
+    freeing: Mapping[JobId, frozenset[GpuId]] = field(default_factory=dict)
+    """Per preemptor of an earlier plan still in flight, the GPUs its victims hold or held: those
+    already free are kept for it until it is placed, and nothing else is held back for it."""
 
     def lost_hours(self, job_id: JobId) -> float:
         facts = self.run_facts.get(job_id)
@@ -188,10 +204,46 @@ DECISIONS: StateKey[QueueDecisions] = StateKey("part2.decisions")
 
 
 def context_of(session: Session) -> QueueContext:
+    """The cycle's queue facts; a cycle run without them (plain ``run_cycle``) gets neutral ones.
+
+    Neutral facts: every queue of the cycle unlimited, time 0, no submit times and no known ends
+    (see :func:`open_context`), so a profile with queue-aware actions runs anywhere a profile runs.
+    """
     ctx: QueueContext | None = session.shared.get(QUEUES)
     if ctx is None:
-        raise RuntimeError("part-2 actions need a QueueContext: run the cycle with run_queue_cycle()")
+        ctx = session.shared[QUEUES] = open_context(session.snapshot, session.jobs, now=0.0)
     return ctx
+
+
+def open_tree(snapshot: Snapshot, jobs: Sequence[Job]) -> QuotaTree:
+    """Every queue of ``jobs`` and of the snapshot's running jobs, unlimited: no quota applies."""
+    names = {j.queue for j in jobs} | {r.job.queue for r in snapshot.running.values()}
+    return QuotaTree([QueueSpec(q, unlimited=True) for q in sorted(names)])
+
+
+def open_context(
+    snapshot: Snapshot,
+    jobs: Sequence[Job],
+    *,
+    now: float,
+    submit_time: Mapping[JobId, float] | None = None,
+    run_facts: Mapping[JobId, RunFacts] | None = None,
+    in_flight: frozenset[JobId] = frozenset(),
+    freeing: Mapping[JobId, frozenset[GpuId]] | None = None,
+    policy: PreemptionPolicy | None = None,
+) -> QueueContext:
+    """The queue facts of a cycle where no quota applies (:func:`open_tree`), for callers that gate
+    quota elsewhere (the placement service: the quota service decided) or have none (a bare cluster)."""
+    return build_context(
+        snapshot,
+        open_tree(snapshot, jobs),
+        now=now,
+        submit_time=submit_time or {},
+        run_facts=run_facts,
+        in_flight=in_flight,
+        freeing=freeing,
+        policy=policy,
+    )
 
 
 def decisions_of(session: Session) -> QueueDecisions:
@@ -224,6 +276,7 @@ def build_context(
     history: UsageHistory | None = None,
     policy: PreemptionPolicy | None = None,
     in_flight: frozenset[JobId] = frozenset(),
+    freeing: Mapping[JobId, frozenset[GpuId]] | None = None,
 ) -> QueueContext:
     """A context whose ledger and fair shares hold what the snapshot's running jobs use.
 
@@ -269,6 +322,7 @@ def build_context(
         run_facts=run_facts or {},
         policy=policy or PreemptionPolicy(),
         in_flight=in_flight,
+        freeing=freeing or {},
     )
 
 
@@ -320,11 +374,50 @@ def run_queue_cycle(
         shared: dict[StateKey[Any], Any] = session.shared
         shared[QUEUES] = ctx
         decisions = decisions_of(session)
+        hold_for_preemptors(session, ctx, decisions)
         for action in profile.actions:
             action.execute(session)
         plan = session.plan()
     explain_waiting(plan, ordered, ctx, decisions)
     return plan, decisions
+
+
+def hold_for_preemptors(session: Session, ctx: QueueContext, decisions: QueueDecisions) -> None:
+    """Keep the GPUs freed for each in-flight preemptor (``ctx.freeing``) for it, and only those.
+
+    Before the profile's actions, each such preemptor of the cycle, in order, is placed if it fits
+    now; otherwise the free GPUs among those its victims are giving back are taken for it in the
+    working snapshot (so no other job of the cycle gets them) and it waits, set aside, for the rest.
+    Work that would not take those GPUs is not held back at all: another GPU model, other nodes.
+    """
+    if not ctx.freeing:
+        return
+    snap = session.snapshot
+    for job in session.open_jobs():
+        gpus = ctx.freeing.get(job.id)
+        if gpus is None:
+            continue
+        if allocate_one(session, job).ok:
+            continue
+        held = 0
+        for gpu in sorted(gpus):
+            g = snap.gpu_pos.get(gpu)
+            if g is None:
+                continue
+            slot = Slot(snap.g_node[g], (g,))
+            if snap.slot_conflict(job, slot) is None:
+                snap.take(job, slot)
+                held += 1
+        session.set_aside.add(job.id)
+        reason = Reason(
+            ReasonCode.RESERVATION,
+            "preemption",
+            f"waiting for {len(gpus)} GPU(s) its preemption is freeing; {held} free and held for it",
+            {"freeing": len(gpus), "held": held},
+        )
+        prior = session.pending.get(job.id)
+        session.pend(job, Status(StatusCode.UNSCHEDULABLE, (reason, *(prior.reasons if prior else ()))))
+        decisions.explain(job.id, reason.message)
 
 
 def explain_waiting(plan: Plan, ordered: Sequence[Job], ctx: QueueContext, decisions: QueueDecisions) -> None:

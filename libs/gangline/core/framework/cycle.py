@@ -68,12 +68,15 @@ class Session:
         self.placed: dict[JobId, Placed] = {}
         self.pending: dict[JobId, Pending] = {}
         self.evicted: dict[JobId, Evicted] = {}
+        self.set_aside: set[JobId] = set()
+        """Jobs already decided to wait this cycle (holding GPUs being freed for them): actions skip them."""
 
     # ------------------------------------------------------------ reading
 
     def open_jobs(self) -> list[Job]:
-        """Jobs of this cycle not placed yet (pending ones included), in order."""
-        return [j for j in self.jobs if j.id not in self.placed and j.id not in self.snapshot.running]
+        """Jobs of this cycle not placed yet (pending ones included, set-aside ones not), in order."""
+        running, placed, aside = self.snapshot.running, self.placed, self.set_aside
+        return [j for j in self.jobs if j.id not in placed and j.id not in running and j.id not in aside]
 
     def new_state(self, job: Job) -> CycleState:
         """Fresh per-job state sharing this cycle's shared facts."""

@@ -24,7 +24,7 @@ Fractional and MIG requests are never dropped (their capacity is not counted her
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
 from gangline.core.snapshot import Snapshot
@@ -74,6 +74,10 @@ class WaitingIndex:
         else:
             insort(group, entry, key=lambda e: e[0])
         self._where[job.id] = (key, line)
+
+    def line_of(self, job_id: JobId) -> LineKey:
+        """The line key `job_id` waits with."""
+        return self._where[job_id][1]
 
     def remove(self, job_id: JobId) -> None:
         """`job_id` no longer waits (placed); unknown ids are ignored."""
@@ -137,3 +141,22 @@ class _FitCounter:
                     n += self._workers_fit(m, job.gpus_per_worker) // job.fewest_workers
             self._copies[key] = n
         return min(n, limit)
+
+
+def cycle_jobs(snapshot: Snapshot, line: Sequence[Job], head: int) -> list[Job]:
+    """The jobs of ``line`` (in line order) a cycle on ``snapshot`` looks at: no window strands a fit.
+
+    The first ``head`` jobs always (the front of the line: reservations, preemption and explanations
+    are about them), and after those every job the free GPUs could hold: of each group of identical
+    requests, the first as many copies as fit (see :class:`WaitingIndex`; MIG and fractional requests
+    are always kept). A job left out cannot be placed by this cycle's allocate or backfill, as
+    neither frees GPUs, so however many blocked gangs are in front, a job that fits idle GPUs is seen.
+    """
+    if len(line) <= head:
+        return list(line)
+    rest = WaitingIndex()
+    for k in range(head, len(line)):
+        rest.add(line[k], (float(k), line[k].id))
+    kept = rest.candidates(snapshot)
+    kept.sort(key=lambda e: e[0])
+    return [*line[:head], *(job for _, job in kept)]

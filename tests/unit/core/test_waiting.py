@@ -1,7 +1,7 @@
 """The simulator's shortcuts decide exactly what the plain loops decide, on a trace that queues.
 
 `CorePolicy(prune=True)` hands the core only the waiting jobs that could change a cycle
-(`gangline.sim.waiting`); `PodFirstFit` walks shape lines instead of every waiting job. Both are
+(`gangline.core.waiting`); `PodFirstFit` walks shape lines instead of every waiting job. Both are
 compared, job by job, with the plain version on a seeded random trace at about twice the
 cluster's capacity, with gangs, mixed worker sizes, queues with quotas and borrowing.
 """
@@ -17,13 +17,13 @@ from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import load_profile
 from gangline.core.model import GpuModel, Job, JobId, MiB, QueueName
 from gangline.core.snapshot import Snapshot
+from gangline.core.waiting import WaitingIndex
 from gangline.sim.cluster import ClusterSpec, NodeGroup, QueueQuota
 from gangline.sim.metrics import RunResult, fragmentation, fragmentation_of, summarize, worker_need
 from gangline.sim.policies import FIFO_GANG_BEST_FIT_YAML, CorePolicy, CycleOutcome, PodFirstFit, QueueSetup
 from gangline.sim.run import sim_registry
 from gangline.sim.simulator import SimOptions, Simulator
 from gangline.sim.trace import TraceJob
-from gangline.sim.waiting import WaitingIndex
 
 A100 = GpuModel("A100")
 
