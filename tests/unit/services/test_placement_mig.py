@@ -4,19 +4,12 @@ stopping anyone else."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from svc_helpers import T0, admitted, cluster, env, standin_registration
 
-from svc_helpers import T0, admitted, cluster, env
-
-from gangline.agent.node import registration
-from gangline.agent.settings import NodeAgentSettings
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationGranted
 from gangline.events.base import Envelope
-from gangline.events.nodes import NodeRegistered, NodeRejected
-from gangline.nvml.reader import NvmlReader
-from gangline.nvml.spec import load_builtin_spec
-from gangline.nvml.standin import NvmlStandIn
+from gangline.events.nodes import NodeRejected
 from services.common.topics import TopicNames
 from services.placement.handlers import (
     UNSUPPORTED_HARDWARE,
@@ -27,15 +20,6 @@ from services.placement.handlers import (
 )
 
 TOPICS = TopicNames()
-
-
-def registered(spec: str, node: str) -> NodeRegistered:
-    """The node.registered the agent sends for a stand-in node of built-in spec ``spec``."""
-    inventory = NvmlReader(NvmlStandIn(load_builtin_spec(spec, node=node)), node=node).inventory()
-    settings = NodeAgentSettings(
-        node=node, leaf="leaf-m", spine="spine-0", checkpoint_root=Path("/c"), log_dir=Path("/l")
-    )
-    return registration(inventory, settings)
 
 
 def new_state() -> PlacementState:
@@ -59,7 +43,7 @@ def grants(outputs: list[tuple[str, Envelope]]) -> list[AllocationGranted]:
 
 def test_a_1g_job_is_granted_the_carved_instance_by_its_nvml_ids() -> None:
     state = new_state()
-    mig_node = registered("dgx-a100-mig", "mig-0")
+    mig_node = standin_registration("dgx-a100-mig", "mig-0")
     assert {g.model for g in mig_node.gpus} == {"A100-SXM4-80GB"}  # as NVML names it, not the table
     assert feed(state, env(mig_node)) == []
     [grant] = grants(feed(state, admitted("m1", workers=2, mig_profile="1g.10gb", gpus_per_worker=0)))
@@ -83,7 +67,7 @@ def test_a_1g_job_is_granted_the_carved_instance_by_its_nvml_ids() -> None:
 
 def test_only_carved_profiles_are_handed_out() -> None:
     state = new_state()
-    feed(state, env(registered("dgx-a100-mig", "mig-0")))
+    feed(state, env(standin_registration("dgx-a100-mig", "mig-0")))
     # gpu1 holds the only 3g.40gb (GPU instance 2, at slice 4); a second one waits
     [first] = grants(feed(state, admitted("big-1", mig_profile="3g.40gb", gpus_per_worker=0)))
     assert first.placements[0].mig is not None
@@ -94,7 +78,7 @@ def test_only_carved_profiles_are_handed_out() -> None:
 
 def test_a_node_of_an_unknown_mig_model_is_rejected_and_the_others_keep_scheduling() -> None:
     state = new_state()
-    a30 = env(registered("pcie-a30-mig", "a30-0"))
+    a30 = env(standin_registration("pcie-a30-mig", "a30-0"))
     outputs = feed(state, a30)
     [(topic, rejection)] = outputs
     assert topic == TOPICS.health and isinstance(rejection.data, NodeRejected)
@@ -108,7 +92,7 @@ def test_a_node_of_an_unknown_mig_model_is_rejected_and_the_others_keep_scheduli
     # whole GPUs on the other nodes, and the MIG node's slices, are granted as before
     [whole] = grants(feed(state, admitted("w", workers=2, gpus_per_worker=8)))
     assert {p.node for p in whole.placements} == {"h-0", "h-1"}
-    feed(state, env(registered("dgx-a100-mig", "mig-0")))
+    feed(state, env(standin_registration("dgx-a100-mig", "mig-0")))
     [sliced] = grants(feed(state, admitted("s", mig_profile="1g.10gb", gpus_per_worker=0)))
     assert sliced.placements[0].node == "mig-0"
     # the A30's whole GPU (gpu1) takes nothing either: the node is out
@@ -117,7 +101,7 @@ def test_a_node_of_an_unknown_mig_model_is_rejected_and_the_others_keep_scheduli
 
 def test_a_rejection_is_sent_once_per_registration() -> None:
     state = new_state()
-    a30 = env(registered("pcie-a30-mig", "a30-0"))
+    a30 = env(standin_registration("pcie-a30-mig", "a30-0"))
     [(_, rejection)] = fold_event(a30, state, now=T0)
     assert fold_event(a30, state, now=T0) == []  # the same registration read again (a retry, a re-read)
 
