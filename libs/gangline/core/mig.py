@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import NewType
 
 MigProfileName = NewType("MigProfileName", str)
@@ -212,6 +213,7 @@ _NAMELESS_SIZE_GB: dict[tuple[str, bool], int] = {("H100", False): 80, ("H100", 
 """Sizes of names that carry none: `NVIDIA H100 PCIe` has 80 GB, `NVIDIA H100 NVL` 94 GB."""
 
 
+@lru_cache(maxsize=1024)  # a cluster has a handful of names; placement asks about them every cycle
 def mig_model(name: str, memory_mib: int | None = None) -> str | None:
     """The canonical MIG table entry for a GPU model name as NVML reports it, or None when unknown.
 
