@@ -27,7 +27,8 @@ class MigInstance(BaseModel):
     """NVML's compute-instance id inside the GPU instance (``nvmlDeviceGetComputeInstanceId``)."""
     placement_start: Annotated[int, Field(ge=0, le=7)] | None = None
     """The first memory slice the GPU instance occupies (``nvmlGpuInstanceGetInfo`` placement.start).
-    When every instance of a GPU has it, placement hands out exactly these instances."""
+    Placement hands out exactly the instances of a GPU that have it; on a GPU where none has it,
+    any position the GPU's MIG geometry allows."""
 
 
 class GpuInfo(BaseModel):
