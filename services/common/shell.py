@@ -42,7 +42,15 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from gangline.bus import DeadLetterOutputs, Outgoing, Processor, ProcessorSettings, RecordMeta, Select
+from gangline.bus import (
+    DeadLetterOutputs,
+    Outgoing,
+    Processor,
+    ProcessorSettings,
+    RecordMeta,
+    Refusal,
+    Select,
+)
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.processor import InputRecording
 from gangline.bus.records import DeadLetter
@@ -181,8 +189,12 @@ async def restore_and_process(
     end_batch: EndBatch | None = None,
     record_inputs: bool = False,
     started: datetime | None = None,
+    refusal: Refusal | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
+
+    With ``refusal`` an event whose outputs say it was refused is dead-lettered as well (the bus's
+    :data:`~gangline.bus.Refusal`).
 
     With ``end_batch`` the state decides once per batch too, after ``decide`` folded each event.
     With ``record_inputs`` the outputs carry the input positions they were decided on (module docstring);
@@ -214,6 +226,7 @@ async def restore_and_process(
             restore_select or select,
             record_inputs,
             started,
+            refusal,
         )
 
     if lock_topic is None:
@@ -280,6 +293,7 @@ async def _restore_and_process(
     restore_select: Select | None,
     record_inputs: bool = False,
     state_started: datetime | None = None,
+    refusal: Refusal | None = None,
 ) -> None:
     await fence(settings)
     started = time.perf_counter()
@@ -306,5 +320,6 @@ async def _restore_and_process(
         select=select,
         flush=decide.flush,
         inputs=inputs,
+        refusal=refusal,
     )
     await processor.run()

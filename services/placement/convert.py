@@ -39,7 +39,7 @@ from gangline.core.model import (
 )
 from gangline.events.allocations import AllocationGranted, MigSlice, Placement
 from gangline.events.jobs import JobSpec
-from gangline.events.nodes import NodeRegistered
+from gangline.events.nodes import GpuInfo, NodeRegistered
 from gangline.events.types import GpuId, JobId, NodeId
 
 SEPARATOR = "/"
@@ -66,6 +66,7 @@ def core_node(node: NodeRegistered, *, cordoned: bool, unusable_gpus: frozenset[
                 memory_mib=CoreMiB(g.memory_mib),
                 healthy=g.id not in unusable_gpus,
                 mode=GpuMode.MIG if g.mig_enabled else GpuMode.WHOLE,
+                mig_layout=_mig_layout(g) if g.mig_enabled else None,
             )
             for g in node.gpus
         ),
@@ -74,6 +75,25 @@ def core_node(node: NodeRegistered, *, cordoned: bool, unusable_gpus: frozenset[
         nvlink_domain=DomainId(node.nvlink_domain),
         cordoned=cordoned,
     )
+
+
+def _mig_layout(gpu: GpuInfo) -> tuple[MigSlot, ...] | None:
+    """The instances carved on a MIG GPU, where the node says where they sit (None: it does not say).
+
+    An instance whose start the node could not read cannot be told apart from the positions around
+    it, so it is not handed out.
+    """
+    layout = tuple(
+        MigSlot(
+            MigProfileName(m.profile),
+            m.placement_start,
+            gpu_instance=m.instance_id,
+            compute_instance=m.compute_instance_id,
+        )
+        for m in gpu.mig_instances
+        if m.placement_start is not None
+    )
+    return layout or None
 
 
 def core_job(job_id: JobId, spec: JobSpec) -> Job:
@@ -106,7 +126,13 @@ def wire_placements(allocation: Allocation) -> tuple[Placement, ...]:
         gpus = tuple(wire_gpu_id(g) for g in p.gpus)
         mig = None
         if p.mig is not None:
-            mig = MigSlice(gpu=gpus[0], profile=p.mig.profile, instance_id=p.mig.start)
+            mig = MigSlice(
+                gpu=gpus[0],
+                profile=p.mig.profile,
+                instance_id=p.mig.gpu_instance,
+                compute_instance_id=p.mig.compute_instance,
+                start=p.mig.start,
+            )
         placements.append(
             Placement(rank=p.rank, node=NodeId(p.node), gpus=gpus, mig=mig, gpu_fraction_milli=p.milli)
         )
@@ -131,4 +157,13 @@ def core_allocation(granted: AllocationGranted) -> Allocation:
 
 
 def _core_mig(mig: MigSlice | None) -> MigSlot | None:
-    return MigSlot(MigProfileName(mig.profile), mig.instance_id or 0) if mig is not None else None
+    if mig is None:
+        return None
+    if mig.start is None:  # written before grants said where a slice starts: it was in instance_id
+        return MigSlot(MigProfileName(mig.profile), mig.instance_id or 0)
+    return MigSlot(
+        MigProfileName(mig.profile),
+        mig.start,
+        gpu_instance=mig.instance_id,
+        compute_instance=mig.compute_instance_id,
+    )

@@ -18,6 +18,12 @@ live allocation, is not finished, and has had fewer grants than attempts allowed
 ``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
 and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
 
+A registration whose hardware the core cannot model (``core.snapshot.node_problem``: a MIG GPU of a
+model with no known geometry, an impossible carved layout) leaves the node out: its GPUs take no
+work, every other node is scheduled as before. :func:`fold_event` answers it with ``node.rejected``
+on nodes.health (once per registration: our own rejections are folded back), and the service
+dead-letters the registration with the same reason (:func:`refused_registration`).
+
 The service folds every event of a poll (:func:`fold_event`) and releases the ended allocations and
 runs one cycle per batch (:func:`end_batch`); :func:`decide` does both for a single event.
 """
@@ -25,6 +31,7 @@ runs one cycle per batch (:func:`end_batch`); :func:`decide` does both for a sin
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -43,7 +50,7 @@ from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import GpuId as CoreGpuId
 from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.snapshot import RunningJob, Snapshot
+from gangline.core.snapshot import RunningJob, Snapshot, node_problem
 from gangline.core.waiting import cycle_jobs
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
@@ -61,7 +68,7 @@ from gangline.events.jobs import (
     JobSpec,
     PendingReason,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
+from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered, NodeRejected
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.ids import derived_id
 from services.common.topics import TopicNames
@@ -73,6 +80,8 @@ SOURCE = "gangline/placement"
 LIVE_POLICY = PreemptionPolicy(evict_in_cycle=False)
 """Placement plans no eviction: the preemption service picks victims and runs the checkpoint protocol."""
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
+UNSUPPORTED_HARDWARE = "unsupported_hardware"
+"""The ``node.rejected`` (and dead-letter) code of a node whose hardware the core cannot model."""
 
 
 @dataclass
@@ -170,6 +179,10 @@ class PlacementState:
     """An event folded since the last cycle may let a waiting job run (see :func:`end_batch`)."""
     to_release: set[tuple[JobId, AllocationId]] = field(default_factory=set)
     """Live allocations whose job's end was read: the next :func:`end_batch` releases them."""
+    refused: dict[NodeId, tuple[str, str]] = field(default_factory=dict)
+    """Nodes whose latest registration the core cannot model: its event id and why (they take no work)."""
+    rejections_sent: set[str] = field(default_factory=set)
+    """Registrations whose ``node.rejected`` is in the log (ours, read back) or sent by this run."""
     _snapshot: Snapshot | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -185,14 +198,26 @@ class PlacementState:
             if latest is not None and envelope.time < latest:
                 # An older registration read again (the restore, then the live poll): the newer one stands.
                 return False
-            self.nodes[data.node] = data
             self.registered_at[data.node] = envelope.time
+            problem = node_problem(core_node(data, cordoned=False, unusable_gpus=frozenset()))
+            if problem is not None:
+                # Hardware the core cannot model: the node takes no work (fold_event announces why).
+                self.nodes.pop(data.node, None)
+                self.refused[data.node] = (envelope.id, problem)
+                self._snapshot = None
+                return False
+            self.refused.pop(data.node, None)
+            self.nodes[data.node] = data
             # A registration resets the GPUs' health, but not a change reported after it.
             for marked in (self.failed_gpus.get(data.node), self.degraded_gpus.get(data.node)):
                 if marked:
                     marked -= {g for g in marked if self.gpu_health_at[(data.node, g)] <= envelope.time}
             self._snapshot = None
             return True
+        if isinstance(data, NodeRejected):
+            if data.registration_id is not None:
+                self.rejections_sent.add(data.registration_id)
+            return False
         if isinstance(data, NodeFailed):
             self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
             self._snapshot = None
@@ -358,6 +383,8 @@ class PlacementState:
                 for n in self.nodes.values()
             ]
             snap = Snapshot(nodes)
+            for node, why in snap.refused.items():
+                log.warning("node %s is left out of the cluster: %s", node, why)
             for record in self.jobs.values():
                 live = record.live()
                 if live is not None:
@@ -429,7 +456,39 @@ def fold_event(envelope: Envelope, state: PlacementState, *, now: datetime) -> l
         return outputs
     changed = state.fold(envelope)
     state.cycle_due = state.cycle_due or changed or state.needs_cycle
+    if isinstance(envelope.data, NodeRegistered):
+        return reject_unmodelled(envelope, envelope.data, state, now=now)
     return []
+
+
+def reject_unmodelled(
+    envelope: Envelope, registered: NodeRegistered, state: PlacementState, *, now: datetime
+) -> list[Outgoing]:
+    """``node.rejected`` for a registration the fold refused, once per registration event.
+
+    The service dead-letters the registration with the same reason (:func:`refused_registration`).
+    """
+    refused = state.refused.get(registered.node)
+    if refused is None or refused[0] != envelope.id or envelope.id in state.rejections_sent:
+        return []
+    state.rejections_sent.add(envelope.id)
+    rejected = NodeRejected(
+        node=registered.node,
+        code=UNSUPPORTED_HARDWARE,
+        reason=f"node {registered.node} takes no work: {refused[1]}"[:2000],
+        registration_id=envelope.id,
+    )
+    log.warning("refused the registration of node %s: %s", registered.node, refused[1])
+    return [_out(state.topics.health, rejected, envelope.id, "node-rejected", now)]
+
+
+def refused_registration(envelope: Envelope, outputs: Sequence[Outgoing]) -> tuple[str, str] | None:
+    """The dead-letter code and reason of a registration whose outputs reject it (the bus's Refusal)."""
+    for _, output in outputs:
+        data = output.data
+        if isinstance(data, NodeRejected) and data.registration_id == envelope.id:
+            return data.code, data.reason
+    return None
 
 
 def end_batch(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:

@@ -97,8 +97,9 @@ class PlacementReplayer:
         self._max_jobs = max_jobs_per_cycle
         self._restore_topics = (topics.inventory, topics.health, topics.events, topics.allocations)
         self._index = InputIndex(records, {*self._restore_topics, topics.heartbeats, topics.requests})
+        self._output_topics = (topics.events, topics.allocations)
         self._transactions, self._unstamped = group_transactions(
-            records, source=SOURCE, output_topics=(topics.events, topics.allocations)
+            records, source=SOURCE, output_topics=self._output_topics
         )
         self._folded: dict[tuple[str, int], int] = {}
         self._state = self._new_state()
@@ -207,7 +208,9 @@ class PlacementReplayer:
         self._fed += 1
         recorded = by_cause.get(envelope.id)
         now = recorded[0].time if recorded else envelope.time
-        return caused(fold_event(envelope, self._state, now=now), envelope.id)
+        # A node.rejected (on nodes.health) is not among the outputs compared here: jobs and grants are.
+        outputs = [o for o in fold_event(envelope, self._state, now=now) if o[0] in self._output_topics]
+        return caused(outputs, envelope.id)
 
 
 def _decided_at_batch_end(envelope: Envelope) -> bool:

@@ -13,12 +13,13 @@ from services.common.env import processor_settings, topic_names
 from services.common.queues import unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
-from services.placement.handlers import PlacementState, end_batch, fold_event
+from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
 from services.placement.settings import PlacementSettings
 
 SERVICE = "placement"
 PLACEMENT_EVENTS = (
     "node.registered",
+    "node.rejected",
     "node.failed",
     "gpu.health_changed",
     "job.admitted",
@@ -81,4 +82,6 @@ async def main(settings: PlacementSettings) -> None:
         end_batch=cycle,
         # Outputs name the input positions they were decided on: replayable (services/placement/replay.py).
         record_inputs=True,
+        # A registration placement rejects (node.rejected) goes to the dead-letter topic as well.
+        refusal=refused_registration,
     )

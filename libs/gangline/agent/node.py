@@ -69,7 +69,7 @@ from gangline.agent.settings import NodeAgentSettings
 from gangline.agent.simulated import SimulatedGang, SimulatedRunner
 from gangline.bus.consumer import EventConsumer
 from gangline.bus.producer import EventProducer
-from gangline.events.allocations import AllocationGranted, AllocationReleased
+from gangline.events.allocations import AllocationGranted, AllocationReleased, MigSlice
 from gangline.events.allocations import Placement as GrantPlacement
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import (
@@ -111,6 +111,7 @@ from gangline.nvml.types import (
     GpuHealthSample,
     GpuState,
     GpuUuid,
+    MigDevice,
     NodeInventory,
 )
 from gangline.nvml.types import GpuInfo as NvmlGpuInfo
@@ -184,6 +185,8 @@ def registration(inventory: NodeInventory, settings: NodeAgentSettings) -> NodeR
                 instance_id=m.gpu_instance_id,
                 uuid=m.uuid,
                 memory_mib=MiB(m.memory_mib),
+                compute_instance_id=m.compute_instance_id,
+                placement_start=m.placement_start,
             )
             for m in g.mig_devices
             if m.profile is not None
@@ -213,6 +216,30 @@ def registration(inventory: NodeInventory, settings: NodeAgentSettings) -> NodeR
         labels=dict(settings.labels),
         agent_version=AGENT_VERSION,
     )
+
+
+def _is_slice(device: MigDevice, mig: MigSlice) -> bool:
+    """Whether NVML's MIG ``device`` is the one the granted slice names (see ``_visible_devices``)."""
+    if device.profile != mig.profile:
+        return False
+    if mig.instance_id is not None:
+        return device.gpu_instance_id == mig.instance_id and (
+            mig.compute_instance_id is None or device.compute_instance_id == mig.compute_instance_id
+        )
+    if mig.start is not None and device.placement_start is not None:
+        return device.placement_start == mig.start
+    return True
+
+
+def _slice_name(mig: MigSlice) -> str:
+    if mig.instance_id is not None:
+        compute = (
+            f", compute instance {mig.compute_instance_id}" if mig.compute_instance_id is not None else ""
+        )
+        return f"{mig.profile} (GPU instance {mig.instance_id}{compute})"
+    if mig.start is not None:
+        return f"{mig.profile} (at memory slice {mig.start})"
+    return mig.profile
 
 
 HEALTH_OF: dict[Action, HealthState] = {Action.CORDON: "failed", Action.DRAIN: "degraded"}
@@ -653,9 +680,11 @@ class NodeAgent:
         return LayoutPlacement(rank=p.rank, node=p.node, gpus=self._visible_devices(p, taken))
 
     def _visible_devices(self, p: GrantPlacement, taken: set[str]) -> tuple[str, ...]:
-        """What CUDA_VISIBLE_DEVICES takes for a placement here: GPU UUIDs, or the MIG slice's UUID.
+        """What CUDA_VISIBLE_DEVICES takes for a placement here: GPU UUIDs, or the MIG device's UUID.
 
-        A slice without an instance id gets the first free one of its profile (``taken`` across ranks).
+        A slice names its MIG device by NVML's GPU-instance (and compute-instance) id; without them,
+        a free device of its profile whose GPU instance starts at the slice's ``start`` (when NVML
+        said where its instances sit), else the first free one of the profile (``taken`` across ranks).
         """
         out: list[str] = []
         for gid in p.gpus:
@@ -663,18 +692,9 @@ class NodeAgent:
             if info is None:
                 raise KeyError(f"placement names GPU {gid!r}, which node {self.node} does not have")
             if p.mig is not None:
-                mig = next(
-                    (
-                        m
-                        for m in info.mig_devices
-                        if m.profile == p.mig.profile
-                        and m.uuid not in taken
-                        and (p.mig.instance_id is None or m.gpu_instance_id == p.mig.instance_id)
-                    ),
-                    None,
-                )
+                mig = next((m for m in info.mig_devices if m.uuid not in taken and _is_slice(m, p.mig)), None)
                 if mig is None:
-                    raise KeyError(f"GPU {gid!r} has no MIG instance {p.mig.profile} {p.mig.instance_id}")
+                    raise KeyError(f"GPU {gid!r} has no free MIG device {_slice_name(p.mig)}")
                 taken.add(mig.uuid)
                 out.append(mig.uuid)
             else:

@@ -12,6 +12,7 @@ from gangline.bus.processor import (
     Processor,
     ProcessorFailed,
     ProcessorStats,
+    Refusal,
     Select,
 )
 from gangline.bus.producer import EventProducer
@@ -55,6 +56,7 @@ __all__ = [
     "ProcessorSettings",
     "ProcessorStats",
     "RecordMeta",
+    "Refusal",
     "Select",
     "dead_letter",
     "decode_or_dead_letter",

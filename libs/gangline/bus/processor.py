@@ -29,7 +29,9 @@ Outputs, dead letters and offsets become visible together or not at all: downstr
 nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
 offsets (the last committed ones) and the batch is retried after a short backoff. A record
 whose handler raises ``max_handler_attempts`` times is a poison message: it goes to the DLQ
-with the exception as its reason and the loop moves on.
+with the exception as its reason and the loop moves on. A record the handler read but refused,
+as its outputs say (``refusal``: e.g. a ``node.rejected`` about it), goes to the DLQ too, with the
+handler's reason, next to those outputs.
 
 Handlers may therefore be called more than once for the same event (once per attempt); they
 must be free of side effects outside their return value, or idempotent by event id.
@@ -120,6 +122,10 @@ class BatchInfo:
 DeadLetterOutputs: TypeAlias = Callable[[DeadLetter], Sequence[Outgoing]]
 """Events to publish, in the same transaction, about a record that was dead-lettered (e.g. a rejection)."""
 
+Refusal: TypeAlias = Callable[[Envelope, Sequence[Outgoing]], tuple[str, str] | None]
+"""Whether the handler refused the event it was given, judged by what it returned: ``(code, reason)`` to
+copy the record to its dead-letter topic with (the outputs are published all the same), or None."""
+
 Select: TypeAlias = Callable[[KafkaRecord], bool]
 """Whether a record is worth decoding; a record it refuses is skipped (its offset still commits)."""
 
@@ -194,6 +200,7 @@ class Processor:
         select: Select | None = None,
         flush: Flush | None = None,
         inputs: InputRecording | None = None,
+        refusal: Refusal | None = None,
     ) -> None:
         self._settings = settings
         self._inputs = inputs
@@ -216,6 +223,7 @@ class Processor:
         self._tracer = get_tracer(tracer_provider)
         self._before_commit = before_commit
         self._dead_letter_outputs = dead_letter_outputs
+        self._refusal = refusal
         self._select = select
         self._stop = asyncio.Event()
         self._batch_lock = asyncio.Lock()
@@ -573,6 +581,11 @@ class Processor:
                         producer, self._tracer, topic, caused, headers=self._headers, chain=self._chain
                     )
                 )
+            refused = self._refusal(envelope, outputs) if self._refusal is not None else None
+            if refused is not None:
+                code, reason = refused
+                letter = dead_letter(record, code=code, reason=reason, source_service=self._settings.service)
+                deliveries.append(await self._send_dead_letter(producer, letter))
             return deliveries
 
     async def _send_flushed(

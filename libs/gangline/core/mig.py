@@ -15,7 +15,10 @@ operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import NewType
 
 MigProfileName = NewType("MigProfileName", str)
@@ -51,6 +54,40 @@ class MigGeometry:
         for p in self.profiles:
             if p.name == name:
                 return p
+        return None
+
+    def carved(self, instances: Iterable[tuple[str, int]]) -> MigGeometry:
+        """This layout narrowed to the instances already carved on a GPU: `(profile, start)` pairs.
+
+        A GPU whose instances exist already (created by the operator, as NVML lists them) can only
+        hand out those: each profile keeps just the starts an instance of it sits at. Check the
+        pairs with `layout_problem` first.
+        """
+        starts: dict[str, list[int]] = {}
+        for name, start in instances:
+            starts.setdefault(name, []).append(start)
+        return replace(
+            self,
+            profiles=tuple(
+                replace(p, starts=tuple(sorted(starts[p.name]))) for p in self.profiles if p.name in starts
+            ),
+        )
+
+    def layout_problem(self, instances: Iterable[tuple[str, int]]) -> str | None:
+        """Why these carved `(profile, start)` instances cannot be on one GPU of this model, or None."""
+        mask = compute = 0
+        for name, start in instances:
+            prof = self.profile(name)
+            if prof is None:
+                return f"{self.model} has no MIG profile {name}"
+            if start not in prof.starts:
+                return f"MIG profile {name} cannot start at memory slice {start} on {self.model}"
+            if prof.mask_at(start) & mask:
+                return f"MIG instance {name}@{start} overlaps another instance"
+            mask |= prof.mask_at(start)
+            compute += prof.compute
+        if compute > self.compute_slices:
+            return f"MIG instances use {compute} compute slices; {self.model} has {self.compute_slices}"
         return None
 
     def free_starts(self, profile: MigProfile, used_mask: int, used_compute: int) -> tuple[int, ...]:
@@ -164,9 +201,48 @@ MIG_GEOMETRIES: dict[str, MigGeometry] = {
         ),
     )
 }
-"""Known MIG layouts by GPU model name (the `model` a node reports)."""
+"""Known MIG layouts by canonical GPU model name (`mig_model` maps what NVML reports onto these)."""
+
+_FAMILIES: dict[str, dict[int, str]] = {}
+for _name in MIG_GEOMETRIES:
+    _family, _gb = _name.split("-")
+    _FAMILIES.setdefault(_family, {})[int(_gb.removesuffix("GB"))] = _name
+_IGNORED_WORDS = frozenset({"NVIDIA", "TESLA"})
+_MEMORY_WORD = re.compile(r"^([0-9]+)GB?$")
+_NAMELESS_SIZE_GB: dict[tuple[str, bool], int] = {("H100", False): 80, ("H100", True): 94}
+"""Sizes of names that carry none: `NVIDIA H100 PCIe` has 80 GB, `NVIDIA H100 NVL` 94 GB."""
 
 
-def mig_geometry(model: str) -> MigGeometry | None:
-    """The MIG layout for a GPU model, or None when the model has no MIG support here."""
-    return MIG_GEOMETRIES.get(model)
+@lru_cache(maxsize=1024)  # a cluster has a handful of names; placement asks about them every cycle
+def mig_model(name: str, memory_mib: int | None = None) -> str | None:
+    """The canonical MIG table entry for a GPU model name as NVML reports it, or None when unknown.
+
+    Accepts NVML's product names (`NVIDIA A100-SXM4-80GB`, `NVIDIA H100 80GB HBM3`, `NVIDIA H100 NVL`,
+    `NVIDIA H200`), the agent's labels of them (`A100-SXM4-80GB`, `H100-80GB-HBM3`) and the canonical
+    names themselves (`A100-80GB`). The family is the first word naming a known one (A100, H100,
+    H200: `GH200` is not `H200`); the size comes from a `<n>GB` word in the name, else from
+    `memory_mib` (the nearest size within 15%), else from the family when that leaves one choice.
+    """
+    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w and w not in _IGNORED_WORDS]
+    family = next((w for w in words if w in _FAMILIES), None)
+    if family is None:
+        return None
+    sizes = _FAMILIES[family]
+    for w in words:
+        m = _MEMORY_WORD.match(w)
+        if m is not None:
+            return sizes.get(int(m.group(1)))
+    if memory_mib is not None and memory_mib > 0:
+        gb = memory_mib / 1024
+        nearest = min(sizes, key=lambda size: (abs(size - gb), size))
+        return sizes[nearest] if abs(nearest - gb) <= 0.15 * nearest else None
+    if len(sizes) == 1:
+        return next(iter(sizes.values()))
+    size = _NAMELESS_SIZE_GB.get((family, "NVL" in words))
+    return sizes.get(size) if size is not None else None
+
+
+def mig_geometry(model: str, memory_mib: int | None = None) -> MigGeometry | None:
+    """The MIG layout for a GPU model (any name `mig_model` reads), or None when it has none here."""
+    canonical = mig_model(model, memory_mib)
+    return MIG_GEOMETRIES[canonical] if canonical is not None else None

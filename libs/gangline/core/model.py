@@ -74,12 +74,29 @@ class GpuMode(enum.StrEnum):
     SHARED = "shared"
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class MigSlot:
+    """A MIG instance: `profile` starting at memory slice `start`.
+
+    `gpu_instance` / `compute_instance` are the ids NVML gave an instance already carved there (its
+    GPU-instance id is not its start); they name it to the node and take no part in comparisons.
+    """
+
+    profile: MigProfileName
+    start: int
+    gpu_instance: int | None = field(default=None, compare=False)
+    compute_instance: int | None = field(default=None, compare=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     """One physical GPU on a node.
 
     `id` is the stable device id (the UUID NVML reports); `index` its position on the node.
-    `mode` MIG needs a model with a known geometry (see `gangline.core.mig`).
+    `mode` MIG needs a model with a known geometry (see `gangline.core.mig`); a GPU whose model has
+    none is still constructed, and `node_problem` (`gangline.core.snapshot`) says why it cannot
+    be scheduled. `mig_layout` lists the MIG instances already carved on it, when the node reported
+    them: only those are handed out. None: any layout the geometry allows may be carved.
     """
 
     id: GpuId
@@ -88,17 +105,34 @@ class Gpu:
     memory_mib: MiB
     healthy: bool = True
     mode: GpuMode = GpuMode.WHOLE
+    mig_layout: tuple[MigSlot, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0 or self.memory_mib <= 0:
             raise ValueError(f"gpu {self.id}: index must be >= 0 and memory > 0")
-        if self.mode is GpuMode.MIG and mig_geometry(self.model) is None:
-            raise ValueError(f"gpu {self.id}: model {self.model} has no known MIG geometry")
 
     @property
     def mig(self) -> MigGeometry | None:
-        """The MIG layout when this GPU is in MIG mode."""
-        return mig_geometry(self.model) if self.mode is GpuMode.MIG else None
+        """The MIG layout when this GPU is in MIG mode (narrowed to `mig_layout` when given)."""
+        if self.mode is not GpuMode.MIG:
+            return None
+        geo = mig_geometry(self.model, self.memory_mib)
+        if geo is None or self.mig_layout is None:
+            return geo
+        return geo.carved((s.profile, s.start) for s in self.mig_layout)
+
+    def mig_problem(self) -> str | None:
+        """Why this GPU's MIG mode cannot be modelled (unknown model, impossible layout), or None."""
+        if self.mode is not GpuMode.MIG:
+            return None
+        geo = mig_geometry(self.model, self.memory_mib)
+        if geo is None:
+            return f"GPU {self.id}: MIG is on, but model {self.model!r} has no known MIG geometry"
+        if self.mig_layout is not None:
+            why = geo.layout_problem((s.profile, s.start) for s in self.mig_layout)
+            if why is not None:
+                return f"GPU {self.id}: {why}"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,14 +225,6 @@ class Job:
     def total_gpus(self) -> int:
         """Whole GPUs at the full worker count (MIG/fractional workers count one device each)."""
         return self.workers * self.gpus_per_worker
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class MigSlot:
-    """A MIG instance: `profile` starting at memory slice `start`."""
-
-    profile: MigProfileName
-    start: int
 
 
 @dataclass(frozen=True, slots=True)

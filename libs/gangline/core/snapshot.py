@@ -10,6 +10,11 @@ with integers so the questions placement asks are cheap:
   at domains by aggregate first and only opens the few that can hold it;
 * MIG occupancy as an 8-bit memory-slice mask per GPU, and milli used per shared GPU.
 
+A node the core cannot model is left out, with the reason, in `refused` (nothing raises for one bad
+node): its own hardware (`node_problem`: a MIG GPU of a model with no known geometry, an impossible
+carved layout), a node id seen before, or topology labels that contradict the nodes before it (an
+NVLink domain under two leaves, a leaf under two spines; the first node in index order stands).
+
 Node indexes follow (spine, leaf, NVLink domain, node id), so neighbours have neighbouring
 indexes; every tie is broken by index, which makes every answer deterministic.
 
@@ -25,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gangline.core.framework.status import Status
 from gangline.core.mig import MigGeometry, MigProfile
@@ -48,6 +53,16 @@ from gangline.core.model import (
 )
 
 NAME = "snapshot"
+
+
+def node_problem(node: Node) -> str | None:
+    """Why the core cannot model `node`'s own hardware, or None when it can (pure, per node)."""
+    for g in node.gpus:
+        why = g.mig_problem()
+        if why is not None:
+            return why
+    return None
+
 
 # levels that aggregate several nodes; NODE is the node itself
 DOMAIN_LEVELS: tuple[TopologyLevel, ...] = (TopologyLevel.NVLINK, TopologyLevel.LEAF, TopologyLevel.SPINE)
@@ -81,13 +96,11 @@ class Snapshot:
     # ---------------------------------------------------------------- construction
 
     def __init__(self, nodes: Sequence[Node]) -> None:
-        ordered = sorted(nodes, key=lambda n: (n.spine, n.leaf, n.domain, n.id))
+        self.refused: dict[NodeId, str] = {}
+        """Nodes left out, with why (see the module docstring)."""
+        ordered = self._modelled(sorted(nodes, key=lambda n: (n.spine, n.leaf, n.domain, n.id)))
         self.nodes: tuple[Node, ...] = tuple(ordered)
-        self.node_pos: dict[NodeId, int] = {}
-        for i, n in enumerate(self.nodes):
-            if n.id in self.node_pos:
-                raise ValueError(f"duplicate node id {n.id}")
-            self.node_pos[n.id] = i
+        self.node_pos: dict[NodeId, int] = {n.id: i for i, n in enumerate(self.nodes)}
         self.models: tuple[GpuModel, ...] = tuple(sorted({g.model for n in ordered for g in n.gpus}))
         self.model_pos: dict[GpuModel, int] = {m: k for k, m in enumerate(self.models)}
         self.model_memory: list[int] = [0] * len(self.models)
@@ -97,7 +110,6 @@ class Snapshot:
         self.dom_of: dict[TopologyLevel, list[int]] = {}
         self.dom_names: dict[TopologyLevel, list[DomainId]] = {}
         self.dom_members: dict[TopologyLevel, list[list[int]]] = {}
-        parent: dict[TopologyLevel, dict[DomainId, DomainId]] = {lvl: {} for lvl in DOMAIN_LEVELS}
         for lvl in DOMAIN_LEVELS:
             names: dict[DomainId, int] = {}
             of: list[int] = []
@@ -110,13 +122,6 @@ class Snapshot:
                     members.append([])
                 of.append(d)
                 members[d].append(i)
-                up = self._label(n, TopologyLevel(lvl + 1)) if lvl < TopologyLevel.SPINE else None
-                if up is not None:
-                    seen = parent[lvl].setdefault(label, up)
-                    if seen != up:
-                        raise ValueError(
-                            f"{lvl.label} domain {label} spans two {TopologyLevel(lvl + 1).label}s"
-                        )
             self.dom_of[lvl] = of
             self.dom_names[lvl] = list(names)
             self.dom_members[lvl] = members
@@ -156,8 +161,6 @@ class Snapshot:
             idxs: list[int] = []
             whole = 0
             for g in sorted(n.gpus, key=lambda g: (g.index, g.id)):
-                if g.id in self.gpu_pos:
-                    raise ValueError(f"duplicate GPU id {g.id}")
                 k = len(self.gpus)
                 m = self.model_pos[g.model]
                 self.model_memory[m] = max(self.model_memory[m], g.memory_mib)
@@ -205,6 +208,36 @@ class Snapshot:
         self.running: dict[JobId, RunningJob] = {}
         self._journal: list[tuple[object, ...]] | None = None
 
+    def _modelled(self, ordered: Sequence[Node]) -> list[Node]:
+        """The nodes the core can model, in order; the others go to `refused` with the reason."""
+        kept: list[Node] = []
+        ids: set[NodeId] = set()
+        gpu_ids: set[GpuId] = set()
+        parent: dict[TopologyLevel, dict[DomainId, DomainId]] = {lvl: {} for lvl in DOMAIN_LEVELS}
+        for n in ordered:
+            why = node_problem(n)
+            if why is None and n.id in ids:
+                why = f"node id {n.id} is registered twice"
+            if why is None:
+                why = next((f"GPU id {g.id} is used twice" for g in n.gpus if g.id in gpu_ids), None)
+            if why is None:
+                for lvl in DOMAIN_LEVELS[:-1]:
+                    label, up = self._label(n, lvl), self._label(n, TopologyLevel(lvl + 1))
+                    seen = parent[lvl].get(label, up)
+                    if seen != up:
+                        upper = TopologyLevel(lvl + 1).label
+                        why = f"{lvl.label} domain {label} is in {upper} {seen}; node {n.id} puts it in {up}"
+                        break
+            if why is not None:
+                self.refused.setdefault(n.id, why)
+                continue
+            for lvl in DOMAIN_LEVELS[:-1]:
+                parent[lvl].setdefault(self._label(n, lvl), self._label(n, TopologyLevel(lvl + 1)))
+            ids.add(n.id)
+            gpu_ids.update(g.id for g in n.gpus)
+            kept.append(n)
+        return kept
+
     @staticmethod
     def _label(n: Node, lvl: TopologyLevel) -> DomainId:
         if lvl is TopologyLevel.NVLINK:
@@ -230,10 +263,7 @@ class Snapshot:
         nodes = [
             Node(
                 id=n.id,
-                gpus=tuple(
-                    Gpu(g.id, g.index, g.model, g.memory_mib, self.g_healthy[self.gpu_pos[g.id]], g.mode)
-                    for g in n.gpus
-                ),
+                gpus=tuple(replace(g, healthy=self.g_healthy[self.gpu_pos[g.id]]) for g in n.gpus),
                 leaf=n.leaf,
                 spine=n.spine,
                 nvlink_domain=n.nvlink_domain,
@@ -514,11 +544,16 @@ class Snapshot:
     def placement_of(self, rank: int, slot: Slot) -> WorkerPlacement:
         """The wire form of a slot."""
         milli = Milli(slot.milli) if slot.milli is not None else None
+        mig = slot.mig
+        if mig is not None:
+            layout = self.gpus[slot.gpus[0]].mig_layout or ()
+            # the carved instance at that position, which carries the ids the node knows it by
+            mig = next((c for c in layout if c == mig), mig)
         return WorkerPlacement(
             rank=rank,
             node=self.nodes[slot.node].id,
             gpus=tuple(self.gpus[g].id for g in slot.gpus),
-            mig=slot.mig,
+            mig=mig,
             milli=milli,
         )
 

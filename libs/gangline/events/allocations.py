@@ -20,13 +20,21 @@ from gangline.events.types import (
 
 
 class MigSlice(BaseModel):
-    """A MIG instance on one of the placement's GPUs."""
+    """A MIG instance on one of the placement's GPUs.
+
+    ``instance_id`` and ``compute_instance_id`` are the ids NVML knows an instance the node registered
+    by; ``start`` is the memory slice the instance begins at. Without ids the node takes a free
+    instance of the profile (at ``start`` when it knows where its instances sit).
+    """
 
     model_config = MODEL_CONFIG
 
     gpu: GpuIdField
     profile: Annotated[str, Field(pattern=r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$")]
     instance_id: Annotated[int, Field(ge=0)] | None = None
+    """NVML's GPU-instance id. Grants written before ``start`` existed put the start here."""
+    compute_instance_id: Annotated[int, Field(ge=0)] | None = None
+    start: Annotated[int, Field(ge=0, le=7)] | None = None
 
 
 class Placement(BaseModel):

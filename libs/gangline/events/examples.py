@@ -27,6 +27,7 @@ _SOURCES = {
     "job.requeued": "gangline/preemption",
     "allocation.released": "gangline/preemption",
     "node.failed": "gangline/node_health",
+    "node.rejected": "gangline/placement",
 }
 
 
@@ -196,6 +197,12 @@ def example_events() -> list[Event]:
             gpu="gpu5",
             state="healthy",
             cause=nodes.HealthCause(kind="xid", xid=13, message="xid.13: graphics engine exception"),
+        ),
+        nodes.NodeRejected(
+            node="dgx-c03",
+            code="unsupported_hardware",
+            reason="GPU gpu0: MIG is on, but model 'A30' has no known MIG geometry",
+            registration_id="5d0c2a4e-1f6b-4c3a-9e2d-7b8a6f4e3c21",
         ),
     ]
 

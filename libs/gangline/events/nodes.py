@@ -7,20 +7,28 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, model_validator
 
 from gangline.events.base import MODEL_CONFIG, Event, JsonObject, Upcaster
-from gangline.events.types import GpuIdField, Label, MiBField, NodeIdField, Sentence
+from gangline.events.types import Code, GpuIdField, Label, MiBField, NodeIdField, Sentence
 
 MIG_PROFILE_PATTERN = r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$"
 
 
 class MigInstance(BaseModel):
-    """A MIG GPU instance already carved on a GPU."""
+    """A MIG device already carved on a GPU: one compute instance of one GPU instance, as NVML lists it."""
 
     model_config = MODEL_CONFIG
 
     profile: Annotated[str, Field(pattern=MIG_PROFILE_PATTERN)]
     instance_id: Annotated[int, Field(ge=0)]
+    """NVML's GPU-instance id (``nvmlDeviceGetGpuInstanceId``); not where the instance sits."""
     uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    """The MIG device UUID (``MIG-...``), what CUDA_VISIBLE_DEVICES takes."""
     memory_mib: MiBField
+    compute_instance_id: Annotated[int, Field(ge=0)] | None = None
+    """NVML's compute-instance id inside the GPU instance (``nvmlDeviceGetComputeInstanceId``)."""
+    placement_start: Annotated[int, Field(ge=0, le=7)] | None = None
+    """The first memory slice the GPU instance occupies (``nvmlGpuInstanceGetInfo`` placement.start).
+    Placement hands out exactly the instances of a GPU that have it; on a GPU where none has it,
+    any position the GPU's MIG geometry allows."""
 
 
 class GpuInfo(BaseModel):
@@ -213,8 +221,30 @@ class NodeFailed(Event):
         return self.node
 
 
+class NodeRejected(Event):
+    """A registration the scheduler cannot use: the node takes no work until it registers hardware it can.
+
+    Placement writes it when it folds the ``node.registered`` (whose record it dead-letters); ``code``
+    says what kind of problem, ``reason`` names it (the GPU, its model, the layout).
+    """
+
+    TYPE = "node.rejected"
+    VERSION = 1
+
+    node: NodeIdField
+    code: Code
+    """e.g. unsupported_hardware."""
+    reason: Sentence
+    registration_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    """The id of the ``node.registered`` event refused."""
+
+    def subject(self) -> str:
+        return self.node
+
+
 EVENTS: list[type[Event]] = [
     NodeRegistered,
+    NodeRejected,
     NodeHeartbeatV1,
     NodeHeartbeat,
     GpuHealthChanged,

@@ -120,7 +120,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         1,
         "delete",
         FOREVER,
-        (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed),
+        (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed, nodes.NodeRejected),
         dead_letter_topic(NODES_HEALTH),
     ),
 )

@@ -66,6 +66,8 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int, /) -> Any: ...
     def nvmlDeviceGetGpuInstanceId(self, handle: Any, /) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int, /) -> Any: ...
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: Any, /) -> Any: ...
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int, /) -> int: ...
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int, /) -> Any: ...
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int, /) -> int: ...
@@ -285,6 +287,7 @@ class NvmlReader:
         if int(mode[0]) != pynvml.NVML_DEVICE_MIG_ENABLE:
             return False, ()
         devices: list[MigDevice] = []
+        starts: dict[int, int | None] = {}
         for slot in range(self._call(ctx, index, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
             mig = self._call(
                 ctx,
@@ -302,17 +305,27 @@ class NvmlReader:
             name = _text(self._call(ctx, index, "nvmlDeviceGetName", mig) or "")
             mem = self._call(ctx, index, "nvmlDeviceGetMemoryInfo", mig)
             profile = _MIG_PROFILE.search(name)
+            gi = self._call(ctx, index, "nvmlDeviceGetGpuInstanceId", mig)
+            if gi is not None and int(gi) not in starts:
+                starts[int(gi)] = self._placement_start(ctx, index, handle, int(gi))
             devices.append(
                 MigDevice(
                     uuid=GpuUuid(_text(uuid)),
                     name=name,
                     profile=profile.group(1) if profile else None,
                     memory_mib=None if mem is None else MiB(int(mem.total) // (1024 * 1024)),
-                    gpu_instance_id=self._call(ctx, index, "nvmlDeviceGetGpuInstanceId", mig),
+                    gpu_instance_id=gi,
                     compute_instance_id=self._call(ctx, index, "nvmlDeviceGetComputeInstanceId", mig),
+                    placement_start=None if gi is None else starts[int(gi)],
                 )
             )
         return True, tuple(devices)
+
+    def _placement_start(self, ctx: _Ctx, index: int, handle: Any, gpu_instance_id: int) -> int | None:
+        """Where GPU instance ``gpu_instance_id`` sits: its first memory slice (its id says nothing of it)."""
+        instance = self._call(ctx, index, "nvmlDeviceGetGpuInstanceById", handle, gpu_instance_id)
+        info = None if instance is None else self._call(ctx, index, "nvmlGpuInstanceGetInfo", instance)
+        return None if info is None else int(info.placement.start)
 
     def _nvlinks(self, ctx: _Ctx, index: int, handle: Any) -> tuple[NvlinkLink, ...]:
         links: list[NvlinkLink] = []

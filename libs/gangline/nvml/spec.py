@@ -22,10 +22,17 @@ class _Spec(BaseModel):
 
 
 class MigDeviceSpec(_Spec):
+    """One MIG device: a compute instance of a GPU instance. Several may share a GPU instance."""
+
     profile: str
     """NVIDIA's profile name, e.g. ``1g.10gb``, ``3g.40gb``."""
     memory_mib: int
     gpu_instance_id: int
+    """The id the driver gave the GPU instance; it is not where the instance sits."""
+    placement_start: int
+    """The first memory slice the GPU instance occupies (``nvmlGpuInstanceGetInfo`` placement)."""
+    placement_size: int
+    """How many memory slices it occupies."""
     compute_instance_id: int = 0
 
 

@@ -21,6 +21,15 @@ _NOT_MIG = 0xFFFFFFFF
 _MIB = 1024 * 1024
 _BUS_ID = re.compile(r"^(?:([0-9A-Fa-f]{4,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
 
+_GPU_INSTANCE_PROFILE_BY_COMPUTE = {
+    1: pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+}
+"""``profileId`` here is the profile constant of the instance's compute slices (``3g`` -> 3_SLICE)."""
+
 _EVENT_BITS = {
     "xid": pynvml.nvmlEventTypeXidCriticalError,
     "double_bit_ecc": pynvml.nvmlEventTypeDoubleBitEccError,
@@ -43,6 +52,30 @@ class StandInHandle:
 
     gpu: int
     mig: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class StandInGpuInstance:
+    """Opaque GPU-instance handle (``nvmlDeviceGetGpuInstanceById``)."""
+
+    gpu: int
+    gpu_instance_id: int
+
+
+@dataclass(frozen=True)
+class GpuInstancePlacement:
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    """``nvmlGpuInstanceInfo_t``: the parent device, the instance id and where it sits."""
+
+    device: StandInHandle
+    id: int
+    profileId: int
+    placement: GpuInstancePlacement
 
 
 @dataclass(frozen=True)
@@ -303,6 +336,27 @@ class NvmlStandIn:
             raise pynvml.NVMLError_InvalidArgument()
         return s.spec.mig_devices[handle.mig].compute_instance_id
 
+    def nvmlDeviceGetGpuInstanceById(self, handle: StandInHandle, gpu_instance_id: int) -> StandInGpuInstance:
+        s = self._gpu(handle, "nvmlDeviceGetGpuInstanceById", mig_ok=False)
+        if not s.spec.mig_capable or not s.spec.mig_enabled:
+            raise pynvml.NVMLError_NotSupported()
+        if not any(m.gpu_instance_id == gpu_instance_id for m in s.spec.mig_devices):
+            raise pynvml.NVMLError_NotFound()
+        return StandInGpuInstance(handle.gpu, gpu_instance_id)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: StandInGpuInstance) -> GpuInstanceInfo:
+        if not isinstance(gpu_instance, StandInGpuInstance):
+            self._check("nvmlGpuInstanceGetInfo", None)
+            raise pynvml.NVMLError_InvalidArgument()
+        s = self._gpu(self._gpus[gpu_instance.gpu].handle, "nvmlGpuInstanceGetInfo", mig_ok=False)
+        m = next(m for m in s.spec.mig_devices if m.gpu_instance_id == gpu_instance.gpu_instance_id)
+        return GpuInstanceInfo(
+            device=s.handle,
+            id=m.gpu_instance_id,
+            profileId=_GPU_INSTANCE_PROFILE_BY_COMPUTE.get(_compute_slices(m.profile), 0),
+            placement=GpuInstancePlacement(start=m.placement_start, size=m.placement_size),
+        )
+
     # ---- NVLink and topology ----------------------------------------------------------------
 
     def nvmlDeviceGetNvLinkState(self, handle: StandInHandle, link: int) -> int:
@@ -475,6 +529,12 @@ class NvmlStandIn:
     def _page(self) -> int:
         self._next_page += 0x1000
         return self._next_page
+
+
+def _compute_slices(profile: str) -> int:
+    """``3g.40gb`` -> 3 (the GPU instance's compute slices)."""
+    m = re.match(r"^(?:[0-9]+c\.)?([0-9]+)g\.", profile)
+    return int(m.group(1)) if m else 0
 
 
 def _pci(bus_id: str) -> PciInfo:

@@ -59,6 +59,8 @@ class MigDevice(_Frozen):
     memory_mib: MiB | None
     gpu_instance_id: int | None
     compute_instance_id: int | None
+    placement_start: int | None = None
+    """The first memory slice of its GPU instance (``nvmlGpuInstanceGetInfo``); None when unreadable."""
 
 
 class EccCounts(_Frozen):

@@ -175,6 +175,35 @@ async def test_a_poison_message_is_retried_then_dead_lettered(kafka_bootstrap: s
     assert letter.value == encode(ping(2))
 
 
+async def test_a_record_the_handler_refuses_is_dead_lettered_next_to_its_outputs(
+    kafka_bootstrap: str, topic_factory
+) -> None:  # type: ignore[no-untyped-def]
+    source = await topic_factory(partitions=1)
+    sink = await topic_factory(partitions=1)
+    await produce_pings(kafka_bootstrap, source.name, range(4))
+
+    def refused_odd(envelope: Envelope, outputs: Sequence[Outgoing]) -> tuple[str, str] | None:
+        # judged by what the handler returned, as placement judges a registration by its node.rejected
+        assert isinstance(envelope.data, Ping) and len(outputs) == 1
+        return ("odd_ping", f"ping {envelope.data.n} is odd") if envelope.data.n % 2 else None
+
+    processor = Processor(
+        _settings(kafka_bootstrap, source.name),
+        pong_handler(sink.name),
+        registry=REGISTRY,
+        refusal=refused_odd,
+    )
+    outputs = await _run_until(processor, kafka_bootstrap, sink.name, 4)
+
+    assert [env.data.n for env in outputs if isinstance(env.data, Pong)] == [0, 1, 2, 3]  # outputs go out
+    letters = await read_all(kafka_bootstrap, source.dead_letter or "", at_least=2)
+    assert [letter.value for letter in letters] == [encode(ping(1)), encode(ping(3))]
+    assert [header(letter.headers, DLQ_CODE) for letter in letters] == [b"odd_ping"] * 2
+    assert header(letters[0].headers, DLQ_REASON) == b"ping 1 is odd"
+    assert [header(letter.headers, DLQ_OFFSET) for letter in letters] == [b"1", b"3"]
+    assert processor.stats.dead_lettered == 2
+
+
 async def test_a_flush_decides_once_per_batch_in_the_same_transaction(
     kafka_bootstrap: str, topic_factory
 ) -> None:  # type: ignore[no-untyped-def]

@@ -436,6 +436,66 @@ async def test_mig_placements_see_their_slice_uuids(tmp_path: Path) -> None:
         await agent.stop()
 
 
+async def test_a_slice_named_by_nvml_ids_or_by_its_start_launches_on_that_mig_device(tmp_path: Path) -> None:
+    bus = FakeBus()
+    runner = SimulatedRunner(time_scale=0.001)
+    agent = make_agent(tmp_path, bus, runner=runner, spec="dgx-a100-mig")
+    await agent.start()
+    try:
+        slices = (
+            # GPU instance 7 sits at memory slice 4 on gpu0 (the spec's driver ids are not starts)
+            Placement(
+                rank=0,
+                node="n0",
+                gpus=("gpu0",),
+                mig=MigSlice(gpu="gpu0", profile="1g.10gb", instance_id=7, compute_instance_id=0, start=4),
+            ),
+            # no ids (a node that did not say them): the device at that start
+            Placement(
+                rank=1, node="n0", gpus=("gpu0",), mig=MigSlice(gpu="gpu0", profile="1g.10gb", start=0)
+            ),
+        )
+        await agent.handle(admitted("m2", workers=2, duration_s=LONG_S))
+        await agent.handle(
+            envelope(AllocationGranted(job_id="m2", allocation_id="am2", queue="default", placements=slices))
+        )
+        await wait_for(lambda: runner.launches, "the launch")
+        by_instance = {m.instance_id: m.uuid for m in agent.registration.gpus[0].mig_instances}
+        by_start = {m.placement_start: m.uuid for m in agent.registration.gpus[0].mig_instances}
+        visible = [r.gpus for r in runner.launches[0].ranks]
+        assert visible == [(by_instance[7],), (by_start[0],)]
+        assert by_instance[7] == by_start[4] and by_start[0] == by_instance[10]
+        assert all(v[0].startswith("MIG-") for v in visible)
+    finally:
+        await agent.stop()
+
+
+async def test_a_slice_naming_a_gpu_instance_the_node_lacks_fails_at_launch(tmp_path: Path) -> None:
+    bus = FakeBus()
+    runner = SimulatedRunner(time_scale=0.001)
+    agent = make_agent(tmp_path, bus, runner=runner, spec="dgx-a100-mig")
+    await agent.start()
+    try:
+        missing = MigSlice(gpu="gpu1", profile="1g.10gb", instance_id=9, compute_instance_id=0, start=3)
+        await agent.handle(admitted("m3"))
+        await agent.handle(
+            envelope(
+                AllocationGranted(
+                    job_id="m3",
+                    allocation_id="am3",
+                    queue="default",
+                    placements=(Placement(rank=0, node="n0", gpus=("gpu1",), mig=missing),),
+                )
+            )
+        )
+        await wait_for(lambda: bus.of(JobFailed), "job.failed")
+        [failed] = bus.of(JobFailed)
+        assert failed.code == "launch_failed" and "GPU instance 9" in failed.reason
+        assert runner.launches == []
+    finally:
+        await agent.stop()
+
+
 async def test_a_grant_naming_an_unknown_gpu_fails_at_launch(tmp_path: Path) -> None:
     bus = FakeBus()
     runner = SimulatedRunner(time_scale=0.001)

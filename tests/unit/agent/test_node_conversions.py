@@ -73,11 +73,21 @@ def test_registration_carries_mig_instances_and_nvswitch_peers() -> None:
     reg = registration(inventory("dgx-a100-mig"), settings(nvlink_domain="rack-7"))
     gpu0, gpu1 = reg.gpus[0], reg.gpus[1]
     assert gpu0.mig_enabled and [m.profile for m in gpu0.mig_instances] == ["1g.10gb"] * 7
-    assert [(m.profile, m.instance_id, m.memory_mib) for m in gpu1.mig_instances] == [
-        ("3g.40gb", 2, 40192),
-        ("2g.20gb", 5, 19968),
-        ("1g.10gb", 13, 9856),
+    assert [
+        (m.profile, m.instance_id, m.compute_instance_id, m.placement_start, m.memory_mib)
+        for m in gpu1.mig_instances
+    ] == [
+        ("3g.40gb", 2, 0, 4, 40192),
+        ("2g.20gb", 5, 0, 0, 19968),
+        ("1g.10gb", 13, 0, 2, 9856),
     ]
+    assert [(m.instance_id, m.placement_start) for m in gpu0.mig_instances][:4] == [
+        (7, 4),
+        (8, 5),
+        (9, 6),
+        (10, 0),
+    ]
+    assert gpu0.model == "A100-SXM4-80GB"  # NVML's name as a label, which the MIG table reads
     assert all(m.uuid.startswith("MIG-") for m in gpu0.mig_instances)
     assert len(reg.gpus) == 8 and all(len(g.nvlink_peers) == 7 for g in reg.gpus)
     assert reg.nvlink_domain == "rack-7"

@@ -71,6 +71,39 @@ def test_mig_node_lists_instances_with_profiles() -> None:
     assert len(inv.nvlink_domains) == 1 and len(inv.nvlink_domains[0].gpus) == 8
 
 
+def test_mig_instances_say_where_they_sit_which_their_ids_do_not() -> None:
+    _, reader = read("dgx-a100-mig")
+    g0, g1 = reader.inventory().gpus[:2]
+    # nvmlGpuInstanceGetInfo's placement.start, per GPU-instance id: not the id, not the listing order
+    assert [(m.gpu_instance_id, m.placement_start) for m in g0.mig_devices] == [
+        (7, 4),
+        (8, 5),
+        (9, 6),
+        (10, 0),
+        (11, 1),
+        (12, 2),
+        (13, 3),
+    ]
+    assert [
+        (m.profile, m.gpu_instance_id, m.compute_instance_id, m.placement_start) for m in g1.mig_devices
+    ] == [
+        ("3g.40gb", 2, 0, 4),
+        ("2g.20gb", 5, 0, 0),
+        ("1g.10gb", 13, 0, 2),
+    ]
+
+
+def test_an_unreadable_gpu_instance_leaves_its_start_unknown_and_says_so() -> None:
+    nvml, reader = read("dgx-a100-mig")
+    nvml.inject_error("nvmlDeviceGetGpuInstanceById", pynvml.NVMLError_NoPermission, gpu=1)
+    inv = reader.inventory()
+    g1 = inv.gpus[1]
+    assert [m.placement_start for m in g1.mig_devices] == [None, 0, 2]
+    assert [(i.call, i.error, i.gpu_index) for i in inv.issues] == [
+        ("nvmlDeviceGetGpuInstanceById", "NVMLError_NoPermission", 1)
+    ]
+
+
 def test_volta_mesh_groups_by_direct_peers_and_reports_page_retirement() -> None:
     _, reader = read("dgx1-v100")
     inv = reader.inventory()

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+from gangline.agent.node import registration
+from gangline.agent.settings import NodeAgentSettings
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobAdmitted, JobSpec
+from gangline.events.nodes import NodeRegistered
 from gangline.events.types import JobId
+from gangline.nvml.reader import NvmlReader
+from gangline.nvml.spec import load_builtin_spec
+from gangline.nvml.standin import NvmlStandIn
 from services.agent.cluster import ClusterSpec, NodeGroup
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,3 +51,12 @@ def cluster(*groups: tuple[str, int, int] | tuple[str, int, int, str]) -> Cluste
             for group in groups
         ),
     )
+
+
+def standin_registration(spec: str, node: str, *, leaf: str = "leaf-m") -> NodeRegistered:
+    """The node.registered the agent sends for a stand-in node of built-in NVML spec ``spec``."""
+    inventory = NvmlReader(NvmlStandIn(load_builtin_spec(spec, node=node)), node=node).inventory()
+    settings = NodeAgentSettings(
+        node=node, leaf=leaf, spine="spine-0", checkpoint_root=Path("/c"), log_dir=Path("/l")
+    )
+    return registration(inventory, settings)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from svc_helpers import T0, cluster, env
+from svc_helpers import T0, cluster, env, standin_registration
 
 from gangline.bus.positions import INCARNATION_HEADER, INPUTS_HEADER, Partition, format_positions, merged
 from gangline.core.defaults import default_profile
@@ -341,3 +341,28 @@ def test_releases_of_ended_jobs_replay_identical_including_one_found_at_restore(
     # A release the replay would not have decided is named.
     bad = tampered(rec.records, released[1], lambda body: body["data"].update(reason="failed"))
     assert not replay_placement(bad, topics=TOPICS, gated=False).ok
+
+
+def test_a_log_with_a_refused_node_and_mig_grants_replays_identical() -> None:
+    rec = Recorder()
+    for node in cluster(("a", 1, 8)).nodes():
+        rec.produce(TOPICS.inventory, env(node))
+    rec.produce(TOPICS.inventory, env(standin_registration("pcie-a30-mig", "a30-0")))
+    rec.produce(TOPICS.inventory, env(standin_registration("dgx-a100-mig", "mig-0")))
+    rec.produce(TOPICS.events, admitted("s1", gpus_per_worker=0, mig_profile="1g.10gb", workers=3, at=1))
+    rec.produce(TOPICS.events, admitted("w1", gpus_per_worker=8, at=2))
+    outputs = rec.poll()
+    assert [out.data.node for _, out in outputs if out.type == "gangline.node.rejected.v1"] == ["a30-0"]
+    rec.start()  # restored: the rejection is in the log, so it is not sent again
+    rec.produce(TOPICS.events, admitted("s2", gpus_per_worker=0, mig_profile="3g.40gb", at=3))
+    assert all(out.type != "gangline.node.rejected.v1" for _, out in rec.poll())
+    # a later batch of the same run: another refused node, then work that still lands
+    rec.produce(TOPICS.inventory, env(standin_registration("pcie-a30-mig", "a30-1")))
+    rec.produce(TOPICS.events, admitted("s3", gpus_per_worker=0, mig_profile="2g.20gb", at=4))
+    assert [out.data.node for _, out in rec.poll() if out.type == "gangline.node.rejected.v1"] == ["a30-1"]
+    assert len(granted(rec.records)) == 4
+
+    result = replay_placement(rec.records, topics=TOPICS, gated=False)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.incarnations == 2

@@ -35,7 +35,7 @@ class MigPacking:
         ok: list[int] = []
         offered: set[str] = set()
         for m in state.models:
-            geo = mig_geometry(snap.models[m])
+            geo = mig_geometry(snap.models[m], snap.model_memory[m])
             if geo is None or not snap.mig_nodes[m]:
                 continue
             offered.update(p.name for p in geo.profiles)
