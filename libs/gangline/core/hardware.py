@@ -1,0 +1,248 @@
+"""Which GPU models can hold a job's workers at all: the cluster's usable hardware per model, whatever
+is running on it.
+
+A worker never spans nodes and never mixes models, so a model can hold a job when its usable GPUs
+(healthy, on a node that takes work) can hold the job's fewest workers at once:
+
+* whole GPUs: nodes each offering >= G GPUs (of at least the memory asked) hold ``k // G`` workers
+  each, and together at least the fewest workers; a worker bigger than every node never fits;
+* a MIG worker: GPUs of the model in MIG mode whose geometry offers the profile, each holding as many
+  instances of it as fit side by side (:mod:`gangline.core.mig`); a model the core has no geometry for
+  offers no profile;
+* a fractional worker: the model's shared GPUs, each holding ``1000 // milli`` of them.
+
+The answer is a :class:`~gangline.core.framework.status.Status`: success, or unresolvable with the
+reason (``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction``) naming the model and
+what its largest node offers. It says nothing about what is free now: that is quota's and placement's.
+
+:class:`Hardware` counts node shapes (a node's usable GPUs of one model), so adding or removing a
+node costs its own GPUs and a question costs the distinct shapes, whatever the number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from gangline.core.framework.status import ReasonCode, Status
+from gangline.core.mig import MigGeometry, MigProfile, mig_geometry
+from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, MiB
+
+NAME = "hardware"
+K = TypeVar("K")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuOffer:
+    """One usable GPU as a node offers it: its model, memory and mode."""
+
+    model: GpuModel
+    memory_mib: MiB
+    mode: GpuMode = GpuMode.WHOLE
+
+
+NodeOffer = tuple[GpuOffer, ...]
+"""The usable GPUs of one node (healthy, the node taking work), in any order."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAsk:
+    """What a job needs of one GPU model: its fewest workers, each ``gpus`` whole GPUs on one node, or
+    one ``mig_profile`` slice, or ``milli`` thousandths of a shared GPU; optionally GPUs of at least
+    ``memory_mib``."""
+
+    workers: int
+    gpus: int = 1
+    memory_mib: int | None = None
+    mig_profile: str | None = None
+    milli: int | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> WorkerAsk:
+        """The ask of a core job (its fewest workers: an elastic gang may start smaller)."""
+        return cls(
+            workers=job.fewest_workers,
+            gpus=job.gpus_per_worker,
+            memory_mib=job.gpu_memory_mib,
+            mig_profile=job.mig_profile,
+            milli=job.gpu_milli,
+        )
+
+
+def instances_per_gpu(geometry: MigGeometry, profile: MigProfile) -> int:
+    """How many instances of ``profile`` one empty GPU holds side by side (lowest starts first)."""
+    mask = compute = count = 0
+    for start in sorted(profile.starts):
+        if profile.mask_at(start) & mask or compute + profile.compute > geometry.compute_slices:
+            continue
+        mask |= profile.mask_at(start)
+        compute += profile.compute
+        count += 1
+    return count
+
+
+class Hardware:
+    """Usable GPUs per model, counted by node shape; ``add`` / ``remove`` one node's offer at a time."""
+
+    __slots__ = ("_mig", "_nodes", "_shared", "_whole")
+
+    def __init__(self, nodes: Iterable[NodeOffer] = ()) -> None:
+        self._whole: dict[GpuModel, Counter[tuple[MiB, ...]]] = {}
+        """Per model: a node's usable whole GPUs' memories (sorted, largest first) → nodes of that shape."""
+        self._mig: dict[GpuModel, Counter[MiB]] = {}
+        """Per model: usable MIG-mode GPUs by memory."""
+        self._shared: dict[GpuModel, Counter[MiB]] = {}
+        """Per model: usable shared GPUs by memory."""
+        self._nodes = 0
+        for offer in nodes:
+            self.add(offer)
+
+    def add(self, offer: NodeOffer) -> None:
+        """Count one node's usable GPUs."""
+        self._change(offer, 1)
+
+    def remove(self, offer: NodeOffer) -> None:
+        """Stop counting a node's usable GPUs (exactly as added)."""
+        self._change(offer, -1)
+
+    def _change(self, offer: NodeOffer, delta: int) -> None:
+        self._nodes += delta
+        whole: dict[GpuModel, list[MiB]] = {}
+        for gpu in offer:
+            if gpu.mode is GpuMode.WHOLE:
+                whole.setdefault(gpu.model, []).append(gpu.memory_mib)
+            else:
+                table = self._mig if gpu.mode is GpuMode.MIG else self._shared
+                _bump(table, gpu.model, gpu.memory_mib, delta)
+        for model, memories in whole.items():
+            _bump(self._whole, model, tuple(sorted(memories, reverse=True)), delta)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no node is counted at all."""
+        return self._nodes == 0
+
+    def models(self) -> list[GpuModel]:
+        """The models some counted node offers usable GPUs of, sorted."""
+        return sorted({*self._whole, *self._mig, *self._shared})
+
+    def largest_node(self, model: GpuModel, memory_mib: int | None = None) -> int:
+        """The most usable whole GPUs of ``model`` (of at least ``memory_mib``) that one node offers."""
+        return max((_at_least(shape, memory_mib) for shape in self._whole.get(model, ())), default=0)
+
+    def holds(self, model: GpuModel, ask: WorkerAsk) -> Status:
+        """Whether the usable GPUs of ``model`` can hold ``ask``'s workers at once (module docstring)."""
+        if ask.mig_profile is not None:
+            return self._holds_mig(model, ask, ask.mig_profile)
+        if ask.milli is not None:
+            return self._holds_shared(model, ask, ask.milli)
+        return self._holds_whole(model, ask)
+
+    def holding(self, models: Sequence[GpuModel], ask: WorkerAsk) -> list[GpuModel]:
+        """Those of ``models`` that can hold ``ask``, in the order given."""
+        return [m for m in models if self.holds(m, ask).ok]
+
+    def _holds_whole(self, model: GpuModel, ask: WorkerAsk) -> Status:
+        shapes = self._whole.get(model, Counter())
+        details: dict[str, int | str] = {"gpu_type": model, "gpus_per_worker": ask.gpus}
+        if not shapes:
+            return _no_gpus(model, "whole", details)
+        memory = ask.memory_mib
+        largest_mib = max(shape[0] for shape in shapes)
+        if memory is not None and largest_mib < memory:
+            return Status.unresolvable(
+                f"needs {memory} MiB per GPU; the largest {model} GPU has {largest_mib} MiB",
+                plugin=NAME,
+                code=ReasonCode.MEMORY,
+                details={**details, "needed_mib": memory, "largest_mib": largest_mib},
+            )
+        largest = self.largest_node(model, memory)
+        details["largest_node"] = largest
+        if ask.gpus > largest:
+            return Status.unresolvable(
+                f"a worker needs {ask.gpus} {model} GPUs on one node; "
+                f"the largest {model} node offers {largest}",
+                plugin=NAME,
+                code=ReasonCode.GANG_SIZE,
+                details=details,
+            )
+        room = sum(nodes * (_at_least(shape, memory) // ask.gpus) for shape, nodes in shapes.items())
+        if room < ask.workers:
+            return _too_few(model, ask, room, f"workers of {ask.gpus} GPUs", details)
+        return Status.success()
+
+    def _holds_mig(self, model: GpuModel, ask: WorkerAsk, name: str) -> Status:
+        details: dict[str, int | str] = {"gpu_type": model, "mig_profile": name}
+        gpus = _usable(self._mig.get(model, Counter()), ask.memory_mib)
+        geometry = mig_geometry(model)
+        if not gpus or geometry is None:
+            return _no_gpus(model, "MIG-mode", details)
+        profile = geometry.profile(name)
+        if profile is None:
+            offered = ", ".join(p.name for p in geometry.profiles)
+            return Status.unresolvable(
+                f"{model} does not offer MIG profile {name} (it offers {offered})",
+                plugin=NAME,
+                code=ReasonCode.MIG_PROFILE,
+                details=details,
+            )
+        room = gpus * instances_per_gpu(geometry, profile)
+        if room < ask.workers:
+            return _too_few(model, ask, room, f"{name} slices", details)
+        return Status.success()
+
+    def _holds_shared(self, model: GpuModel, ask: WorkerAsk, milli: int) -> Status:
+        details: dict[str, int | str] = {"gpu_type": model, "milli": milli}
+        gpus = _usable(self._shared.get(model, Counter()), ask.memory_mib)
+        if not gpus:
+            return _no_gpus(model, "shared", details, code=ReasonCode.FRACTION)
+        room = gpus * (FULL_GPU_MILLI // milli)
+        if room < ask.workers:
+            return _too_few(model, ask, room, f"workers of {milli} milli-GPU", details)
+        return Status.success()
+
+
+def _bump(table: dict[GpuModel, Counter[K]], model: GpuModel, key: K, delta: int) -> None:
+    counts = table.setdefault(model, Counter())
+    counts[key] += delta
+    if counts[key] <= 0:
+        del counts[key]
+        if not counts:
+            del table[model]
+
+
+def _at_least(shape: tuple[MiB, ...], memory_mib: int | None) -> int:
+    """How many GPUs of a node shape (memories, largest first) have at least ``memory_mib``."""
+    if memory_mib is None:
+        return len(shape)
+    return sum(1 for m in shape if m >= memory_mib)
+
+
+def _usable(gpus: Counter[MiB], memory_mib: int | None) -> int:
+    return sum(n for m, n in gpus.items() if memory_mib is None or m >= memory_mib)
+
+
+def _no_gpus(
+    model: GpuModel,
+    mode: str,
+    details: dict[str, int | str],
+    *,
+    code: ReasonCode = ReasonCode.GPU_TYPE,
+) -> Status:
+    return Status.unresolvable(
+        f"no node offers a usable {model} GPU in {mode} mode (of the memory asked)",
+        plugin=NAME,
+        code=code,
+        details={**details, "largest_node": 0},
+    )
+
+
+def _too_few(model: GpuModel, ask: WorkerAsk, room: int, what: str, details: dict[str, int | str]) -> Status:
+    return Status.unresolvable(
+        f"the gang needs {ask.workers} {what} at once; the usable {model} GPUs hold {room}",
+        plugin=NAME,
+        code=ReasonCode.GANG_SIZE,
+        details={**details, "workers": ask.workers, "room": room},
+    )
