@@ -22,7 +22,7 @@ node costs its own GPUs and a question costs the distinct shapes, whatever the n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -86,7 +86,7 @@ def instances_per_gpu(geometry: MigGeometry, profile: MigProfile) -> int:
 class Hardware:
     """Usable GPUs per model, counted by node shape; ``add`` / ``remove`` one node's offer at a time."""
 
-    __slots__ = ("_mig", "_nodes", "_shared", "_whole")
+    __slots__ = ("_mig", "_shared", "_whole")
 
     def __init__(self, nodes: Iterable[NodeOffer] = ()) -> None:
         self._whole: dict[GpuModel, Counter[tuple[MiB, ...]]] = {}
@@ -95,7 +95,6 @@ class Hardware:
         """Per model: usable MIG-mode GPUs by memory."""
         self._shared: dict[GpuModel, Counter[MiB]] = {}
         """Per model: usable shared GPUs by memory."""
-        self._nodes = 0
         for offer in nodes:
             self.add(offer)
 
@@ -108,7 +107,6 @@ class Hardware:
         self._change(offer, -1)
 
     def _change(self, offer: NodeOffer, delta: int) -> None:
-        self._nodes += delta
         whole: dict[GpuModel, list[MiB]] = {}
         for gpu in offer:
             if gpu.mode is GpuMode.WHOLE:
@@ -118,11 +116,6 @@ class Hardware:
                 _bump(table, gpu.model, gpu.memory_mib, delta)
         for model, memories in whole.items():
             _bump(self._whole, model, tuple(sorted(memories, reverse=True)), delta)
-
-    @property
-    def empty(self) -> bool:
-        """Whether no node is counted at all."""
-        return self._nodes == 0
 
     def models(self) -> list[GpuModel]:
         """The models some counted node offers usable GPUs of, sorted."""
@@ -139,10 +132,6 @@ class Hardware:
         if ask.milli is not None:
             return self._holds_shared(model, ask, ask.milli)
         return self._holds_whole(model, ask)
-
-    def holding(self, models: Sequence[GpuModel], ask: WorkerAsk) -> list[GpuModel]:
-        """Those of ``models`` that can hold ``ask``, in the order given."""
-        return [m for m in models if self.holds(m, ask).ok]
 
     def _holds_whole(self, model: GpuModel, ask: WorkerAsk) -> Status:
         shapes = self._whole.get(model, Counter())

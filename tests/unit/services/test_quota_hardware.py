@@ -1,0 +1,187 @@
+"""Quota charges a job only to a GPU model whose nodes can hold its workers (the core's hardware rule):
+the node inventory and health are folded, a job no model's nodes can hold waits uncharged saying why,
+and a change of inventory lets waiting jobs through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc_helpers import T0, env
+from test_quota import admit, feed, grant, queued_ids, quota, reason_of, release, usage
+
+from gangline.events.base import Envelope
+from gangline.events.jobs import JobFailed, JobPending, JobQueued
+from gangline.events.nodes import GpuHealthChanged, HealthCause, NodeFailed, NodeRegistered
+from gangline.events.types import GpuId
+from services.agent.cluster import ClusterSpec, NodeGroup
+from services.quota.handlers import QuotaState, decide
+
+H100 = "H100-SXM5-80GB"
+GB200 = "GB200-186GB"
+TEAMS = {
+    "cohorts": [{"name": "everyone"}],
+    "queues": [
+        {"name": "team-a", "cohort": "everyone", "quotas": {H100: {"nominal": 8}, GB200: {"nominal": 8}}},
+        {"name": "team-b", "cohort": "everyone", "quotas": {H100: {"nominal": 8}, GB200: {"nominal": 8}}},
+    ],
+}
+
+
+REPORT = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 8}, GB200: {"nominal": 8}}}]}
+"""The report's queue: team-a's own H100 and GB200 quotas, nothing to borrow."""
+
+
+def nodes(name: str, model: str, count: int, gpus: int, *, memory_mib: int = 81920) -> list[NodeRegistered]:
+    group = NodeGroup(
+        name=name, count=count, gpu_model=model, gpus_per_node=gpus, memory_mib=memory_mib, leaf="leaf-a"
+    )
+    return ClusterSpec(groups=(group,)).nodes()
+
+
+def cluster(state: QuotaState, registrations: list[NodeRegistered], *, at: float = 0.0) -> list[Envelope]:
+    out: list[Envelope] = []
+    for node in registrations:
+        out += feed(state, env(node, at=at))
+    return out
+
+
+def report_cluster(doc: dict[str, Any] = TEAMS) -> QuotaState:
+    """The report's cluster: 2 H100 nodes of 8 GPUs, 2 GB200 nodes of 4."""
+    state = quota(doc)
+    assert cluster(state, nodes("h", H100, 2, 8) + nodes("gb", GB200, 2, 4, memory_mib=190000)) == []
+    return state
+
+
+def test_a_one_by_eight_job_waits_for_h100_rather_than_being_charged_to_four_gpu_gb200_nodes() -> None:
+    state = report_cluster(REPORT)
+    [first] = feed(state, admit("h100-user", gpus_per_worker=8))
+    assert isinstance(first.data, JobQueued) and first.data.gpu_type == H100
+    assert feed(state, grant("h100-user")) == []
+
+    [held] = feed(state, admit("big", gpus_per_worker=8))
+
+    reason = reason_of(held)
+    assert (reason.code, reason.constraint) == ("quota", "quota")
+    assert reason.details["gpu_type"] == H100
+    assert f"on {H100}: team-a uses 8 of its 8 {H100}" in reason.message
+    assert f"{GB200} cannot hold it: a worker needs 8 {GB200} GPUs on one node" in reason.message
+    assert "offers 4" in reason.message
+    assert usage(state, "team-a", GB200) == 0  # not charged to hardware it can never run on
+
+    # A job whose workers GB200 can hold still goes there while H100 is in use.
+    [small] = feed(state, admit("small", gpus_per_worker=4))
+    assert isinstance(small.data, JobQueued) and small.data.gpu_type == GB200
+
+    through = feed(state, release("h100-user"))
+    assert queued_ids(through) == ["big"]
+    [queued] = [e for e in through if isinstance(e.data, JobQueued)]
+    assert queued.data.gpu_type == H100 and usage(state, "team-a") == 8
+
+
+def test_a_job_naming_a_model_no_node_can_hold_waits_uncharged_until_a_node_that_can_registers() -> None:
+    state = report_cluster()
+
+    [held] = feed(state, admit("wide", gpu_type=GB200, gpus_per_worker=8))
+
+    assert isinstance(held.data, JobPending)
+    reason = reason_of(held)
+    assert (reason.code, reason.constraint) == ("gang_size", "hardware")
+    assert reason.details["gpu_type"] == GB200 and reason.details["largest_node"] == 4
+    assert reason.details["gpus_per_worker"] == 8 and reason.details["queue"] == "team-a"
+    assert "the largest GB200-186GB node offers 4" in reason.message
+    assert reason.unblock is not None and "registers" in reason.unblock
+    assert usage(state, "team-a", GB200) == 0
+    # What is read again changes nothing: the same registrations, the same reason.
+    assert cluster(state, nodes("gb", GB200, 2, 4, memory_mib=190000), at=1) == []
+
+    [queued] = cluster(state, nodes("gb8", GB200, 1, 8, memory_mib=190000), at=2)
+
+    assert isinstance(queued.data, JobQueued) and queued.data.gpu_type == GB200
+    assert usage(state, "team-a", GB200) == 8
+
+
+def test_a_job_no_model_can_hold_says_why_for_each_and_is_not_failed() -> None:
+    state = quota(TEAMS)
+    cluster(state, nodes("h", H100, 1, 8) + nodes("gb", GB200, 2, 4, memory_mib=190000))
+
+    [held] = feed(state, admit("two-by-eight", gpus_per_worker=8, workers=2))
+
+    assert not isinstance(held.data, JobFailed)  # within the cohort's quota; nodes may still register
+    reason = reason_of(held)
+    assert reason.constraint == "hardware" and reason.code == "gang_size"
+    assert reason.message.startswith(f"on {H100}: the gang needs 2 workers of 8 GPUs at once")
+    assert f"on {GB200}: a worker needs 8" in reason.message
+
+
+def test_a_failed_node_or_gpu_holds_nothing_until_it_is_back() -> None:
+    state = quota(TEAMS)
+    [h0, h1] = nodes("h", H100, 2, 8)
+    cluster(state, [h0, h1])
+    assert feed(state, env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=1)) == []
+    broken = GpuHealthChanged(
+        node=h0.node,
+        gpu=GpuId("gpu3"),
+        previous="healthy",
+        state="failed",
+        cause=HealthCause(kind="xid", message="XID 79", xid=79),
+    )
+    assert feed(state, env(broken, at=2)) == []
+
+    [held] = feed(state, admit("eight", gpu_type=H100, gpus_per_worker=8, at=3))
+    reason = reason_of(held)
+    assert reason.constraint == "hardware" and reason.details["largest_node"] == 7
+    [seven] = feed(state, admit("seven", gpu_type=H100, gpus_per_worker=7, at=3))
+    assert isinstance(seven.data, JobQueued)
+
+    # The failed node registers again (after its failure): it holds the waiting job.
+    [queued] = cluster(state, [NodeRegistered.model_validate(h1.model_dump())], at=4)
+    assert queued_ids([queued]) == ["eight"]
+
+
+def test_a_recovered_gpu_lets_the_waiting_job_through() -> None:
+    state = quota(TEAMS)
+    [h0] = nodes("h", H100, 1, 8)
+    cluster(state, [h0])
+    cause = HealthCause(kind="ecc", message="uncorrectable")
+    failed = GpuHealthChanged(
+        node=h0.node, gpu=GpuId("gpu0"), previous="healthy", state="degraded", cause=cause
+    )
+    feed(state, env(failed, at=1))
+    [held] = feed(state, admit("eight", gpus_per_worker=8, at=2))
+    assert reason_of(held).constraint == "hardware"
+
+    back = GpuHealthChanged(
+        node=h0.node,
+        gpu=GpuId("gpu0"),
+        previous="degraded",
+        state="healthy",
+        cause=HealthCause(kind="recovered", message="ok"),
+    )
+    assert queued_ids(feed(state, env(back, at=3))) == ["eight"]
+
+
+def test_a_restore_keeps_the_hardware_reason_it_sent_and_does_not_send_it_again() -> None:
+    log: list[Envelope] = [env(n) for n in nodes("h", H100, 2, 8) + nodes("gb", GB200, 2, 4)]
+    wide = admit("wide", gpu_type=GB200, gpus_per_worker=8)
+    log.append(wide)
+    restored = quota(TEAMS)
+    live = quota(TEAMS)
+    for e in log[:-1]:
+        decide(e, live, now=T0)
+    [pending] = [e for _, e in decide(wide, live, now=T0)]
+    for e in [*log, pending]:
+        restored.restore(e)
+
+    # Another GB200 node of 4 changes what nodes exist, not what the job is told.
+    more = nodes("gc", GB200, 1, 4, memory_mib=190000)
+    assert [e for _, e in decide(env(more[0]), restored, now=T0)] == []
+    assert restored.last_pending == live.last_pending
+
+
+def test_without_any_node_registered_quota_charges_as_before() -> None:
+    state = quota(TEAMS)
+
+    [queued] = feed(state, admit("early", gpus_per_worker=8))
+
+    # Nothing known yet (admission admits nothing before a node registers): the first flavour with room.
+    assert isinstance(queued.data, JobQueued) and queued.data.gpu_type == H100
