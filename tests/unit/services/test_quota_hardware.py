@@ -185,3 +185,37 @@ def test_without_any_node_registered_quota_charges_as_before() -> None:
 
     # Nothing known yet (admission admits nothing before a node registers): the first flavour with room.
     assert isinstance(queued.data, JobQueued) and queued.data.gpu_type == H100
+
+
+def test_no_reclaim_is_planned_on_a_model_whose_nodes_cannot_hold_the_waiting_job() -> None:
+    doc = {
+        "cohorts": [{"name": "everyone"}],
+        "queues": [
+            {
+                "name": "team-a",
+                "cohort": "everyone",
+                "quotas": {H100: {"nominal": 8, "borrowing_limit": 0}, GB200: {"nominal": 8}},
+            },
+            {"name": "team-b", "cohort": "everyone", "quotas": {GB200: {"nominal": 8}}},
+        ],
+    }
+    state = quota(doc)
+    cluster(state, nodes("h", H100, 1, 8) + nodes("gb", GB200, 4, 4, memory_mib=190000))
+    [own] = feed(state, admit("h100-user", gpu_type=H100, gpus_per_worker=8))  # not preemptible
+    assert isinstance(own.data, JobQueued)
+    feed(state, grant("h100-user"))
+    for k in range(2):  # team-b borrows team-a's idle GB200 with preemptible 2x4 gangs
+        job = f"b{k}"
+        [q] = feed(state, admit(job, queue="team-b", workers=2, gpus_per_worker=4, preemptible=True))
+        assert isinstance(q.data, JobQueued) and q.data.gpu_type == GB200
+        feed(state, grant(job))
+
+    [held] = feed(state, admit("big", gpus_per_worker=8))
+
+    reason = reason_of(held)
+    assert reason.constraint == "quota" and "victims" not in reason.details
+    assert reason.details["gpu_type"] == H100
+    # The same job in 4-GPU workers is one GB200 can hold: reclaiming a borrower makes room there.
+    [split] = feed(state, admit("split", workers=2, gpus_per_worker=4))
+    planned = reason_of(split)
+    assert planned.constraint == "reclaim" and planned.details["gpu_type"] == GB200
