@@ -4,6 +4,7 @@ and a change of inventory lets waiting jobs through."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from svc_helpers import T0, env
@@ -11,7 +12,7 @@ from test_quota import admit, feed, grant, queued_ids, quota, reason_of, release
 
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobFailed, JobPending, JobQueued
-from gangline.events.nodes import GpuHealthChanged, HealthCause, NodeFailed, NodeRegistered
+from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState, NodeFailed, NodeRegistered
 from gangline.events.types import GpuId
 from services.agent.cluster import ClusterSpec, NodeGroup
 from services.quota.handlers import QuotaState, decide
@@ -74,8 +75,8 @@ def test_a_one_by_eight_job_waits_for_h100_rather_than_being_charged_to_four_gpu
 
     through = feed(state, release("h100-user"))
     assert queued_ids(through) == ["big"]
-    [queued] = [e for e in through if isinstance(e.data, JobQueued)]
-    assert queued.data.gpu_type == H100 and usage(state, "team-a") == 8
+    [queued] = [e.data for e in through if isinstance(e.data, JobQueued)]
+    assert queued.gpu_type == H100 and usage(state, "team-a") == 8
 
 
 def test_a_job_naming_a_model_no_node_can_hold_waits_uncharged_until_a_node_that_can_registers() -> None:
@@ -219,3 +220,39 @@ def test_no_reclaim_is_planned_on_a_model_whose_nodes_cannot_hold_the_waiting_jo
     [split] = feed(state, admit("split", workers=2, gpus_per_worker=4))
     planned = reason_of(split)
     assert planned.constraint == "reclaim" and planned.details["gpu_type"] == GB200
+
+
+def test_the_inventory_is_the_same_whatever_the_interleaving_of_the_node_topics() -> None:
+    """Registrations and health reports are on two topics: any merge of the two (each in its own
+    order) leaves the same offers, and reading everything again changes nothing."""
+    [h0, h1] = nodes("h", H100, 2, 8)
+    cause = HealthCause(kind="xid", message="XID 79", xid=79)
+
+    def health(
+        node: NodeRegistered, gpu: str, previous: HealthState, now: HealthState, at: float
+    ) -> Envelope:
+        event = GpuHealthChanged(node=node.node, gpu=GpuId(gpu), previous=previous, state=now, cause=cause)
+        return env(event, at=at)
+
+    inventory = [env(h0, at=0), env(h1, at=0), env(h1, at=5)]  # h1 registers again after its failure
+    reports = [
+        health(h0, "gpu1", "healthy", "failed", 1),
+        env(NodeFailed(node=h1.node, code="agent_reported", reason="lost"), at=2),
+        health(h1, "gpu2", "healthy", "failed", 3),  # before h1's re-registration: reset by it
+        health(h0, "gpu1", "failed", "degraded", 6),
+    ]
+    outcomes = set()
+    for seed in range(8):
+        rng = random.Random(seed)
+        a, b = list(inventory), list(reports)
+        merged = []
+        while a or b:
+            source = a if b == [] or (a and rng.random() < 0.5) else b
+            merged.append(source.pop(0))
+        state = quota(TEAMS)
+        for e in merged:
+            state.inventory.fold(e)
+        offers = state.inventory.offers
+        assert not any(state.inventory.fold(e) for e in merged)  # read again: no news
+        outcomes.add(tuple(sorted((n, len(o)) for n, o in offers.items())))
+    assert outcomes == {((h0.node, 7), (h1.node, 8))}
