@@ -17,11 +17,12 @@ business: it is retired as soon as its admission is read (no ``job.queued``), an
 admitted (one hop less on its way to a grant); one of a queue the configuration does not name fails
 (``unknown_queue``).
 
-Hardware. Quota charges a job only to a GPU model whose usable nodes can hold its workers at all (the
-core's :mod:`gangline.core.hardware`, over the :class:`Inventory` folded from ``nodes.inventory`` and
-``nodes.health``): a flavour whose nodes cannot is skipped, and a job no flavour's nodes can hold waits
-uncharged with a pending reason naming the model and what its largest node offers (constraint
-``hardware``; code ``gang_size``, ``memory``, ``gpu_type``, ``mig_profile`` or ``fraction``). It is not
+Hardware. Quota charges a job only to a GPU model whose usable nodes can hold its workers at all (per
+node, and inside one domain when its topology is required): the core's :mod:`gangline.core.hardware`
+decides, over the :class:`Inventory` folded from ``nodes.inventory`` and ``nodes.health``. A flavour
+whose nodes cannot is skipped, and a job no flavour's nodes can hold waits uncharged with a pending
+reason naming the model and what its largest node offers (constraint ``hardware``; code
+``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction`` or ``topology``). It is not
 failed: nodes may register or recover. Whenever what some node offers changes, the waiting jobs of
 every tree are let through (below), so a job waiting on one model goes to another once that one's
 nodes can hold it. A job already queued stays charged where it is (placement places that attempt on
@@ -68,7 +69,7 @@ from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory,
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
-from gangline.core.model import GpuMode, GpuModel, MiB
+from gangline.core.model import GpuMode, GpuModel, MiB, TopologyLevel
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -212,14 +213,14 @@ class Inventory:
         registered = self.nodes.get(node)
         failed = self.failed_at.get(node)
         if registered is None or (failed is not None and failed >= self.registered_at[node]):
-            return ()
+            return NodeOffer()
         unusable = self.unusable.get(node, set())
         offered = []
         for gpu in registered.gpus:
             if gpu.id not in unusable:
                 mode = GpuMode.MIG if gpu.mig_enabled else GpuMode.WHOLE
                 offered.append(GpuOffer(GpuModel(gpu.model), MiB(gpu.memory_mib), mode))
-        return tuple(sorted(offered))
+        return NodeOffer(tuple(sorted(offered)), registered.nvlink_domain, registered.leaf, registered.spine)
 
 
 @dataclass
@@ -638,6 +639,9 @@ def _ask(spec: JobSpec) -> WorkerAsk:
         memory_mib=spec.gpu_memory_mib,
         mig_profile=spec.mig_profile,
         milli=spec.gpu_fraction_milli,
+        within=TopologyLevel.parse(spec.topology.level)
+        if spec.topology is not None and spec.topology.mode == "required"
+        else None,
     )
 
 

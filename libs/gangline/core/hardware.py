@@ -9,14 +9,18 @@ A worker never spans nodes and never mixes models, so a model can hold a job whe
 * a MIG worker: GPUs of the model in MIG mode whose geometry offers the profile, each holding as many
   instances of it as fit side by side (:mod:`gangline.core.mig`); a model the core has no geometry for
   offers no profile;
-* a fractional worker: the model's shared GPUs, each holding ``1000 // milli`` of them.
+* a fractional worker: the model's shared GPUs, each holding ``1000 // milli`` of them;
+* a required topology (whole-GPU workers): one node, NVLink domain, leaf or spine of the model must
+  hold them all (the same count, over that domain's nodes).
 
 The answer is a :class:`~gangline.core.framework.status.Status`: success, or unresolvable with the
-reason (``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction``) naming the model and
-what its largest node offers. It says nothing about what is free now: that is quota's and placement's.
+reason (``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction``, ``topology``) naming
+the model and what its largest node offers. It says nothing about what is free now: that is quota's
+and placement's.
 
 :class:`Hardware` counts node shapes (a node's usable GPUs of one model), so adding or removing a
-node costs its own GPUs and a question costs the distinct shapes, whatever the number of nodes.
+node costs its own GPUs and a question costs the distinct shapes, whatever the number of nodes (one
+with a required topology costs the domains, once per change of the counts).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import TypeVar
 
 from gangline.core.framework.status import ReasonCode, Status
 from gangline.core.mig import MigGeometry, MigProfile, mig_geometry
-from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, MiB
+from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, MiB, TopologyLevel, TopologyMode
 
 NAME = "hardware"
+G = TypeVar("G")
 K = TypeVar("K")
 
 
@@ -43,8 +48,23 @@ class GpuOffer:
     mode: GpuMode = GpuMode.WHOLE
 
 
-NodeOffer = tuple[GpuOffer, ...]
-"""The usable GPUs of one node (healthy, the node taking work), in any order."""
+@dataclass(frozen=True, slots=True)
+class NodeOffer:
+    """The usable GPUs of one node (healthy, the node taking work), and the domains it is in."""
+
+    gpus: tuple[GpuOffer, ...] = ()
+    nvlink: str = ""
+    leaf: str = ""
+    spine: str = ""
+
+    def domain(self, level: TopologyLevel) -> str:
+        """The node's domain at ``level`` (NVLink domain, leaf or spine)."""
+        if level is TopologyLevel.NVLINK:
+            return self.nvlink
+        return self.leaf if level is TopologyLevel.LEAF else self.spine
+
+
+DOMAIN_LEVELS = (TopologyLevel.NVLINK, TopologyLevel.LEAF, TopologyLevel.SPINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +78,8 @@ class WorkerAsk:
     memory_mib: int | None = None
     mig_profile: str | None = None
     milli: int | None = None
+    within: TopologyLevel | None = None
+    """A required topology: every whole-GPU worker inside one domain of this level."""
 
     @classmethod
     def of(cls, job: Job) -> WorkerAsk:
@@ -68,6 +90,9 @@ class WorkerAsk:
             memory_mib=job.gpu_memory_mib,
             mig_profile=job.mig_profile,
             milli=job.gpu_milli,
+            within=job.topology.level
+            if job.topology is not None and job.topology.mode is TopologyMode.REQUIRED
+            else None,
         )
 
 
@@ -86,7 +111,7 @@ def instances_per_gpu(geometry: MigGeometry, profile: MigProfile) -> int:
 class Hardware:
     """Usable GPUs per model, counted by node shape; ``add`` / ``remove`` one node's offer at a time."""
 
-    __slots__ = ("_mig", "_shared", "_whole")
+    __slots__ = ("_domains", "_mig", "_room", "_shared", "_whole")
 
     def __init__(self, nodes: Iterable[NodeOffer] = ()) -> None:
         self._whole: dict[GpuModel, Counter[tuple[MiB, ...]]] = {}
@@ -95,6 +120,10 @@ class Hardware:
         """Per model: usable MIG-mode GPUs by memory."""
         self._shared: dict[GpuModel, Counter[MiB]] = {}
         """Per model: usable shared GPUs by memory."""
+        self._domains: dict[tuple[GpuModel, TopologyLevel], dict[str, Counter[tuple[MiB, ...]]]] = {}
+        """Per model and level: each domain's node shapes (as ``_whole``)."""
+        self._room: dict[tuple[GpuModel, TopologyLevel, int, int | None], int] = {}
+        """Workers of (model, level, GPUs, memory) the roomiest domain holds, until the next change."""
         for offer in nodes:
             self.add(offer)
 
@@ -107,15 +136,19 @@ class Hardware:
         self._change(offer, -1)
 
     def _change(self, offer: NodeOffer, delta: int) -> None:
+        self._room.clear()
         whole: dict[GpuModel, list[MiB]] = {}
-        for gpu in offer:
+        for gpu in offer.gpus:
             if gpu.mode is GpuMode.WHOLE:
                 whole.setdefault(gpu.model, []).append(gpu.memory_mib)
             else:
                 table = self._mig if gpu.mode is GpuMode.MIG else self._shared
                 _bump(table, gpu.model, gpu.memory_mib, delta)
         for model, memories in whole.items():
-            _bump(self._whole, model, tuple(sorted(memories, reverse=True)), delta)
+            shape = tuple(sorted(memories, reverse=True))
+            _bump(self._whole, model, shape, delta)
+            for level in DOMAIN_LEVELS:
+                _bump(self._domains.setdefault((model, level), {}), offer.domain(level), shape, delta)
 
     def models(self) -> list[GpuModel]:
         """The models some counted node offers usable GPUs of, sorted."""
@@ -157,10 +190,37 @@ class Hardware:
                 code=ReasonCode.GANG_SIZE,
                 details=details,
             )
-        room = sum(nodes * (_at_least(shape, memory) // ask.gpus) for shape, nodes in shapes.items())
+        room = _room(shapes, ask.gpus, memory)
         if room < ask.workers:
             return _too_few(model, ask, room, f"workers of {ask.gpus} GPUs", details)
+        if ask.within is None:
+            return Status.success()
+        level = ask.within
+        if level is TopologyLevel.NODE:
+            best = max(_room(Counter([shape]), ask.gpus, memory) for shape in shapes)
+        else:
+            best = self.roomiest_domain(model, level, ask.gpus, memory)
+        if best < ask.workers:
+            return Status.unresolvable(
+                f"the gang needs {ask.workers} workers of {ask.gpus} GPUs in one {level.label} domain; "
+                f"the roomiest {model} {level.label} domain holds {best}",
+                plugin=NAME,
+                code=ReasonCode.TOPOLOGY,
+                details={**details, "workers": ask.workers, "level": level.label, "room": best},
+            )
         return Status.success()
+
+    def roomiest_domain(
+        self, model: GpuModel, level: TopologyLevel, gpus: int, memory_mib: int | None
+    ) -> int:
+        """The most workers of ``gpus`` whole GPUs (of at least ``memory_mib``) one domain at ``level``
+        (NVLink domain, leaf, spine) holds."""
+        key = (model, level, gpus, memory_mib)
+        found = self._room.get(key)
+        if found is None:
+            domains = self._domains.get((model, level), {})
+            found = self._room[key] = max((_room(d, gpus, memory_mib) for d in domains.values()), default=0)
+        return found
 
     def _holds_mig(self, model: GpuModel, ask: WorkerAsk, name: str) -> Status:
         details: dict[str, int | str] = {"gpu_type": model, "mig_profile": name}
@@ -193,13 +253,18 @@ class Hardware:
         return Status.success()
 
 
-def _bump(table: dict[GpuModel, Counter[K]], model: GpuModel, key: K, delta: int) -> None:
-    counts = table.setdefault(model, Counter())
+def _bump(table: dict[G, Counter[K]], group: G, key: K, delta: int) -> None:
+    counts = table.setdefault(group, Counter())
     counts[key] += delta
     if counts[key] <= 0:
         del counts[key]
         if not counts:
-            del table[model]
+            del table[group]
+
+
+def _room(shapes: Counter[tuple[MiB, ...]], gpus: int, memory_mib: int | None) -> int:
+    """How many workers of ``gpus`` GPUs (of at least ``memory_mib``) nodes of these shapes hold."""
+    return sum(nodes * (_at_least(shape, memory_mib) // gpus) for shape, nodes in shapes.items())
 
 
 def _at_least(shape: tuple[MiB, ...], memory_mib: int | None) -> int:

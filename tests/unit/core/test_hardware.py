@@ -5,15 +5,33 @@ from __future__ import annotations
 from gangline.core.framework.status import ReasonCode
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk, instances_per_gpu
 from gangline.core.mig import MigProfileName, mig_geometry
-from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB, QueueName
+from gangline.core.model import (
+    GpuMode,
+    GpuModel,
+    Job,
+    JobId,
+    MiB,
+    QueueName,
+    TopologyConstraint,
+    TopologyLevel,
+    TopologyMode,
+)
 
 H100 = GpuModel("H100-SXM5-80GB")
 GB200 = GpuModel("GB200")
 A100 = GpuModel("A100-80GB")
 
 
-def node(model: GpuModel, gpus: int, *, memory: int = 81920, mode: GpuMode = GpuMode.WHOLE) -> NodeOffer:
-    return tuple(GpuOffer(model, MiB(memory), mode) for _ in range(gpus))
+def node(
+    model: GpuModel,
+    gpus: int,
+    *,
+    memory: int = 81920,
+    mode: GpuMode = GpuMode.WHOLE,
+    nvlink: str = "",
+    leaf: str = "leaf-0",
+) -> NodeOffer:
+    return NodeOffer(tuple(GpuOffer(model, MiB(memory), mode) for _ in range(gpus)), nvlink, leaf, "spine-0")
 
 
 def test_a_worker_of_eight_fits_only_the_model_whose_nodes_offer_eight() -> None:
@@ -111,3 +129,46 @@ def test_the_ask_of_a_core_job_is_its_fewest_workers() -> None:
     assert hw.holds(H100, WorkerAsk.of(job)).ok
     sliced = Job(id=JobId("s"), queue=QueueName("q"), workers=1, mig_profile=MigProfileName("1g.10gb"))
     assert WorkerAsk.of(sliced).mig_profile == "1g.10gb"
+
+
+def test_a_required_topology_needs_one_domain_of_the_model_to_hold_every_worker() -> None:
+    racks = [node(GB200, 4, nvlink=f"nvl{k // 18}", leaf="leaf-gb") for k in range(36)]  # two NVL72
+    boxes = [node(H100, 8, nvlink=f"h{k}", leaf=f"leaf-h{k // 2}") for k in range(4)]
+    hw = Hardware([*racks, *boxes])
+
+    in_nvlink = WorkerAsk(workers=2, gpus=8, within=TopologyLevel.NVLINK)
+    no = hw.holds(H100, in_nvlink)
+    assert not no.ok and no.reasons[0].code is ReasonCode.TOPOLOGY
+    assert no.reasons[0].details["room"] == 1 and no.reasons[0].details["level"] == "nvlink"
+    assert not hw.holds(GB200, in_nvlink).ok  # a worker of 8 never fits a 4-GPU tray
+    assert hw.holds(GB200, WorkerAsk(workers=18, gpus=4, within=TopologyLevel.NVLINK)).ok
+    assert not hw.holds(GB200, WorkerAsk(workers=19, gpus=4, within=TopologyLevel.NVLINK)).ok
+    assert hw.holds(H100, WorkerAsk(workers=2, gpus=8, within=TopologyLevel.LEAF)).ok
+    assert not hw.holds(H100, WorkerAsk(workers=3, gpus=8, within=TopologyLevel.LEAF)).ok
+    assert hw.holds(H100, WorkerAsk(workers=4, gpus=8, within=TopologyLevel.SPINE)).ok
+    assert hw.holds(H100, WorkerAsk(workers=2, gpus=4, within=TopologyLevel.NODE)).ok
+    assert not hw.holds(H100, WorkerAsk(workers=3, gpus=4, within=TopologyLevel.NODE)).ok
+    # The counts follow the nodes: one rack loses a tray, the other still holds 18.
+    hw.remove(racks[0])
+    assert hw.roomiest_domain(GB200, TopologyLevel.NVLINK, 4, None) == 18
+    hw.remove(racks[18])
+    assert hw.roomiest_domain(GB200, TopologyLevel.NVLINK, 4, None) == 17
+
+
+def test_the_ask_of_a_job_with_a_required_topology_keeps_its_level_and_a_preferred_one_does_not() -> None:
+    required = Job(
+        id=JobId("r"),
+        queue=QueueName("q"),
+        workers=2,
+        gpus_per_worker=8,
+        topology=TopologyConstraint(TopologyLevel.NVLINK),
+    )
+    preferred = Job(
+        id=JobId("p"),
+        queue=QueueName("q"),
+        workers=2,
+        gpus_per_worker=8,
+        topology=TopologyConstraint(TopologyLevel.NVLINK, TopologyMode.PREFERRED),
+    )
+    assert WorkerAsk.of(required).within is TopologyLevel.NVLINK
+    assert WorkerAsk.of(preferred).within is None

@@ -254,5 +254,31 @@ def test_the_inventory_is_the_same_whatever_the_interleaving_of_the_node_topics(
             state.inventory.fold(e)
         offers = state.inventory.offers
         assert not any(state.inventory.fold(e) for e in merged)  # read again: no news
-        outcomes.add(tuple(sorted((n, len(o)) for n, o in offers.items())))
+        outcomes.add(tuple(sorted((n, len(o.gpus)) for n, o in offers.items())))
     assert outcomes == {((h0.node, 7), (h1.node, 8))}
+
+
+def test_a_gang_that_must_stay_in_one_nvlink_domain_is_charged_to_the_model_whose_racks_hold_it() -> None:
+    state = quota(REPORT)
+    rack = NodeGroup(
+        name="gb",
+        count=4,
+        gpu_model=GB200,
+        gpus_per_node=4,
+        memory_mib=190000,
+        nodes_per_nvlink_domain=4,
+        leaf="leaf-gb",
+    )
+    cluster(state, nodes("h", H100, 2, 4) + ClusterSpec(groups=(rack,)).nodes())
+    topology = {"level": "nvlink", "mode": "required"}
+
+    [tight] = feed(state, admit("tight", workers=2, gpus_per_worker=4, topology=topology))
+    assert isinstance(tight.data, JobQueued) and tight.data.gpu_type == GB200  # only the rack holds both
+    [loose] = feed(state, admit("loose", workers=2, gpus_per_worker=4))
+    assert isinstance(loose.data, JobQueued) and loose.data.gpu_type == H100  # one worker per H100 node
+
+    [held] = feed(state, admit("named", workers=2, gpus_per_worker=4, topology=topology, gpu_type=H100))
+    reason = reason_of(held)
+    assert (reason.code, reason.constraint) == ("topology", "hardware")
+    assert reason.details["room"] == 1 and reason.details["level"] == "nvlink"
+    assert "in one nvlink domain" in reason.message
