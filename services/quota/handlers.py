@@ -17,6 +17,17 @@ business: it is retired as soon as its admission is read (no ``job.queued``), an
 admitted (one hop less on its way to a grant); one of a queue the configuration does not name fails
 (``unknown_queue``).
 
+Hardware. Quota charges a job only to a GPU model whose usable nodes can hold its workers at all (per
+node, and inside one domain when its topology is required): the core's :mod:`gangline.core.hardware`
+decides, over the :class:`Inventory` folded from ``nodes.inventory`` and ``nodes.health``. A flavour
+whose nodes cannot is skipped, and a job no flavour's nodes can hold waits uncharged with a pending
+reason naming the model and what its largest node offers (constraint ``hardware``; code
+``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction`` or ``topology``). It is not
+failed: nodes may register or recover. Whenever what some node offers changes, the waiting jobs of
+every tree are let through (below), so a job waiting on one model goes to another once that one's
+nodes can hold it. A job already queued stays charged where it is (placement places that attempt on
+that model). Until any node has registered every flavour counts (admission admits nothing before).
+
 Deciding. On ``job.admitted`` / ``job.requeued`` of a waiting job its flavours (``Queues.requests``)
 are tried in order: the first that fits is charged and ``job.queued`` names its model (``gpu_type``,
 for every limited queue, the spec's own type when it named one; None for an unlimited queue). When
@@ -35,13 +46,14 @@ is then made minimal. The pending reason names them (``details["victims"]``); th
 asks them to checkpoint and releases them. A planned victim is not planned again, and a waiter is not
 re-planned, until the victims are released (or finish) or the waiter is queued.
 
-State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included) that
-does not depend on the order between the two topics: per job it counts queued attempts against the
-attempts owed (one, plus one per ``job.requeued``) and against the allocations released. The decayed
-usage history is advanced with event times (never the wall clock), so the same events in the same
-order give the same state. A finished job's record is dropped and only its id kept (``retired``):
-any event about it read again changes nothing. The restore also reads quota's own pending reasons,
-so a restarted quota keeps the plans in flight and does not repeat a pending it already sent.
+State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included), and
+the node topics, that does not depend on the order between the topics: per job it counts queued
+attempts against the attempts owed (one, plus one per ``job.requeued``) and against the allocations
+released. The decayed usage history is advanced with event times (never the wall clock), so the same
+events in the same order give the same state. A finished job's record is dropped and only its id
+kept (``retired``): any event about it read again changes nothing. The restore also reads quota's own
+pending reasons, so a restarted quota keeps the plans in flight and does not repeat a pending it
+already sent.
 """
 
 from __future__ import annotations
@@ -54,6 +66,10 @@ from datetime import datetime
 
 from gangline.bus import Outgoing
 from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory, advance
+from gangline.core.framework.status import Reason
+from gangline.core.hardware import NAME as HARDWARE
+from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
+from gangline.core.model import GpuMode, GpuModel, MiB, TopologyLevel
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -68,6 +84,7 @@ from gangline.events.jobs import (
     JobSpec,
     PendingReason,
 )
+from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, QueueName
 from services.common.ids import derived_id
 from services.common.queues import Queues, request_on
@@ -84,6 +101,7 @@ QUOTA_EVENT_TYPES = (
     AllocationGranted,
     AllocationReleased,
 )
+NODE_EVENT_TYPES = (NodeRegistered, NodeFailed, GpuHealthChanged)
 MAX_TEXT = 2000
 """Longest sentence (and ``details`` victims list) an event carries."""
 PLAN_SEARCHES_PER_DECISION = 16
@@ -118,6 +136,94 @@ class Plan:
 
 
 @dataclass
+class Inventory:
+    """The nodes as quota needs them: what each one's usable GPUs offer, counted in the core's
+    :class:`~gangline.core.hardware.Hardware` (which GPU models can hold a job's workers at all).
+
+    A fold over ``nodes.inventory`` and ``nodes.health`` that does not depend on the order between
+    them: a registration older than the node's latest is read again, not news; it resets the health of
+    GPUs reported before it, not after; a node is out from its ``node.failed`` until it registers again.
+    Failed and degraded GPUs take no new work, so they are not offered (as placement sees them).
+    """
+
+    nodes: dict[str, NodeRegistered] = field(default_factory=dict)
+    registered_at: dict[str, datetime] = field(default_factory=dict)
+    failed_at: dict[str, datetime] = field(default_factory=dict)
+    unusable: dict[str, set[str]] = field(default_factory=dict)
+    """Node → its GPUs marked failed or degraded."""
+    health_at: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    """When each GPU's health last changed."""
+    offers: dict[str, NodeOffer] = field(default_factory=dict)
+    """What each node is counted for in ``hardware`` now."""
+    hardware: Hardware = field(default_factory=Hardware)
+    version: int = 0
+    """Bumped whenever what some node offers changes."""
+
+    @property
+    def known(self) -> bool:
+        """Whether any node registered: until then quota cannot tell what the nodes hold (admission
+        admits nothing while no node is registered, so such a job is one read before its nodes)."""
+        return bool(self.nodes)
+
+    def fold(self, envelope: Envelope) -> bool:
+        """Apply one node fact; True when what some node offers changed."""
+        data = envelope.data
+        if isinstance(data, NodeRegistered):
+            latest = self.registered_at.get(data.node)
+            if latest is not None and envelope.time < latest:
+                return False
+            self.nodes[data.node] = data
+            self.registered_at[data.node] = envelope.time
+            marked = self.unusable.get(data.node)
+            if marked:
+                marked -= {g for g in marked if self.health_at[(data.node, g)] <= envelope.time}
+        elif isinstance(data, NodeFailed):
+            self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
+        elif isinstance(data, GpuHealthChanged):
+            registered = self.registered_at.get(data.node)
+            last = self.health_at.get((data.node, data.gpu))
+            stale = (registered is not None and envelope.time < registered) or (
+                last is not None and envelope.time < last
+            )
+            if data.previous == data.state or stale:
+                return False  # a repeated-error report, or older than a re-registration or a newer report
+            self.health_at[(data.node, data.gpu)] = envelope.time
+            marked = self.unusable.setdefault(data.node, set())
+            if data.state == "healthy":
+                marked.discard(data.gpu)
+            else:
+                marked.add(data.gpu)
+        else:
+            return False
+        return self._recount(data.node)
+
+    def _recount(self, node: str) -> bool:
+        offer = self._offer(node)
+        before = self.offers.get(node)
+        if offer == before:
+            return False
+        if before is not None:
+            self.hardware.remove(before)
+        self.hardware.add(offer)
+        self.offers[node] = offer
+        self.version += 1
+        return True
+
+    def _offer(self, node: str) -> NodeOffer:
+        registered = self.nodes.get(node)
+        failed = self.failed_at.get(node)
+        if registered is None or (failed is not None and failed >= self.registered_at[node]):
+            return NodeOffer()
+        unusable = self.unusable.get(node, set())
+        offered = []
+        for gpu in registered.gpus:
+            if gpu.id not in unusable:
+                mode = GpuMode.MIG if gpu.mig_enabled else GpuMode.WHOLE
+                offered.append(GpuOffer(GpuModel(gpu.model), MiB(gpu.memory_mib), mode))
+        return NodeOffer(tuple(sorted(offered)), registered.nvlink_domain, registered.leaf, registered.spine)
+
+
+@dataclass
 class QuotaJob:
     job_id: JobId
     spec: JobSpec | None = None
@@ -135,6 +241,8 @@ class QuotaJob:
     """What the ledger holds for the job now (None: nothing)."""
     options: list[tuple[str | None, dict[Resource, int]]] | None = None
     """Its flavours (``Queues.requests``), worked out once."""
+    held: tuple[int, list[tuple[str | None, dict[Resource, int]]], list[Reason]] | None = None
+    """Its flavours the nodes can hold, and why the others cannot, as of an inventory version."""
 
     @property
     def due(self) -> bool:
@@ -180,6 +288,7 @@ class QuotaState:
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
+    inventory: Inventory = field(default_factory=Inventory)
     ledger: QuotaLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +315,9 @@ class QuotaState:
         ``at`` is the event time the usage history is advanced to (default: the envelope's time); a
         decision folds its own output at its cause's time, never at the clock's.
         """
+        if isinstance(envelope.data, NODE_EVENT_TYPES):
+            self.inventory.fold(envelope)
+            return None
         job = self._fold(envelope)
         if job is None:
             return None
@@ -302,6 +414,10 @@ class QuotaState:
         if job is None or not job.eligible:
             return
         reason = pending.reasons[0]
+        if reason.constraint == HARDWARE:  # no node could hold it: no plan rides on that reason
+            self.last_pending[job.job_id] = pending_key(reason)
+            self._drop_plan(job.job_id)
+            return
         if reason.code != "quota":
             return
         self.last_pending[job.job_id] = pending_key(reason)
@@ -363,10 +479,36 @@ class QuotaState:
             job.options = list(self.queues.requests(job.spec))
         return job.options
 
+    def held_options(
+        self, job: QuotaJob
+    ) -> tuple[list[tuple[str | None, dict[Resource, int]]], list[Reason]]:
+        """The job's flavours whose model's nodes can hold its workers (the core's
+        :meth:`~gangline.core.hardware.Hardware.holds`), and why each of the others cannot.
+
+        All of them while no node has registered (:attr:`Inventory.known`).
+        """
+        inventory = self.inventory
+        if not inventory.known:
+            return self.options(job), []
+        if job.held is None or job.held[0] != inventory.version:
+            assert job.spec is not None
+            ask = _ask(job.spec)
+            fits: list[tuple[str | None, dict[Resource, int]]] = []
+            misfits: list[Reason] = []
+            for model, request in self.options(job):
+                status = inventory.hardware.holds(GpuModel(model), ask) if model is not None else None
+                if status is None or status.ok:
+                    fits.append((model, request))
+                else:
+                    misfits.extend(status.reasons)
+            job.held = (inventory.version, fits, misfits)
+        return job.held[1], job.held[2]
+
     def first_fit(
         self, job: QuotaJob, too_big: dict[tuple[Queue, Resource], int] | None = None
     ) -> tuple[str | None, dict[Resource, int]] | None:
-        """The first flavour of an eligible job that its queue's quota admits now (model, request).
+        """The first flavour of an eligible job that its queue's quota admits now (model, request), of
+        those whose nodes can hold it.
 
         ``too_big`` remembers, within one let-through (where room only shrinks), the smallest request
         of one resource found not to fit a queue, so larger ones are not checked again.
@@ -375,7 +517,7 @@ class QuotaState:
         if not self.queues.limited(job.spec.queue):
             return (None, {})
         queue = Queue(job.spec.queue)
-        for model, request in self.options(job):
+        for model, request in self.held_options(job)[0]:
             single = next(iter(request.items())) if len(request) == 1 else None
             if (
                 single is not None
@@ -425,7 +567,7 @@ class QuotaState:
         if running is None:
             running = self.preemptible_running(self.tree_of(spec.queue))
         candidates = [c for c in running if c.job_id not in self.planned and c.running]
-        for model, request in self.options(job):
+        for model, request in self.held_options(job)[0]:
             reclaim = self.ledger.within_nominal(queue, request)
             what = [r for r, n in request.items() if n > 0]
             eligible = [
@@ -489,6 +631,20 @@ def _fits(ledger: QuotaLedger, queue: Queue, request: Mapping[Resource, int]) ->
     return all(n <= ledger.available(queue, r) for r, n in request.items() if n > 0)
 
 
+def _ask(spec: JobSpec) -> WorkerAsk:
+    """What one worker of ``spec`` needs of a GPU model, and how many workers at least."""
+    return WorkerAsk(
+        workers=spec.min_workers or spec.workers,
+        gpus=spec.gpus_per_worker,
+        memory_mib=spec.gpu_memory_mib,
+        mig_profile=spec.mig_profile,
+        milli=spec.gpu_fraction_milli,
+        within=TopologyLevel.parse(spec.topology.level)
+        if spec.topology is not None and spec.topology.mode == "required"
+        else None,
+    )
+
+
 def _priority(job: QuotaJob) -> int:
     return job.spec.priority if job.spec is not None else 0
 
@@ -509,8 +665,10 @@ def _index(index: dict[TreeKey, dict[JobId, QuotaJob]], tree: TreeKey, job: Quot
 
 def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outgoing]:
     """Fold one event and decide what it allows: queue or hold the job it admits, let others through."""
-    dropped = state.fold(envelope)
     data = envelope.data
+    if isinstance(data, NODE_EVENT_TYPES):
+        return _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
+    dropped = state.fold(envelope)
     out: list[Outgoing] = []
     if isinstance(data, JobAdmitted | JobRequeued):
         job = state.jobs.get(data.job_id)
@@ -536,6 +694,14 @@ def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datet
         return [_queue(state, job, fit[0], cause, now)]
     fair = state.fair_share(state.tree_of(spec.queue), cause.time)
     return _hold(state, job, fair, cause, now, search=True)
+
+
+def _reconsider(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgoing]:
+    """What the nodes can hold changed: every tree's waiting jobs are let through (or told why not)."""
+    out: list[Outgoing] = []
+    for tree in sorted(state.waiting):
+        out += _let_through(state, tree, cause, now)
+    return out
 
 
 def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetime) -> list[Outgoing]:
@@ -630,17 +796,23 @@ def pending_key(reason: PendingReason) -> str:
 
 
 def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
-    """Why the job's queue cannot hold it now, per flavour, with the figures of the first flavour."""
+    """Why the job's queue cannot hold it now, per flavour its nodes can hold, with the figures of the
+    first; and why the others' nodes cannot (:func:`_hardware_reason` when no flavour's can)."""
     spec = job.spec
     assert spec is not None
     queue = Queue(spec.queue)
     ledger = state.ledger
-    options = state.options(job)
+    options, misfits = state.held_options(job)
+    if not options:
+        return _hardware_reason(spec, misfits)
     checks = [(model, ledger.check(queue, request)) for model, request in options]
-    if len(checks) == 1:
+    if len(checks) == 1 and not misfits:
         message = checks[0][1].reason
     else:
-        message = "; ".join(f"on {model}: {check.reason}" for model, check in checks)
+        message = "; ".join(
+            [f"on {model}: {check.reason}" for model, check in checks]
+            + [f"{r.details['gpu_type']} cannot hold it: {r.message}" for r in misfits]
+        )
     model, request = options[0]
     short = next(
         (r for r in sorted(request) if request[r] > ledger.available(queue, r)), next(iter(sorted(request)))
@@ -663,6 +835,27 @@ def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
         message=_sentence(message or f"queue {spec.queue} cannot hold this job now"),
         details=details,
         unblock=_sentence(f"wait until {missing} more {short} is free to queue {spec.queue} or its cohort"),
+    )
+
+
+def _hardware_reason(spec: JobSpec, misfits: list[Reason]) -> PendingReason:
+    """Why no GPU model the job may be charged to has nodes that can hold its workers: it waits, not
+    charged, until nodes that can register or recover (the figures are the first model's)."""
+    first = misfits[0]
+    if len(misfits) == 1:
+        message = first.message
+    else:
+        message = "; ".join(f"on {r.details['gpu_type']}: {r.message}" for r in misfits)
+    models = ", ".join(str(r.details["gpu_type"]) for r in misfits)
+    return PendingReason(
+        code=first.code.value,
+        constraint=HARDWARE,
+        message=_sentence(message),
+        details={"queue": spec.queue, **first.details},
+        unblock=_sentence(
+            f"a {models} node that can hold its workers registers, or its GPUs recover; "
+            "or ask for fewer GPUs per worker"
+        ),
     )
 
 

@@ -43,7 +43,14 @@ from services.common.queues import load_queues
 from services.common.replay import EventReplayer, ReplayReport, ServiceModel, earliest, main, verify_with
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.settings import QuotaSettings
-from services.quota.wiring import QUOTA_EVENTS, RESTORE_EVENTS, new_state
+from services.quota.wiring import (
+    NODE_EVENTS,
+    QUOTA_EVENTS,
+    RESTORE_EVENTS,
+    input_topics,
+    new_state,
+    node_topics,
+)
 
 NAME = "quota"
 """The decider's name for `gangline replay --decider`."""
@@ -64,11 +71,11 @@ class QuotaModel(ServiceModel[QuotaState]):
 
     @property
     def live_topics(self) -> tuple[str, ...]:
-        return (self.topics.events, self.topics.allocations)
+        return input_topics(self.topics)
 
     @property
     def restore_topics(self) -> tuple[str, ...]:
-        return (self.topics.events, self.topics.allocations)
+        return input_topics(self.topics)
 
     def new_state(self, started: datetime | None) -> QuotaState:
         return new_state(self.settings, self.queues)
@@ -77,6 +84,8 @@ class QuotaModel(ServiceModel[QuotaState]):
         return kind in RESTORE_EVENTS or not kind
 
     def selects(self, state: QuotaState, record: LogRecord, kind: str) -> bool:
+        if record.topic in node_topics(self.topics):
+            return kind in NODE_EVENTS  # what quota cannot read there is placement's to dead-letter
         return kind in QUOTA_EVENTS or not kind
 
     def restore(self, state: QuotaState, envelope: Envelope) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
 from services.common.queues import Queues, load_queues
 from services.common.select import select_types, unless_keyed_by
 from services.common.shell import restore_and_process
+from services.common.topics import TopicNames
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
 
@@ -24,8 +26,42 @@ QUOTA_EVENTS = (
     "allocation.granted",
     "allocation.released",
 )
-RESTORE_EVENTS = (*QUOTA_EVENTS, "job.pending")
+NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed")
+"""What the node inventory is a fold of: which GPU models can hold a job's workers at all."""
+RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending")
 """The restore also reads pending reasons: quota's own carry its preemption plans in flight."""
+
+
+def job_topics(topics: TopicNames) -> tuple[str, ...]:
+    """Quota's inputs keyed by job id."""
+    return (topics.events, topics.allocations)
+
+
+def node_topics(topics: TopicNames) -> tuple[str, ...]:
+    """Quota's inputs keyed by node id: the inventory and what broke."""
+    return (topics.inventory, topics.health)
+
+
+def input_topics(topics: TopicNames) -> tuple[str, ...]:
+    """What quota consumes, and restores its state from, in that order."""
+    return (*job_topics(topics), *node_topics(topics))
+
+
+def quota_select(
+    topics: TopicNames, retired: Container[str], wanted: Iterable[str]
+) -> Callable[[KafkaRecord], bool]:
+    """Decode the ``wanted`` types; on the job topics skip retired jobs' records undecoded (most of what
+    quota reads is about finished jobs or jobs of unlimited queues). The node topics are keyed by node
+    and dead-lettered by placement, so quota skips what it cannot read there."""
+    kinds = dict.fromkeys(wanted, True)
+    nodes = frozenset(node_topics(topics))
+    of_jobs = unless_keyed_by(retired, select_types(kinds))
+    of_nodes = select_types(kinds, not_ours=nodes)
+
+    def select(record: KafkaRecord) -> bool:
+        return of_nodes(record) if record.topic in nodes else of_jobs(record)
+
+    return select
 
 
 def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaState:
@@ -44,16 +80,14 @@ async def main(settings: QuotaSettings) -> None:
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
         return decide(envelope, state, now=datetime.now(UTC))
 
-    inputs = [topics.events, topics.allocations]
-    # Both topics are keyed by job id; most of what quota reads is about finished jobs or jobs of
-    # unlimited queues (retired at once), skipped undecoded.
+    inputs = list(input_topics(topics))
     await restore_and_process(
         processor_settings(settings, SERVICE, inputs),
         state,
         handle,
         restore_topics=inputs,
-        select=unless_keyed_by(state.retired, select_types(dict.fromkeys(QUOTA_EVENTS, True))),
-        restore_select=unless_keyed_by(state.retired, select_types(dict.fromkeys(RESTORE_EVENTS, True))),
+        select=quota_select(topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
+        restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
         lock_topic=topics.inventory,
         # Outputs name the batch and positions they were decided on: replayable (services/quota/replay.py).
         record_inputs=True,

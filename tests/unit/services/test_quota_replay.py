@@ -12,37 +12,54 @@ from svc_helpers import T0, env
 
 from gangline.events.allocations import AllocationReleased
 from gangline.events.jobs import JobAdmitted, JobRequeued, JobSpec
+from gangline.events.nodes import NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId
 from gangline.replay.log import LogRecord
-from services.common.select import select_types
+from services.agent.cluster import ClusterSpec, NodeGroup
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
-from services.quota.wiring import QUOTA_EVENTS, RESTORE_EVENTS, new_state
+from services.quota.wiring import (
+    NODE_EVENTS,
+    QUOTA_EVENTS,
+    RESTORE_EVENTS,
+    input_topics,
+    new_state,
+    quota_select,
+)
 
+H100 = "H100-SXM5-80GB"
+GB200 = "GB200-186GB"
 QUEUES_FILE = Path(__file__).with_name("test_quota_queues.yaml")
 """team: 8 H100 of quota; default and research: unlimited."""
 SETTINGS = QuotaSettings(queues_file=QUEUES_FILE)
 
 
-def wiring() -> Wiring:
+def wiring(settings: QuotaSettings = SETTINGS) -> Wiring:
     def decider(state: QuotaState, clock: Any) -> Any:
         return lambda envelope, meta: decide(envelope, state, now=clock())
 
     return Wiring(
-        live_topics=(TOPICS.events, TOPICS.allocations),
-        restore_topics=(TOPICS.events, TOPICS.allocations),
-        new_state=lambda now: new_state(SETTINGS),
+        live_topics=input_topics(TOPICS),
+        restore_topics=input_topics(TOPICS),
+        new_state=lambda now: new_state(settings),
         restore=lambda state, envelope: state.restore(envelope),
         decide=decider,
-        select=lambda state: select_types(dict.fromkeys(QUOTA_EVENTS, True)),
-        restore_select=lambda state: select_types(dict.fromkeys(RESTORE_EVENTS, True)),
+        select=lambda state: quota_select(TOPICS, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
+        restore_select=lambda state: quota_select(TOPICS, state.retired, RESTORE_EVENTS),
     )
 
 
-def admit(log: Log, job: str, gpus: int, *, priority: int = 0, queue: str = "team") -> None:
-    spec = JobSpec(queue=queue, workers=1, gpus_per_worker=gpus, priority=priority)
+def admit(
+    log: Log, job: str, gpus: int, *, priority: int = 0, queue: str = "team", gpu_type: str | None = None
+) -> None:
+    spec = JobSpec(queue=queue, workers=1, gpus_per_worker=gpus, priority=priority, gpu_type=gpu_type)
     log.produce(TOPICS.events, env(JobAdmitted(job_id=JobId(job), spec=spec), at=len(log.records)))
+
+
+def group(name: str, model: str, count: int, gpus: int) -> list[NodeRegistered]:
+    spec = NodeGroup(name=name, count=count, gpu_model=model, gpus_per_node=gpus, memory_mib=81920, leaf="l")
+    return ClusterSpec(groups=(spec,)).nodes()
 
 
 def release(log: Log, job: str, reason: str = "completed") -> None:
@@ -177,3 +194,52 @@ def test_the_order_waiting_jobs_are_let_through_does_not_depend_on_the_fold_orde
         orders.append(let_through)
     assert orders[0] == ["w1", "w4"]  # the highest priority first, then the earliest admitted
     assert all(order == orders[0] for order in orders)
+
+
+def test_decisions_over_the_node_inventory_replay_identical_across_a_restart(tmp_path: Path) -> None:
+    """A 1x8 job waits for H100 rather than go to 4-GPU GB200 nodes; once a GB200 node of 8 registers,
+    the waiting jobs go there; after an H100 node fails the other still holds a worker of 8; quota
+    restarts between."""
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(
+        "queues:\n  - name: team\n    quotas:\n"
+        f"      {H100}: {{nominal: 8}}\n      {GB200}: {{nominal: 16}}\n",
+        encoding="utf-8",
+    )
+    settings = QuotaSettings(queues_file=queues)
+    log = Log()
+    run = ServiceRun(log, wiring(settings))
+    h100 = group("h", H100, 2, 8)
+    for node in [*h100, *group("gb", GB200, 2, 4)]:
+        log.produce(TOPICS.inventory, env(node, at=len(log.records)))
+    run.drain()
+    admit(log, "first", 8)
+    run.drain()
+    admit(log, "second", 8)  # H100 is in use: waits for it, not charged to GB200
+    admit(log, "wide", 8, gpu_type=GB200)  # no GB200 node of 8: waits, saying so
+    run.drain(max_per_partition=1)
+    run.start()
+    for node in group("gb8", GB200, 1, 8):
+        log.produce(TOPICS.inventory, env(node, at=len(log.records)))  # "second" and "wide" go to it
+    failed = NodeFailed(node=h100[1].node, code="heartbeat_timeout", reason="missed heartbeats")
+    log.produce(TOPICS.health, env(failed, at=len(log.records)))
+    run.drain()
+    release(log, "first")
+    run.drain()
+    admit(log, "third", 8)  # H100 quota is free, and the node left holds a worker of 8
+    run.drain()
+
+    outputs = outputs_of(log.records, SOURCE)
+    queued = {
+        r.envelope["data"]["job_id"]: r.envelope["data"]["gpu_type"]
+        for r in outputs
+        if r.type == "gangline.job.queued.v1"
+    }
+    assert queued == {"first": H100, "second": GB200, "wide": GB200, "third": H100}
+    reasons = [r.envelope["data"]["reasons"][0] for r in outputs if r.type == "gangline.job.pending.v1"]
+    assert {(r["code"], r["constraint"]) for r in reasons} == {("quota", "quota"), ("gang_size", "hardware")}
+
+    result = replay_quota(log.records, settings)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.incarnations == 2 and result.compared == len(outputs)
