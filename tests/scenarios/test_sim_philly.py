@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gangline.cli import main
+from services.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PHILLY = ROOT.parent / "shared" / "traces" / "pollux-philly" / "philly.csv"
