@@ -14,6 +14,9 @@ from gangline.events.base import Envelope, Event, JsonObject, parse_wire_type
 from gangline.events.registry import Registry, default_registry
 
 REQUIRED_ATTRIBUTES = ("specversion", "id", "source", "type", "time", "subject", "data")
+MAX_DEPTH = 64
+"""The deepest nesting of JSON arrays and objects a message may have; deeper is malformed (checked on
+the raw bytes before any parser recurses: Python's json raises RecursionError near 1,000 levels)."""
 OPTIONAL_ATTRIBUTES = ("datacontenttype", "causationid", "traceparent")
 
 
@@ -97,6 +100,8 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
     Raises MalformedMessage, UnknownEventType or SchemaViolation (all DecodeError).
     """
     registry = registry if registry is not None else _default()
+    if too_deep(raw):
+        raise MalformedMessage(f"the message nests arrays and objects more than {MAX_DEPTH} levels deep")
     fast = _decode_latest(raw, registry)
     if fast is not None:
         return fast
@@ -106,6 +111,8 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
         raise MalformedMessage(f"the message is not UTF-8 text (bad byte at offset {exc.start})") from None
     try:
         body = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:  # too_deep() already refuses what could get here; a last guard all the same
+        raise MalformedMessage("the message nests arrays and objects too deeply") from None
     except json.JSONDecodeError as exc:
         raise MalformedMessage(
             f"the message is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -147,10 +154,8 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
 
     data = _validate_data(registry, event_type, version, body["data"], context)
     if data.subject() != body["subject"]:
-        raise SchemaViolation(
-            [f"subject: must equal the data's subject {data.subject()!r} (got {body['subject']!r})"],
-            **context,
-        )
+        expected, got = _quoted(data.subject()), _quoted(body["subject"])
+        raise SchemaViolation([f"subject: must equal the data's subject {expected} (got {got})"], **context)
     attributes = {name: body[name] for name in (*REQUIRED_ATTRIBUTES, *OPTIONAL_ATTRIBUTES) if name in body}
     attributes["type"] = data.wire_type()
     attributes["data"] = data
@@ -158,6 +163,34 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
         return Envelope(**attributes)
     except pydantic.ValidationError as exc:
         raise MalformedMessage("; ".join(render_errors(exc.errors(), prefix="")), **context) from None
+
+
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+"""A JSON string (skipped whole, brackets inside it included) or one bracket."""
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``raw`` nests JSON arrays and objects more than ``limit`` levels deep.
+
+    A scan of the bytes that never recurses (strings are skipped, so brackets inside them do not count);
+    a message with no more than ``limit`` opening brackets in all is passed without a scan.
+    """
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return False
+    depth = 0
+    for match in _STRUCTURE.finditer(raw):
+        first = match.group()[0]
+        if first in _OPENING:
+            depth += 1
+            if depth > limit:
+                return True
+        elif first in _CLOSING:
+            depth -= 1
+    return False
+
+
+_OPENING = frozenset(b"[{")
+_CLOSING = frozenset(b"]}")
 
 
 class _NotJson(ValueError):
@@ -324,6 +357,12 @@ def _show(value: Any) -> str:
         shown = json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _quoted(text: str) -> str:
+    """``repr(text)``, cut to 80 characters (a reason never repeats a huge input)."""
+    shown = repr(text)
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
