@@ -17,6 +17,8 @@
 The processor may call a handler twice for one event (a batch aborted and retried). Handlers here
 change the state when they decide, so a retry would see its own effect and decide nothing; the
 :class:`Replayed` cache returns the outputs of the first call instead, keeping retries identical.
+Only for the same event: an id that comes again with another type or data is another event that
+reuses the id, and is decided afresh (never answered with the outputs of the first).
 
 A service may also decide once per batch (``end_batch``: placement runs one scheduling cycle per
 poll instead of one per event). Those outputs are caused by the batch's last event and cached with
@@ -47,6 +49,7 @@ from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.processor import InputRecording
 from gangline.bus.records import DeadLetter
 from gangline.events.base import Envelope
+from services.common.ids import Fingerprint, fingerprint
 from services.common.leader import Leadership
 
 log = logging.getLogger(__name__)
@@ -72,7 +75,7 @@ class Replayed:
         self._decide = decide
         self._end_batch = end_batch
         self._remember = remember
-        self._outputs: OrderedDict[str, Sequence[Outgoing]] = OrderedDict()
+        self._outputs: OrderedDict[str, tuple[Fingerprint, Sequence[Outgoing]]] = OrderedDict()
 
     def flush(self, given: Sequence[Envelope]) -> Sequence[Outgoing]:
         """The processor's per-batch hook: ``end_batch``'s outputs, remembered as the last event's."""
@@ -85,15 +88,19 @@ class Replayed:
         ]
         if outputs:
             # A retry of this batch replays the cause with these outputs (the state already holds them).
-            self._outputs[cause] = [*self._outputs.get(cause, ()), *outputs]
+            key = fingerprint(given[-1])
+            done = self._outputs.get(cause)
+            earlier = done[1] if done is not None and done[0] == key else ()
+            self._outputs[cause] = (key, [*earlier, *outputs])
         return outputs
 
     def __call__(self, envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        key = fingerprint(envelope)
         done = self._outputs.get(envelope.id)
-        if done is not None:
-            return done
+        if done is not None and done[0] == key:
+            return done[1]
         outputs = self._decide(envelope, meta)
-        self._outputs[envelope.id] = outputs
+        self._outputs[envelope.id] = (key, outputs)
         if len(self._outputs) > self._remember:
             self._outputs.popitem(last=False)
         return outputs

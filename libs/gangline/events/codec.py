@@ -12,6 +12,7 @@ from pydantic_core import ErrorDetails
 
 from gangline.events.base import Envelope, Event, JsonObject, parse_wire_type
 from gangline.events.registry import Registry, default_registry
+from gangline.events.types import LIMIT_EXCEEDED
 
 REQUIRED_ATTRIBUTES = ("specversion", "id", "source", "type", "time", "subject", "data")
 MAX_DEPTH = 64
@@ -97,7 +98,8 @@ def dumps(obj: Any) -> bytes:
 def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
     """Read one message, upcasting its data to the latest registered version of its type.
 
-    Raises MalformedMessage, UnknownEventType or SchemaViolation (all DecodeError).
+    Raises MalformedMessage, UnknownEventType or SchemaViolation (LimitExceeded when only sizes are
+    wrong); all DecodeError.
     """
     registry = registry if registry is not None else _default()
     if too_deep(raw):
@@ -193,6 +195,15 @@ _OPENING = frozenset(b"[{")
 _CLOSING = frozenset(b"]}")
 
 
+class LimitExceeded(SchemaViolation):
+    """The ``data`` is valid but for values over the size limits: too long, too many, too large in all."""
+
+    code = LIMIT_EXCEEDED
+
+
+_SIZE_ERRORS = frozenset({"string_too_long", "too_long", LIMIT_EXCEEDED})
+
+
 class _NotJson(ValueError):
     pass
 
@@ -273,7 +284,9 @@ def _strict(cls: type[Event], data: JsonObject, context: dict[str, str | None]) 
     try:
         return cls.model_validate_json(dumps(data), strict=True)
     except pydantic.ValidationError as exc:
-        raise SchemaViolation(render_errors(exc.errors(), prefix="data"), **context) from None
+        errors = exc.errors()
+        kind = LimitExceeded if all(error["type"] in _SIZE_ERRORS for error in errors) else SchemaViolation
+        raise kind(render_errors(errors, prefix="data"), **context) from None
 
 
 def render_errors(errors: list[ErrorDetails], *, prefix: str) -> list[str]:
@@ -313,6 +326,8 @@ def _message(error: ErrorDetails) -> str:
         return f"needs at least {ctx['min_length']} item(s){got}"
     if kind == "too_long":
         return f"takes at most {ctx['max_length']} item(s){got}"
+    if kind == LIMIT_EXCEEDED:
+        return error["msg"]
     if kind == "string_pattern_mismatch":
         return f"must match {ctx['pattern']}{got}"
     if kind == "literal_error":
