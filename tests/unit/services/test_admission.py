@@ -1,18 +1,22 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from svc_helpers import T0, cluster, env
 
-from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter
+from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter, RecordMeta
+from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested, JobSpec
 from gangline.events.types import JobId
 from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
 from services.common.queues import Queues, QueuesFile, load_queues, queues_of
+from services.common.shell import Replayed
 from services.common.topics import TopicNames
 
 TOPICS = TopicNames(prefix="t.")
 H100 = "H100-SXM5-80GB"  # the model of svc_helpers.cluster's nodes
+META = RecordMeta(topic="t.jobs.requests", partition=0, offset=0, key=None, timestamp_ms=0, headers=())
 QUEUES = {"queues": [{"name": "default", "unlimited": True}, {"name": "research"}]}
 
 
@@ -123,3 +127,50 @@ def test_the_dedup_state_keeps_a_fixed_size_digest_per_job_not_its_spec() -> Non
     [out] = ask(restarted, "big", **{**long_spec, "env": {"A": "y" * 500}})
     assert isinstance(out, JobRejected) and out.code == "duplicate_job"
     assert ask(restarted, "small") == []
+
+
+def request(job_id: str, event_id: str, **spec: object) -> Envelope:
+    fields: dict[str, object] = {"queue": "default", "workers": 1, "gpus_per_worker": 1, **spec}
+    return env(JobRequested(job_id=JobId(job_id), **fields), event_id=event_id)  # type: ignore[arg-type]
+
+
+def test_a_reused_event_id_with_another_body_is_rejected_not_replayed() -> None:
+    state = state_with_cluster()
+    decide = Replayed(lambda envelope, meta: on_request(envelope, state, now=T0))
+    [(_, first)] = decide(request("x", "E"), META)
+    assert isinstance(first.data, JobAdmitted)
+    # The same request again (a producer's retry): an idempotent no-op, the same outputs, nothing new.
+    assert decide(request("x", "E"), META) == [(TOPICS.events, first)]
+    assert on_request(request("x", "E"), state, now=T0) == []
+    # Another job under the same id: a rejection, never x's admission again.
+    [(_, rejected)] = decide(request("z", "E", workers=2), META)
+    assert isinstance(rejected.data, JobRejected)
+    assert (rejected.data.job_id, rejected.data.code) == ("z", "duplicate_event_id")
+    assert rejected.id != first.id and "'E'" in rejected.data.reason
+    # A cancel reusing it is another body too.
+    [(_, cancel)] = on_request(env(JobCancelRequested(job_id=JobId("x")), event_id="E"), state, now=T0)
+    assert isinstance(cancel.data, JobRejected) and cancel.data.code == "duplicate_event_id"
+    assert "z" not in state.admitted
+
+
+def test_a_reused_event_id_is_recognised_after_a_restore() -> None:
+    state = state_with_cluster()
+    [(_, admitted)] = on_request(request("x", "E"), state, now=T0)
+    restarted = state_with_cluster()
+    restarted.restore(admitted.model_copy(update={"causationid": "E"}))  # as the processor stamps it
+    assert on_request(request("x", "E"), restarted, now=T0) == []
+    [(_, out)] = on_request(request("z", "E"), restarted, now=T0)
+    assert isinstance(out.data, JobRejected) and out.data.code == "duplicate_event_id"
+
+
+def test_a_broken_request_with_a_trailing_newline_in_its_id_is_rejected_without_it() -> None:
+    state = state_with_cluster()
+    headers = [(DLQ_TOPIC, TOPICS.requests.encode()), (DLQ_CODE, b"schema_violation")]
+    for value in (
+        json.dumps({"subject": "job-x\n", "data": {"job_id": "job-x\n"}}).encode(),
+        b"[" * 10_000 + b"]" * 10_000,  # json.loads would raise RecursionError
+        b'{"data": {"job_id": ' + b"[" * 10_000 + b"]" * 10_000 + b"}}",
+    ):
+        letter = DeadLetter(topic=TOPICS.requests + ".dlq", key=None, value=value, headers=headers)
+        [(_, envelope)] = rejection_of_dead_letter(letter, state, now=T0)
+        assert isinstance(envelope.data, JobRejected) and envelope.data.job_id is None
