@@ -281,7 +281,7 @@ def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: 
     code = (header(letter.headers, DLQ_CODE) or b"malformed_message").decode()
     reason = (header(letter.headers, DLQ_REASON) or b"the message could not be read").decode()
     rejected = JobRejected(
-        job_id=_job_id_in(letter.value),
+        job_id=_job_id_in(letter.original_value),
         code=code,
         reason=f"the request could not be read: {reason}"[:MAX_REASON],
     )

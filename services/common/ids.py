@@ -14,9 +14,10 @@ def derived_id(cause_id: str, *parts: object) -> str:
     return str(uuid.uuid5(_NAMESPACE, "/".join([cause_id, *map(str, parts)])))
 
 
-Fingerprint = tuple[str, Event]
-"""What tells an event apart from another that reuses its id: its type and its (frozen) data."""
+Fingerprint = tuple[str, Event, str, int, int]
+"""What tells a retried record (an aborted batch read again) from another that reuses its event id: the
+event's type and (frozen) data, and where it was read (topic, partition, offset)."""
 
 
-def fingerprint(envelope: Envelope) -> Fingerprint:
-    return (envelope.type, envelope.data)
+def fingerprint(envelope: Envelope, topic: str, partition: int, offset: int) -> Fingerprint:
+    return (envelope.type, envelope.data, topic, partition, offset)

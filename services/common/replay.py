@@ -520,15 +520,16 @@ class EventReplayer(Generic[S]):
                 if isinstance(selected, DeadLetter):
                     replayed += [e for _, e in self.model.unreadable(self._state, selected, uncaused)]
                 elif selected is not None:
-                    replayed += self._handle(selected, by_cause.get(selected.id, []))
+                    where = fingerprint(selected, record.topic, record.partition, record.offset)
+                    replayed += self._handle(selected, where, by_cause.get(selected.id, []))
                     last = selected
             tp = (topic, partition)
             self._consumed[tp] = max(self._consumed.get(tp, 0), end)
         if last is not None:
             outputs = caused(self.model.end_batch(self._state, last, by_cause.get(last.id, [])), last.id)
             done = self._handled.get(last.id)
-            earlier = done[1] if done is not None and done[0] == fingerprint(last) else []
-            self._handled[last.id] = (fingerprint(last), [*earlier, *outputs])
+            if done is not None:
+                self._handled[last.id] = (done[0], [*done[1], *outputs])
             replayed += outputs
         return replayed, quiet
 
@@ -539,13 +540,13 @@ class EventReplayer(Generic[S]):
         envelope = decoded(record)
         return envelope if envelope is not None else dead_letter_of(record, self.model.name)
 
-    def _handle(self, envelope: Envelope, recorded: list[Envelope]) -> list[Envelope]:
+    def _handle(self, envelope: Envelope, where: Fingerprint, recorded: list[Envelope]) -> list[Envelope]:
         done = self._handled.get(envelope.id)
-        if done is not None and done[0] == fingerprint(envelope):
+        if done is not None and done[0] == where:
             return list(done[1])
         self._fed += 1
         outputs = caused(self.model.handle(self._state, envelope, recorded), envelope.id)
-        self._handled[envelope.id] = (fingerprint(envelope), outputs)
+        self._handled[envelope.id] = (where, outputs)
         if len(self._handled) > self._remember:
             self._handled.popitem(last=False)
         return outputs
@@ -603,7 +604,8 @@ class EventReplayer(Generic[S]):
             if isinstance(envelope, DeadLetter):
                 outputs += [e for _, e in self.model.unreadable(self._state, envelope, [])]
             elif envelope is not None:
-                outputs += self._handle(envelope, [])
+                where = fingerprint(envelope, record.topic, record.partition, record.offset)
+                outputs += self._handle(envelope, where, [])
         return outputs
 
 

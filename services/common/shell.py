@@ -17,8 +17,8 @@
 The processor may call a handler twice for one event (a batch aborted and retried). Handlers here
 change the state when they decide, so a retry would see its own effect and decide nothing; the
 :class:`Replayed` cache returns the outputs of the first call instead, keeping retries identical.
-Only for the same event: an id that comes again with another type or data is another event that
-reuses the id, and is decided afresh (never answered with the outputs of the first).
+Only for the same record read again: an id that comes again in another record (a producer's retry,
+or another event reusing the id) is decided afresh, never answered with the first one's outputs.
 
 A service may also decide once per batch (``end_batch``: placement runs one scheduling cycle per
 poll instead of one per event). Those outputs are caused by the batch's last event and cached with
@@ -86,16 +86,14 @@ class Replayed:
             (topic, envelope.model_copy(update={"causationid": cause}))
             for topic, envelope in self._end_batch(cause)
         ]
-        if outputs:
+        done = self._outputs.get(cause)
+        if outputs and done is not None:
             # A retry of this batch replays the cause with these outputs (the state already holds them).
-            key = fingerprint(given[-1])
-            done = self._outputs.get(cause)
-            earlier = done[1] if done is not None and done[0] == key else ()
-            self._outputs[cause] = (key, [*earlier, *outputs])
+            self._outputs[cause] = (done[0], [*done[1], *outputs])
         return outputs
 
     def __call__(self, envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
-        key = fingerprint(envelope)
+        key = fingerprint(envelope, meta.topic, meta.partition, meta.offset)
         done = self._outputs.get(envelope.id)
         if done is not None and done[0] == key:
             return done[1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gangline.events.topics import dead_letter_topic
@@ -100,6 +100,14 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]]
+    full_value: bytes | None = field(default=None, repr=False, compare=False)
+    """The record's whole value when ``value`` was cut (never sent): for whoever answers the record's
+    producer (to read the job id out of it), not for the dead-letter topic."""
+
+    @property
+    def original_value(self) -> bytes | None:
+        """The value of the record that was dead-lettered, whole."""
+        return self.full_value if self.full_value is not None else self.value
 
 
 def dead_letter(record: KafkaRecord, *, code: str, reason: str, source_service: str) -> DeadLetter:
@@ -109,7 +117,7 @@ def dead_letter(record: KafkaRecord, *, code: str, reason: str, source_service: 
     the service that gave up on the record. Whatever is too large is cut (module docstring).
     """
     truncated: list[str] = []
-    value = record.value
+    value = full_value = record.value
     digest: list[tuple[str, bytes]] = []
     if value is not None and len(value) > MAX_VALUE_BYTES:
         digest = [
@@ -141,7 +149,13 @@ def dead_letter(record: KafkaRecord, *, code: str, reason: str, source_service: 
     ]
     if truncated:
         headers += [(DLQ_TRUNCATED, ",".join(truncated).encode()), *digest]
-    return DeadLetter(topic=dead_letter_topic(record.topic), key=key, value=value, headers=headers)
+    return DeadLetter(
+        topic=dead_letter_topic(record.topic),
+        key=key,
+        value=value,
+        headers=headers,
+        full_value=full_value if "value" in truncated else None,
+    )
 
 
 def _cut(text: str, limit: int) -> bytes:

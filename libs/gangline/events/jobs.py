@@ -11,10 +11,10 @@ from pydantic_core import PydanticCustomError
 from gangline.events.base import MODEL_CONFIG, Event, UtcDatetime
 from gangline.events.types import (
     ENV_NAME_PATTERN,
+    LIMIT_EXCEEDED,
     AllocationIdField,
     Code,
     GpuIdField,
-    LIMIT_EXCEEDED,
     JobIdField,
     Label,
     MiB,
