@@ -439,9 +439,12 @@ class Processor:
         # The records of a batch that kept failing go one per transaction; what follows them, together.
         pending = {tp: list(records) for tp, records in batch.items()}
         for tp, records in batch.items():
-            until = self._isolate_until.get(tp, -1)
+            until = self._isolate_until.get(tp)
+            if until is None:
+                continue
             for record in records:
-                if record.offset >= until:
+                if record.offset >= until:  # past them (or the log moved on without them)
+                    del self._isolate_until[tp]
                     break
                 self.stats.records_isolated += 1
                 if not await self._attempt({tp: [record]}):
@@ -450,6 +453,7 @@ class Processor:
                 pending[tp].pop(0)
                 if record.offset + 1 >= until:
                     del self._isolate_until[tp]
+                    break
         rest = {tp: records for tp, records in pending.items() if records}
         if rest:
             await self._attempt(rest)
