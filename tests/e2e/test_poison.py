@@ -101,8 +101,9 @@ async def test_poison_requests_are_rejected_and_the_pipeline_keeps_granting(kafk
             # Deep JSON among the lifecycle events too (placement, quota and preemption read them).
             await _send_large(kafka_bootstrap, topics.events, [("deep", deep)])
             await send_raw(kafka_bootstrap, topics.requests, [("ok-after", request_bytes("ok-after", **OK))])
+            events_dlq = topics.events + ".dlq"
             async with LogReader(
-                kafka_bootstrap, [topics.events, topics.allocations, topics.requests + ".dlq"]
+                kafka_bootstrap, [topics.events, topics.allocations, topics.requests + ".dlq", events_dlq]
             ) as log:
 
                 def granted() -> bool:
@@ -111,7 +112,14 @@ async def test_poison_requests_are_rejected_and_the_pipeline_keeps_granting(kafk
                 def rejections() -> list[JobRejected]:
                     return log.of(topics.events, JobRejected)
 
-                await log.until(lambda: granted() and len(rejections()) >= 7, timeout_s=90, check=tasks.check)
+                def dead_lettered_event_by(service: bytes) -> bool:
+                    return any(header(h, DLQ_SOURCE_SERVICE) == service for h in log.headers[events_dlq])
+
+                await log.until(
+                    lambda: granted() and len(rejections()) >= 7 and dead_lettered_event_by(b"placement"),
+                    timeout_s=90,
+                    check=tasks.check,
+                )
                 letters = log.raw[topics.requests + ".dlq"]
                 letter_headers = log.headers[topics.requests + ".dlq"]
             tasks.check()  # no service died
