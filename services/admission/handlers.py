@@ -49,12 +49,15 @@ from gangline.events.jobs import (
     JobSpec,
 )
 from gangline.events.nodes import NodeRegistered
-from gangline.events.types import SAFE_ID_PATTERN, JobId
+from gangline.events.types import LIMIT_EXCEEDED, SAFE_ID_PATTERN, JobId
 from services.common.ids import derived_id
 from services.common.queues import Queues
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/admission"
+MAX_GRANT_BYTES = 768 * 1024
+"""The largest ``allocation.granted`` a request may cause once placed (one placement per worker): room is
+left under the broker's 1 MiB record limit for the envelope and the headers."""
 MAX_REASON = 2000
 """A rejection's reason is a sentence of at most this many characters (a long queue list is cut)."""
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
@@ -82,6 +85,7 @@ class AdmissionState:
     requests: dict[str, bytes] = field(default_factory=dict)
     """Request event id → digest of its body (:func:`request_digest`)."""
     _capacity: dict[str, GpuTypeCapacity] | None = None
+    _longest_ids: tuple[int, int] | None = None
 
     # -- folding the log ---------------------------------------------------------------------
 
@@ -89,11 +93,21 @@ class AdmissionState:
         data = envelope.data
         if isinstance(data, NodeRegistered):
             self.nodes[data.node] = data
-            self._capacity = None
+            self._capacity = self._longest_ids = None
         elif isinstance(data, JobAdmitted):
             digest = self.admitted.setdefault(data.job_id, spec_digest(data.spec))
             if envelope.causationid is not None:
                 self.requests.setdefault(envelope.causationid, _job_request_digest(data.job_id, digest))
+
+    def longest_ids(self) -> tuple[int, int]:
+        """The longest node id and the longest GPU id registered, in characters (what a grant repeats)."""
+        if self._longest_ids is None:
+            nodes = self.nodes.values()
+            self._longest_ids = (
+                max((len(node.node) for node in nodes), default=0),
+                max((len(gpu.id) for node in nodes for gpu in node.gpus), default=0),
+            )
+        return self._longest_ids
 
     def capacity(self) -> dict[str, GpuTypeCapacity]:
         if self._capacity is None:
@@ -142,10 +156,38 @@ def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | No
     problem = cluster_problem(spec, state.capacity())
     if problem is not None:
         return problem
+    size = grant_bytes_bound(spec, *state.longest_ids())
+    if size > MAX_GRANT_BYTES:
+        return LIMIT_EXCEEDED, (
+            f"a gang of {spec.workers} workers would make an allocation record of up to {size} bytes; "
+            f"at most {MAX_GRANT_BYTES} fit in one Kafka record: ask for fewer workers with more GPUs each"
+        )
     never = state.queues.can_ever_fit(spec)
     if never is not None:
         return "exceeds_queue_quota", never
     return None
+
+
+def grant_bytes_bound(spec: JobSpec, longest_node: int, longest_gpu: int) -> int:
+    """An upper bound of the size of the ``allocation.granted`` that places ``spec`` (its JSON ``data``
+    and the envelope around it), given the longest node and GPU ids of the cluster."""
+    gpus = spec.gpus_per_worker or 1  # a slice or shared slot lives on one GPU
+    gpu = "g" * max(longest_gpu, 1)
+    mig = None
+    if spec.mig_profile is not None:
+        mig = {"gpu": gpu, "instance_id": 10**6, "profile": spec.mig_profile}
+    rank = {
+        "gpu_fraction_milli": spec.gpu_fraction_milli,
+        "gpus": [gpu] * gpus,
+        "mig": mig,
+        "node": "n" * max(longest_node, 1),
+        "rank": max(spec.workers - 1, 0),
+    }
+    return spec.workers * (len(dumps(rank)) + 1) + _GRANT_OVERHEAD_BYTES
+
+
+_GRANT_OVERHEAD_BYTES = 4096
+"""The envelope and the grant's other fields: ids, queue, GPU type, trace context (each bounded)."""
 
 
 def cluster_problem(spec: JobSpec, capacity: dict[str, GpuTypeCapacity]) -> tuple[str, str] | None:

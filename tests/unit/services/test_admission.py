@@ -6,10 +6,17 @@ from collections.abc import Mapping
 from svc_helpers import T0, cluster, env
 
 from gangline.bus import DLQ_CODE, DLQ_REASON, DLQ_TOPIC, DeadLetter, RecordMeta
+from gangline.events.allocations import AllocationGranted, Placement
 from gangline.events.base import Envelope
+from gangline.events.codec import encode
 from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobRequested, JobSpec
-from gangline.events.types import JobId
-from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
+from gangline.events.types import AllocationId, JobId, QueueName
+from services.admission.handlers import (
+    AdmissionState,
+    grant_bytes_bound,
+    on_request,
+    rejection_of_dead_letter,
+)
 from services.common.queues import Queues, QueuesFile, load_queues, queues_of
 from services.common.shell import Replayed
 from services.common.topics import TopicNames
@@ -176,3 +183,41 @@ def test_a_broken_request_with_a_trailing_newline_in_its_id_is_rejected_without_
         letter = DeadLetter(topic=TOPICS.requests + ".dlq", key=None, value=value, headers=headers)
         [(_, envelope)] = rejection_of_dead_letter(letter, state, now=T0)
         assert isinstance(envelope.data, JobRejected) and envelope.data.job_id is None
+
+
+def test_a_gang_whose_grant_would_not_fit_in_a_kafka_record_is_rejected() -> None:
+    state = AdmissionState(topics=TOPICS, queues=queues(QUEUES))
+    for node in cluster(("wide", 2000, 8)).nodes():  # 16,000 GPUs
+        state.restore(env(node))
+    [wide] = ask(state, "wide", workers=12_000, gpus_per_worker=1)
+    assert isinstance(wide, JobRejected) and wide.code == "limit_exceeded"
+    assert "fewer workers" in wide.reason
+    # The same GPUs as fewer, larger workers fit.
+    [fits] = ask(state, "fits", workers=1_500, gpus_per_worker=8)
+    assert isinstance(fits, JobAdmitted)
+
+
+def test_the_grant_size_bound_is_never_below_the_real_grant() -> None:
+    nodes = list(cluster(("rack", 40, 8)).nodes())
+    longest = (max(len(n.node) for n in nodes), max(len(g.id) for n in nodes for g in n.gpus))
+    for workers, gpus in ((1, 1), (37, 8), (320, 1), (100, 2)):
+        spec = JobSpec(queue="default", workers=workers, gpus_per_worker=gpus)
+        placements = tuple(
+            Placement(
+                rank=r,
+                node=nodes[r * gpus // 8].node,
+                gpus=tuple(g.id for g in nodes[r * gpus // 8].gpus[(r * gpus) % 8 :][:gpus]),
+            )
+            for r in range(workers)
+        )
+        granted = AllocationGranted(
+            job_id=JobId("j" * 128),
+            allocation_id=AllocationId("a" * 160),
+            queue=QueueName("q" * 63),
+            gpu_type=H100,
+            placements=placements,
+        )
+        envelope = env(granted, event_id="e" * 512).model_copy(
+            update={"causationid": "c" * 512, "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        )
+        assert grant_bytes_bound(spec, *longest) >= len(encode(envelope)), (workers, gpus)
