@@ -16,8 +16,10 @@ from gangline.events.types import LIMIT_EXCEEDED
 
 REQUIRED_ATTRIBUTES = ("specversion", "id", "source", "type", "time", "subject", "data")
 MAX_DEPTH = 64
-"""The deepest nesting of JSON arrays and objects a message may have; deeper is malformed (checked on
-the raw bytes before any parser recurses: Python's json raises RecursionError near 1,000 levels)."""
+"""The deepest nesting of JSON arrays and objects a message may have; deeper is malformed. Checked on the
+raw bytes before Python's json parses them (it recurses, and raises RecursionError near 1,000 levels);
+the one-pass way (pydantic's parser, iterative with its own limit) reads only messages of our models,
+none of which nests anywhere near that deep."""
 OPTIONAL_ATTRIBUTES = ("datacontenttype", "causationid", "traceparent")
 
 
@@ -102,15 +104,15 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
     wrong); all DecodeError.
     """
     registry = registry if registry is not None else _default()
-    if too_deep(raw):
-        raise MalformedMessage(f"the message nests arrays and objects more than {MAX_DEPTH} levels deep")
-    fast = _decode_latest(raw, registry)
+    fast = _decode_latest(raw, registry)  # pydantic's parser has its own depth limit and never recurses
     if fast is not None:
         return fast
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedMessage(f"the message is not UTF-8 text (bad byte at offset {exc.start})") from None
+    if too_deep(raw):
+        raise MalformedMessage(f"the message nests arrays and objects more than {MAX_DEPTH} levels deep")
     try:
         body = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:  # too_deep() already refuses what could get here; a last guard all the same
