@@ -122,9 +122,9 @@ async def test_a_batch_failing_outside_the_handler_is_split_and_only_the_bad_rec
     assert letter.value == encode(ping(5)) and header(letter.headers, DLQ_OFFSET) == b"5"
     assert header(letter.headers, DLQ_CODE) == b"processing_failed"
     assert b"KeyError" in (header(letter.headers, DLQ_REASON) or b"")
-    # Bounded: 3 attempts of the batch, then 3 of ping 5 alone; never retried for ever.
-    assert flushed[5] == 3 + 3
-    assert processor.stats.records_isolated >= 6
+    # Bounded: 3 attempts of its batch, then 3 of ping 5 alone (3 in all had it been polled alone).
+    assert 3 <= flushed[5] <= 3 + 3
+    assert all(flushed[n] <= 3 + 1 for n in (0, 1, 2, 3, 4, 6, 7))
 
 
 async def test_an_output_over_the_broker_limit_dead_letters_its_cause(
