@@ -40,6 +40,7 @@ from aiokafka.partitioner import murmur2
 
 from gangline.events.base import JsonObject
 from gangline.events.chain import HASH_HEADER, SEQ_HEADER, ChainWriter
+from gangline.events.codec import too_deep
 
 ChainKey = tuple[str, int, str]
 """``(topic, partition, envelope source)``: one chain."""
@@ -208,8 +209,10 @@ def _note(
     headers = {k: v.decode(errors="replace") for k, v in raw_headers}
     if SEQ_HEADER not in headers or HASH_HEADER not in headers or not value:
         return
+    if too_deep(value):  # a forged record: json.loads would raise RecursionError
+        return
     try:
         source = json.loads(value).get("source")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return
     last[(tp.topic, tp.partition, source if isinstance(source, str) else "?")] = headers

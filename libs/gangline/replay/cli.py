@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from gangline.core.framework.profile import load_profile_file
-from gangline.replay.chain import CHAINED_TOPICS, verify_chain
+from gangline.events.chain import CHAINED_TOPICS
+from gangline.replay.chain import verify_chain
 from gangline.replay.decide import replay_decisions
 from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource, write_jsonl
 from gangline.sim.report import queue_diff
