@@ -40,6 +40,7 @@ from gangline.bus import (
 )
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.codec import dumps, too_deep
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     UNKNOWN_JOB,
     JobAdmitted,
@@ -50,7 +51,6 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import NodeRegistered
 from gangline.events.types import LIMIT_EXCEEDED, SAFE_ID_PATTERN, JobId
-from services.common.ids import derived_id
 from services.common.queues import Queues
 from services.common.topics import TopicNames
 

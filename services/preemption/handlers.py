@@ -37,11 +37,14 @@ from datetime import datetime, timedelta
 from gangline.bus import Outgoing
 from gangline.core.actions.preempt import placement_oracle
 from gangline.core.actions.victims import VictimCandidate, find_victims
+from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import Session
+from gangline.core.framework.profile import Profile
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.model import NodeId as CoreNodeId
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     JobCheckpointed,
     JobCompleted,
@@ -52,9 +55,9 @@ from gangline.events.jobs import (
     JobRequeued,
 )
 from gangline.events.types import AllocationId, JobId, Seconds
-from services.common.ids import derived_id
-from services.placement.convert import core_job
-from services.placement.handlers import JobRecord, PlacementState
+from gangline.fold.adapter import core_job
+from gangline.fold.cluster import ClusterFold, JobRecord
+from services.common.topics import TopicNames
 
 SOURCE = "gangline/preemption"
 
@@ -83,8 +86,17 @@ class EarlyVictims:
 
 
 @dataclass
+class Mirror(ClusterFold):
+    """The cluster as placement sees it (the one lifecycle fold), with what a victim search reads."""
+
+    topics: TopicNames = field(default_factory=TopicNames)
+    profile: Profile = field(default_factory=default_profile)
+    cycle: int = 0
+
+
+@dataclass
 class PreemptionState:
-    mirror: PlacementState
+    mirror: Mirror
     started_at: dict[AllocationId, datetime] = field(default_factory=dict)
     """Live allocations: when they were granted."""
     checkpoints: dict[JobId, tuple[datetime, str]] = field(default_factory=dict)
