@@ -113,3 +113,24 @@ def test_unusable_queues_say_so_in_one_line(tmp_path: Path, capsys: pytest.Captu
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and all(line.startswith("gangline replay: ") for line in err)
     assert "quota" in err[0] and "--queues goes with --profile" in err[2]
+
+
+def _readme_what_ifs() -> list[list[str]]:
+    """The README's `gangline replay ... --profile` command lines, continuations joined, comments cut."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [line.split("#", 1)[0].split() for line in text.splitlines()]
+    return [w[1:] for w in lines if w[:2] == [".venv/bin/gangline", "replay"] and "--profile" in w]
+
+
+def test_the_readme_what_if_commands_work_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = _readme_what_ifs()
+    assert len(commands) == 2 and any("--queues" in c for c in commands)
+    write_jsonl(_mixed(), tmp_path / "log.jsonl")
+    monkeypatch.chdir(ROOT)
+    for argv in commands:
+        argv = [str(tmp_path / "log.jsonl") if a == "log.jsonl" else a for a in argv]
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "what-if: fair vs recorded (default)" in out and "| q0 |" in out and "| q1 |" in out
