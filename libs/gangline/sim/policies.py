@@ -21,8 +21,9 @@
 
 A policy owns a `Snapshot` of the cluster, so metrics read free GPUs the same way for all.
 
-Under contention both keep cycles proportional to what can change, not to what waits, and decide
-exactly what the plain loops decide (`tests/unit/sim/test_waiting.py` compares them job by job):
+Under contention all three keep cycles proportional to what can change, not to what waits, and
+decide exactly what the plain loops decide (`tests/unit/sim/test_waiting.py` and
+`test_easy_backfill.py` compare them job by job):
 `CorePolicy` hands the core only the waiting jobs that could be placed or charged
 (`gangline.sim.waiting`), `EasyBackfill` those and the first blocked job of each group;
 `PodFirstFit` walks its waiting jobs by pod shape and stops a shape at its first failure.
