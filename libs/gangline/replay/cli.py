@@ -2,6 +2,7 @@
 
     gangline replay --from log.jsonl --verify            # hash chain + every decision re-run
     gangline replay --from log.jsonl --profile fair.yaml # what-if: per-queue differences
+    gangline replay --from log.jsonl --profile fair.yaml --queues queues.yaml  # ... under these quotas
     gangline export --from log.jsonl --out clean.jsonl --topics allocations.log
 
     gangline replay --from kafka --verify                # the log on the broker, as it stands now
@@ -21,6 +22,12 @@ present in the log (`services.common.replay`), each reported on its own. Those l
 which the library does not import: `DECIDERS` names their modules, imported only when chosen.
 Settings a service reads that the log does not hold (queues, quota limits, silence) come from the
 same `GANGLINE_*` environment variables the service reads.
+
+What-if (`--profile`) re-runs the log's workload in the simulator under the recorded default
+profile and under the given one (`gangline.replay.whatif`), with the queues of `--queues` (a
+queues file as the services read it, `gangline.queues_file`; without one every queue is
+unlimited), and prints per queue the waits, GPU-hours and preemptions of the other minus the
+recorded.
 """
 
 from __future__ import annotations
@@ -98,6 +105,11 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
     _add_source(p, "a JSONL file from `gangline export`")
     p.add_argument("--verify", action="store_true", help="check the hash chain and re-run every decision")
     p.add_argument("--profile", type=Path, help="what-if: re-run history under this profile YAML")
+    p.add_argument(
+        "--queues",
+        type=Path,
+        help="what-if: the queues file (quotas, cohorts) to run under (default: every queue unlimited)",
+    )
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
     p.add_argument(
         "--decider",
@@ -115,6 +127,9 @@ def run_replay(args: argparse.Namespace) -> int:
     """0: verified (or what-if printed); 1: the log fails verification; 2: unusable input."""
     if not args.verify and args.profile is None:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
+        return 2
+    if args.queues is not None and args.profile is None:
+        print("gangline replay: --queues goes with --profile (what-if)", file=sys.stderr)
         return 2
     decider = load_decider(args.decider) if args.verify and args.decider != MODEL else None
     topics = decider.decider_topics(args.prefix) if decider is not None and args.source == KAFKA else None
@@ -155,14 +170,17 @@ def run_replay(args: argparse.Namespace) -> int:
         if not (chain.ok and same):
             status = 1
     if args.profile is not None:
+        from gangline.queues_file import load_queues_file
         from gangline.replay.whatif import what_if
         from gangline.sim.run import sim_registry
 
         try:
             other = load_profile_file(args.profile, sim_registry())
-            base, alt = what_if(records, other)
+            queues = load_queues_file(args.queues) if args.queues is not None else None
+            base, alt = what_if(records, other, queues=queues)
         except (OSError, ValueError, KeyError) as e:
-            print(f"gangline replay: {e}", file=sys.stderr)
+            one_line = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"gangline replay: {one_line}", file=sys.stderr)
             return 2
         print(queue_diff(base, alt))
     return status
