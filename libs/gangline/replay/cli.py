@@ -19,7 +19,7 @@ topics with `--decider`). Records that are not JSON (dead-lettered garbage) are 
 or a service's own handlers fed from the headers its outputs carry (`admission`, `quota`,
 `placement-service`, `preemption`, `node-health`: `services.<name>.replay`), or `all` of those
 present in the log (`services.common.replay`), each reported on its own. Those live in the services,
-which the library does not import: `DECIDERS` names their modules, imported only when chosen.
+which the library does not import: the `gangline` command (`services.tools.cli`) passes them in.
 Settings a service reads that the log does not hold (queues, quota limits, silence) come from the
 same `GANGLINE_*` environment variables the service reads.
 
@@ -33,11 +33,10 @@ recorded.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol
 
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.chain import CHAINED_TOPICS
@@ -64,20 +63,9 @@ class Decider(Protocol):
         """Re-run every recorded decision, print what was compared and each difference; True if identical."""
 
 
-DECIDERS: dict[str, str] = {
-    "all": "services.common.replay",
-    "admission": "services.admission.replay",
-    "quota": "services.quota.replay",
-    "placement-service": "services.placement.replay",
-    "placement": "services.placement.replay",
-    "preemption": "services.preemption.replay",
-    "node-health": "services.node_health.replay",
-}
-"""Decider name → the module implementing :class:`Decider` (explicit; imported when chosen)."""
-
-
-def load_decider(name: str) -> Decider:
-    return cast(Decider, importlib.import_module(DECIDERS[name]))
+Deciders = Mapping[str, Callable[[], Decider]]
+"""Decider name → what loads it. The services' deciders live where the services are visible
+(``services.tools.cli`` passes them in); this library knows only its own model."""
 
 
 def _source(where: str, bootstrap: str | None = None) -> LogSource:
@@ -100,8 +88,8 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def configure_replay(p: argparse.ArgumentParser) -> None:
-    """Arguments of `gangline replay`."""
+def configure_replay(p: argparse.ArgumentParser, deciders: Deciders) -> None:
+    """Arguments of `gangline replay`; ``deciders``: the services' own, by name."""
     _add_source(p, "a JSONL file from `gangline export`")
     p.add_argument("--verify", action="store_true", help="check the hash chain and re-run every decision")
     p.add_argument("--profile", type=Path, help="what-if: re-run history under this profile YAML")
@@ -113,7 +101,7 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
     p.add_argument(
         "--decider",
-        choices=[MODEL, *sorted(DECIDERS)],
+        choices=[MODEL, *sorted(deciders)],
         default=MODEL,
         help="with --verify: what re-runs the decisions (default: the library's placement model)",
     )
@@ -123,7 +111,7 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_replay(args: argparse.Namespace) -> int:
+def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
     """0: verified (or what-if printed); 1: the log fails verification; 2: unusable input."""
     if not args.verify and args.profile is None:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
@@ -131,7 +119,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.queues is not None and args.profile is None:
         print("gangline replay: --queues goes with --profile (what-if)", file=sys.stderr)
         return 2
-    decider = load_decider(args.decider) if args.verify and args.decider != MODEL else None
+    decider = deciders[args.decider]() if args.verify and args.decider != MODEL else None
     topics = decider.decider_topics(args.prefix) if decider is not None and args.source == KAFKA else None
     source = _source(args.source, args.bootstrap)
     try:
