@@ -69,7 +69,7 @@ test-unit: venv
 # Benchmark of the pure scheduling core (one core; prints one JSON line per case).
 bench-core: venv
 	$(PY) -m gangline.bench.core
-	$(PY) -m gangline.bench.core_part2
+	$(PY) -m gangline.bench.queueing
 
 # --- the whole system (deploy/local/up.sh, run.sh; services/<name>, simulated nodes) ---
 up: venv

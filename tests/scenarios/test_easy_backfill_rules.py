@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scenarios.dsl import gpus, held, job
-from scenarios.part2_world import World, queue
+from scenarios.queue_world import World, queue
 
 from gangline.core.actions.queueing import RunFacts
 from gangline.core.framework.profile import load_profile

@@ -60,7 +60,7 @@ class _Held:
     slots: tuple[Slot, ...]
 
 
-HELD: StateKey[list[_Held]] = StateKey("part2.reservation_holds")
+HELD: StateKey[list[_Held]] = StateKey("queueing.reservation_holds")
 
 
 def _int_arg(args: Mapping[str, object] | None, key: str, default: int) -> int:

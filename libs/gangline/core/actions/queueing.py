@@ -1,12 +1,12 @@
-"""The cycle-wide facts of part 2 (queues, quotas, fair share, time) and what its actions decide.
+"""The cycle-wide queue facts (queues, quotas, fair share, time) and what its actions decide.
 
-Part-2 plugins and actions (quota, fair order, preempt, reclaim, reserve, backfill, elastic) share
+The queue-aware plugins and actions (quota, fair order, preempt, reclaim, reserve, backfill, elastic) share
 one `QueueContext`, put in `Session.shared` under `QUEUES` by `run_queue_cycle`. It carries the
 injected time (`now`, seconds on the caller's clock), the facts the job model does not hold
 (submit times, when each running job started and last checkpointed, when it is expected to end),
 the quota ledger (a working copy: admissions in this cycle are charged to it) and fair shares.
 
-What part 2 decides beyond the framework's `Plan` is collected in a `QueueDecisions` under
+What queue-aware actions decide beyond the framework's `Plan` is collected in a `QueueDecisions` under
 `DECISIONS`: preemption plans (victims to checkpoint, their grace deadlines, the reservation the
 preemptor holds meanwhile), reservations for blocked gangs, elastic resizes and per-job
 explanations (quota position, fair-share position, priority, "waiting for reservation at T").
@@ -144,7 +144,7 @@ class Resize:
 
 @dataclass
 class QueueDecisions:
-    """Part-2 outcomes of one cycle, in decision order."""
+    """Queue-aware outcomes of one cycle, in decision order."""
 
     preemptions: list[PreemptionPlan] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
@@ -165,7 +165,7 @@ class QueueDecisions:
 
 @dataclass
 class QueueContext:
-    """Cycle-wide part-2 facts; see the module docstring. ``ledger`` and ``fair`` are working copies."""
+    """Cycle-wide queue facts; see the module docstring. ``ledger`` and ``fair`` are working copies."""
 
     now: float
     ledger: QuotaLedger
@@ -199,8 +199,8 @@ class QueueContext:
         return float(job.checkpoint_grace_s) if job.checkpoint_grace_s else self.policy.default_grace_s
 
 
-QUEUES: StateKey[QueueContext] = StateKey("part2.queues")
-DECISIONS: StateKey[QueueDecisions] = StateKey("part2.decisions")
+QUEUES: StateKey[QueueContext] = StateKey("queueing.queues")
+DECISIONS: StateKey[QueueDecisions] = StateKey("queueing.decisions")
 
 
 def context_of(session: Session) -> QueueContext:
@@ -363,7 +363,7 @@ def run_queue_cycle(
     cycle: int,
     allocation_id: AllocationIds = default_allocation_id,
 ) -> tuple[Plan, QueueDecisions]:
-    """One cycle with part-2 facts: jobs in fair order, ``ctx`` shared with every plugin and action.
+    """One cycle with queue facts: jobs in fair order, ``ctx`` shared with every plugin and action.
 
     Like `run_cycle`, the snapshot is left as it was; ``ctx.ledger`` and ``ctx.fair`` are the
     caller's working copies and hold this cycle's admissions afterwards.

@@ -1,4 +1,4 @@
-"""priority: higher-priority jobs go first (the first key of every part-2 order).
+"""priority: higher-priority jobs go first (the first key of every queue order).
 
 `run_queue_cycle` already hands the session its jobs in fair order (priority, fair share, submit
 time); this order plugin keeps priority first for cycles run without it, and is stable, so it

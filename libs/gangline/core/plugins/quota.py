@@ -7,8 +7,8 @@ waits with a QUOTA reason: "team-a uses 48 of its 48 H100; cohort has 0 to lend;
 reserve: charges the chosen candidate (its model and worker count) to the cycle's ledger and fair
 share, refusing when an elastic gang's extra workers would go over; unreserve undoes exactly that.
 
-Needs the part-2 `QueueContext` (see `gangline.core.actions.queueing`); without it the plugin
-lets everything through, so part-1 cycles run unchanged.
+Needs the `QueueContext` (see `gangline.core.actions.queueing`); without it the plugin
+lets everything through, so cycles without queue facts run unchanged.
 """
 
 from __future__ import annotations

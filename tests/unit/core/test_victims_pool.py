@@ -13,7 +13,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scenarios.dsl import Held, build_snapshot, gpus, held, job
-from scenarios.part2_world import World, queue
+from scenarios.queue_world import World, queue
 
 from gangline.core.actions.preempt import placement_oracle
 from gangline.core.actions.queueing import PreemptionPolicy, RunFacts

@@ -1,4 +1,4 @@
-"""Properties of part 2 over random clusters, queues, running work and arrivals.
+"""Properties of queueing (quotas, fair share, preemption) over random clusters, queues, work, arrivals.
 
 - quota and borrowing limits are never exceeded by admitted work (placed + reserved for preemptors);
 - only lower-priority (preempt, reserve) or over-quota (reclaim) preemptible jobs are preempted;
@@ -14,7 +14,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from scenarios.dsl import build_snapshot, gpus, job
-from scenarios.part2_world import H100, queue
+from scenarios.queue_world import H100, queue
 
 from gangline.core.actions.queueing import (
     PreemptionPolicy,
@@ -117,7 +117,7 @@ def _run(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
-def test_part2_invariants(
+def test_queue_invariants(
     world: WorldT,
 ) -> None:
     snap, tree, jobs, facts, submit = world
@@ -199,7 +199,7 @@ def test_part2_invariants(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds(), st.randoms(use_true_random=False))
-def test_part2_is_deterministic_whatever_the_input_order(
+def test_queueing_is_deterministic_whatever_the_input_order(
     world: WorldT,
     rnd: object,
 ) -> None:

@@ -1,4 +1,4 @@
-"""Declarative part-2 scenarios: a cluster, queues with quotas, running jobs with their facts, a cycle.
+"""Declarative queueing scenarios: a cluster, queues with quotas, running jobs with their facts, a cycle.
 
     world = World(nodes=fabric(nodes_per_leaf=4), queues=[queue("a", H100=16, cohort="lab")])
     out = world.cycle([job("j1", gpus=8, queue="a")])
@@ -66,7 +66,7 @@ def _model(key: str) -> Resource:
 
 @dataclass
 class Outcome:
-    """One cycle's plan and part-2 decisions, with assertions."""
+    """One cycle's plan and queueing decisions, with assertions."""
 
     plan: Plan
     decisions: QueueDecisions

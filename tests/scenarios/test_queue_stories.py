@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scenarios.dsl import gpus, held, job
-from scenarios.part2_world import H100, Story, World, queue
+from scenarios.queue_world import H100, Story, World, queue
 
 from gangline.core.actions.queueing import RunFacts
 from gangline.core.model import Job, JobId, Seconds

@@ -1,11 +1,11 @@
-"""Part-2 scenarios, one rule each: quota, borrowing, ordering, preemption, reclaim, reservation, elastic."""
+"""Queueing scenarios, one rule each: quota, borrowing, order, preemption, reclaim, reservation, elastic."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from scenarios.dsl import fabric, gpus, held, job
-from scenarios.part2_world import H100, World, queue
+from scenarios.queue_world import H100, World, queue
 
 from gangline.core.actions.queueing import PreemptionPolicy, RunFacts
 from gangline.core.fairshare import UsageHistory

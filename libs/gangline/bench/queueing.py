@@ -1,6 +1,6 @@
 """Benchmark of the queueing core (not a test): full fair-share cycles/s and preemption-plan latency.
 
-    python -m gangline.bench.core_part2 [--case cycles-1k|cycles-10k|preempt-1k|all] [--cycles N] [--seed S]
+    python -m gangline.bench.queueing [--case cycles-1k|cycles-10k|preempt-1k|all] [--cycles N] [--seed S]
 
 ``cycles-*``: N nodes of 8 H100 in leaves of 32, about 90% busy with a Philly-shaped mix of running
 jobs spread over 50 queues (one cohort, nominal quotas splitting the cluster, some queues
