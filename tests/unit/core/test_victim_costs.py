@@ -1,10 +1,11 @@
-"""What a victim costs the core's victim search: GPU-hours since its last checkpoint, MIG slices and
-milli shares counted by their share of the GPU, and whose victim set a MIG job takes because of it."""
+"""What a victim costs the core's victim search (GPU-hours since its last checkpoint, MIG slices and
+milli shares counted by their share of the GPU) and who may be one: reclaim takes only what a queue
+borrows, even when a victim that would take it below its nominal quota costs less."""
 
 from __future__ import annotations
 
-from scenarios.dsl import build_snapshot, gpus, job
-from scenarios.part2_world import World
+from scenarios.dsl import build_snapshot, gpus, held, job
+from scenarios.part2_world import World, queue
 
 from gangline.core.actions.preempt import candidate_rows, gpu_share
 from gangline.core.actions.queueing import RunFacts, open_context
@@ -70,3 +71,21 @@ def test_a_mig_job_preempts_the_slice_that_loses_the_least_by_its_share() -> Non
     [plan] = out.decisions.preemptions
     [victim] = plan.victims
     assert victim.job_id == "new" and abs(victim.lost_gpu_hours - 2 * 3 / 7) < 1e-6
+
+
+def test_reclaim_passes_over_a_cheap_borrower_whose_release_would_take_its_queue_below_nominal() -> None:
+    # b uses 12 of its 8: b-big (8 GPUs, 10 s since it started) loses the least, but without it b holds
+    # 4 of its 8. b-small (4 GPUs, 60 s) is exactly what b borrows: the only admissible victim.
+    world = World(
+        nodes={"n0": gpus(8), "n1": gpus(8)},
+        queues=[queue("a", cohort="lab", borrowing_limit=0, H100=8), queue("b", cohort="lab", H100=8)],
+        running=[
+            held(job("b-small", 4, queue="b", preemptible=True), {"n0": 4}),
+            held(job("b-big", 8, queue="b", preemptible=True), {"n1": 8}),
+        ],
+        facts={"b-small": RunFacts(started_at=0.0), "b-big": RunFacts(started_at=50.0)},
+        now=60.0,
+    )
+    out = world.cycle([job("a1", 8, queue="a")])
+    [plan] = out.decisions.preemptions
+    assert plan.kind == "reclaim" and [v.job_id for v in plan.victims] == ["b-small"]

@@ -186,13 +186,26 @@ def test_a_job_quota_holds_reclaims_from_the_borrower_losing_the_least_and_asks_
     assert decide(held("a-1", at=61), preemption, now=T0 + timedelta(seconds=61)) == []
 
 
-def test_reclaim_takes_nothing_from_a_queue_within_its_nominal_quota() -> None:
+def test_reclaim_never_takes_the_lender_s_borrower_below_its_nominal_quota() -> None:
+    # team-b uses 12 of its 8 (borrowing 4 of team-a's): b-big (8 GPUs, 10 s old) would lose the least,
+    # but taking it leaves team-b 4 of its 8. b-small (4 GPUs, 60 s) is what team-b borrows.
+    setup = with_queues(LAB)
+    preemption = setup[1]
+    small = start(setup, "b-small", at=0, queue="team-b", gpus_per_worker=4, preemptible=True)
+    big = start(setup, "b-big", at=50, queue="team-b", gpus_per_worker=8, preemptible=True)
+    assert small.placements[0].node != big.placements[0].node
+    admit_only(setup, "a-1", at=55, gpus_per_worker=8)
+    out = decide(held("a-1", at=60, constraint="reclaim"), preemption, now=T0 + timedelta(seconds=60))
+    assert set(asked(out)) == {"b-small"}
+
+
+def test_nothing_is_reclaimed_for_a_job_its_queue_is_not_owed() -> None:
     setup = with_queues(LAB)
     preemption = setup[1]
     start(setup, "b-1", at=0, queue="team-b", gpus_per_worker=8, preemptible=True)  # team-b's own 8
     start(setup, "a-0", at=1, queue="team-a", gpus_per_worker=4, preemptible=True)
     admit_only(setup, "a-1", at=50, gpus_per_worker=8)
-    # team-a is not owed 8 more (4 + 8 > 8), and team-b borrows nothing: no victim at all.
+    # team-a is not owed 8 more (4 + 8 > 8), team-b borrows nothing, a-0 has the same priority: no victim.
     assert decide(held("a-1", at=60), preemption, now=T0 + timedelta(seconds=60)) == []
 
 
