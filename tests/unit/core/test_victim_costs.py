@@ -4,7 +4,7 @@ borrows, even when a victim that would take it below its nominal quota costs les
 
 from __future__ import annotations
 
-from scenarios.dsl import build_snapshot, gpus, held, job
+from scenarios.dsl import build_snapshot, fabric, gpus, held, job
 from scenarios.part2_world import World, queue
 
 from gangline.core.actions.preempt import candidate_rows, gpu_share
@@ -89,3 +89,24 @@ def test_reclaim_passes_over_a_cheap_borrower_whose_release_would_take_its_queue
     out = world.cycle([job("a1", 8, queue="a")])
     [plan] = out.decisions.preemptions
     assert plan.kind == "reclaim" and [v.job_id for v in plan.victims] == ["b-small"]
+
+
+def test_reclaim_frees_one_leaf_for_a_gang_that_needs_one_not_the_cheapest_gpus_by_count() -> None:
+    # b borrows 24 GPUs in four 8-GPU jobs, two per leaf. The two cheapest (b0, b2) sit in different
+    # leaves; a 2 x 8 gang that must stay in one leaf needs a whole leaf: leaf s0l0 loses 10 + 50 s.
+    nodes = fabric(leaves_per_spine=2, nodes_per_leaf=2)
+    on = sorted(nodes)  # n0-0-0, n0-0-1 (leaf s0l0), n0-1-0, n0-1-1 (leaf s0l1)
+    starts = {"b0": 90.0, "b1": 50.0, "b2": 80.0, "b3": 0.0}
+    world = World(
+        nodes=nodes,
+        queues=[queue("a", cohort="lab", borrowing_limit=0, H100=24), queue("b", cohort="lab", H100=8)],
+        running=[
+            held(job(j, 8, queue="b", preemptible=True), {node: 8})
+            for j, node in zip(starts, on, strict=True)
+        ],
+        facts={j: RunFacts(started_at=t) for j, t in starts.items()},
+        now=100.0,
+    )
+    out = world.cycle([job("gang", 8, workers=2, queue="a", topology="leaf")])
+    [plan] = out.decisions.preemptions
+    assert plan.kind == "reclaim" and sorted(v.job_id for v in plan.victims) == ["b0", "b1"]

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from svc_helpers import T0, admitted, cluster, env
 
 from gangline.bus import Outgoing
 from gangline.core.actions.queueing import PreemptionPolicy
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.jobs import (
@@ -118,12 +121,14 @@ LAB = {
 ONE_TEAM = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 16}}}]}
 
 
-def with_queues(doc: dict[str, Any], *, nodes: int = 2, min_runtime_s: float = 0.0) -> Setup:
+def with_queues(
+    doc: dict[str, Any], *, nodes: int = 2, min_runtime_s: float = 0.0, profile: Profile | None = None
+) -> Setup:
     """Placement and preemption over ``nodes`` x 8 H100, preemption with the queues of ``doc``."""
     queues = queues_of(QueuesFile.model_validate(doc))
     placement = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
     preemption = PreemptionState(
-        mirror=PlacementState(topics=TOPICS, profile=default_profile(), gated=False),
+        mirror=PlacementState(topics=TOPICS, profile=profile or default_profile(), gated=False),
         tree=queues.whole_tree,
         policy=PreemptionPolicy(min_runtime_s=min_runtime_s, default_grace_s=0.0),
     )
@@ -170,8 +175,14 @@ def asked(out: list[Outgoing]) -> dict[str, JobPreempting]:
     return {e.data.job_id: e.data for _, e in out if isinstance(e.data, JobPreempting)}
 
 
-def test_a_job_quota_holds_reclaims_from_the_borrower_losing_the_least_and_asks_once() -> None:
-    setup = with_queues(LAB)
+FAIR = Path(__file__).resolve().parents[3] / "deploy" / "profiles" / "fair.yaml"
+
+
+@pytest.mark.parametrize("profile", ["default", "fair"])
+def test_a_job_quota_holds_reclaims_from_the_borrower_losing_the_least_and_asks_once(profile: str) -> None:
+    setup = with_queues(
+        LAB, profile=load_profile_file(FAIR, placement_registry()) if profile == "fair" else None
+    )
     preemption = setup[1]
     start(setup, "b-1", at=0, queue="team-b", gpus_per_worker=8, preemptible=True, priority=9)
     start(setup, "b-2", at=10, queue="team-b", gpus_per_worker=8, preemptible=True, checkpoint_grace_s=30)
