@@ -109,6 +109,16 @@ def planning_profile(profile: Profile) -> Profile:
     return Profile.compose(f"{profile.name}/preemption", actions, plugins, profile.weights, profile.settings)
 
 
+@dataclass(frozen=True)
+class Held:
+    """What quota's latest pending for a job it holds says."""
+
+    gpu_type: str | None
+    """The GPU model it would charge the job to (None: any)."""
+    owed: bool
+    """The job is owed its nominal quota (constraint reclaim): borrowers of the cohort may give it back."""
+
+
 @dataclass
 class PreemptionState:
     mirror: PlacementState
@@ -129,9 +139,9 @@ class PreemptionState:
     """Requests read before their grant (a restore reads jobs.events before allocations.log)."""
     pending: dict[JobId, None] = field(default_factory=dict)
     """Jobs placement said are pending (not for quota) since the last plan, in order."""
-    held: dict[JobId, str | None] = field(default_factory=dict)
+    held: dict[JobId, Held] = field(default_factory=dict)
     """Jobs the quota service holds (its latest ``job.pending`` for them, code quota, since their last
-    ``job.queued``): the GPU model it names (None: any)."""
+    ``job.queued``)."""
     replan: bool = False
     """Something folded since the last plan may change the plans of the jobs quota holds."""
 
@@ -160,9 +170,13 @@ class PreemptionState:
         elif isinstance(data, JobQueued):
             self.held.pop(data.job_id, None)  # quota let it through: placement takes it from here
         elif isinstance(data, JobPending):
-            if any(r.code == "quota" for r in data.reasons) and data.job_id in self.mirror.jobs:
-                model = next((r.details.get("gpu_type") for r in data.reasons if r.code == "quota"), None)
-                self.held[data.job_id] = model if isinstance(model, str) and model != "any" else None
+            reason = next((r for r in data.reasons if r.code == "quota"), None)
+            if reason is not None and data.job_id in self.mirror.jobs:
+                model = reason.details.get("gpu_type")
+                self.held[data.job_id] = Held(
+                    model if isinstance(model, str) and model != "any" else None,
+                    owed=reason.constraint == RECLAIM,
+                )
                 self.replan = True
         elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged):
             self.replan = True
@@ -251,7 +265,9 @@ def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
 
 
 def _to_plan(state: PreemptionState) -> list[Job]:
-    """The core's jobs to plan for: placement's pending (capacity), then quota's held (when due)."""
+    """The core's jobs to plan for: placement's pending (capacity), then, when something changed since
+    the last plan, the first jobs quota holds that the core's preempt or reclaim may help (owed their
+    nominal quota first, then by priority): owed it, or outranking preemptible work of their queue."""
     mirror = state.mirror
     preempting = {f.preemptor for f in state.in_flight.values()}
     jobs: list[Job] = []
@@ -265,23 +281,37 @@ def _to_plan(state: PreemptionState) -> list[Job]:
             jobs.append(core)
             seen.add(job_id)
     if state.replan and state.held:
-        held: list[tuple[int, datetime, JobId, JobRecord]] = []
-        for job_id in state.held:
+        outranks = _lowest_preemptible_priority(state)
+        held: list[tuple[bool, int, datetime, JobId, JobRecord]] = []
+        for job_id, hold in state.held.items():
             record = mirror.jobs.get(job_id)
             if job_id in preempting or job_id in seen or record is None or record.spec is None:
                 continue
             if record.finished or record.live() is not None or record.admitted_at is None:
                 continue
-            held.append((-record.spec.priority, record.admitted_at, job_id, record))
-        held.sort(key=lambda h: h[:3])
-        for _, _, job_id, record in held[:MAX_HELD_PLANNED]:
+            priority, queue = record.spec.priority, record.spec.queue
+            if not hold.owed and priority <= outranks.get(queue, priority):
+                continue  # not owed, and no preemptible work of its queue it outranks: nothing to plan
+            held.append((not hold.owed, -priority, record.admitted_at, job_id, record))
+        held.sort(key=lambda h: h[:4])
+        for *_, job_id, record in held[:MAX_HELD_PLANNED]:
+            assert record.spec is not None
             spec = record.spec
-            assert spec is not None
-            model = state.held[job_id]
+            model = state.held[job_id].gpu_type
             if spec.gpu_type is None and model is not None:
                 spec = spec.model_copy(update={"gpu_type": model})  # the model quota would charge
             jobs.append(core_job(job_id, spec))
     return jobs
+
+
+def _lowest_preemptible_priority(state: PreemptionState) -> dict[str, int]:
+    """Per queue, the lowest priority of its running preemptible jobs (which held jobs may outrank)."""
+    lowest: dict[str, int] = {}
+    for running in state.mirror.snapshot().running.values():
+        job = running.job
+        if job.preemptible:
+            lowest[job.queue] = min(job.priority, lowest.get(job.queue, job.priority))
+    return lowest
 
 
 def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) -> list[Outgoing]:

@@ -261,9 +261,40 @@ def test_a_hold_read_before_the_victims_grant_is_planned_once_the_grant_is_read(
     [grant] = [o for _, o in place(admission, placement, now=T0) if isinstance(o.data, AllocationGranted)]
     admit_only(setup, "a-1", at=50, gpus_per_worker=8)
     # Quota read b-2's grant before preemption did: team-b borrows nothing here yet.
-    assert decide(held("a-1", at=60), preemption, now=T0 + timedelta(seconds=60)) == []
+    assert decide(held("a-1", at=60, constraint="reclaim"), preemption, now=T0 + timedelta(seconds=60)) == []
     out = decide(grant, preemption, now=T0 + timedelta(seconds=61))
     assert set(asked(out)) in ({"b-1"}, {"b-2"})
     # Queued by quota since: no longer held, never planned for again.
     preemption.fold(env(JobQueued(job_id=JobId("a-1"), queue="team-a", gpu_type=H100), at=62))
     assert JobId("a-1") not in preemption.held
+
+
+def test_held_jobs_go_to_the_core_only_when_owed_or_outranking_preemptible_work_owed_ones_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.preemption import handlers
+
+    planned: list[list[str]] = []
+    cycle = handlers.run_queue_cycle
+
+    def recording(snap: Any, jobs: Any, *args: Any, **kwargs: Any) -> Any:
+        planned.append([j.id for j in jobs])
+        return cycle(snap, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(handlers, "run_queue_cycle", recording)
+    setup = with_queues(LAB)
+    preemption = setup[1]
+    start(setup, "b-1", at=0, queue="team-b", gpus_per_worker=8, preemptible=True, priority=3)
+    start(setup, "b-2", at=1, queue="team-b", gpus_per_worker=8, priority=3)
+    admit_only(setup, "b-peer", at=2, queue="team-b", gpus_per_worker=8, priority=3)
+    # b-peer does not outrank b-1, and team-b is not owed anything: no plan at all.
+    assert decide(held("b-peer", at=3), preemption, now=T0 + timedelta(seconds=3)) == []
+    assert planned == []
+    admit_only(setup, "b-urgent", at=4, queue="team-b", gpus_per_worker=8, priority=9)
+    admit_only(setup, "a-owed", at=5, gpus_per_worker=8)
+    preemption.fold(held("b-urgent", at=6))
+    out = decide(held("a-owed", at=7, constraint="reclaim"), preemption, now=T0 + timedelta(seconds=7))
+    assert planned == [["a-owed", "b-urgent"]]  # owed first; b-peer still left out
+    # One cycle: the core's preempt runs before its reclaim, so b-urgent takes b-1 (lower priority, its
+    # queue); b-2, the only other borrower, is not preemptible: nothing is left to reclaim for a-owed.
+    assert {j: a.preemptor_job_id for j, a in asked(out).items()} == {"b-1": "b-urgent"}
