@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -15,7 +15,7 @@ help:
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
-	@echo "make check      ruff + mypy"
+	@echo "make check      ruff + mypy + the import-layering contracts"
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
 	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
@@ -35,7 +35,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-check: lint typecheck
+# The layering contracts in pyproject.toml ([tool.importlinter]).
+imports: venv
+	$(BIN)/lint-imports
+
+check: lint typecheck imports
 
 schemas: venv
 	$(PY) -m gangline.events.schemagen schemas

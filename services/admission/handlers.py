@@ -10,6 +10,13 @@ different spec is rejected.
 Deduplication by job id is part of the contract and lasts forever, finished jobs included, so the
 state keeps every admitted id; per id only a 16-byte digest of the spec's canonical JSON, not the
 spec itself (a few hundred bytes), so the state stays small however long the log grows.
+
+Request event ids are deduplicated too: an id that comes again with the same body is a retry (decided
+as before, which publishes nothing new), but an id seen before with a different body is rejected
+(``duplicate_event_id``), never answered with the first request's outputs. The state keeps a digest
+per request id: those decided by this run, and those of every admitted job (their ``job.admitted``
+names the request as its cause and carries its body); a rejected request's body is not in the log,
+so after a restart its id may be used again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from gangline.bus import (
     header,
 )
 from gangline.events.base import Envelope, make_envelope
+from gangline.events.codec import dumps, too_deep
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     UNKNOWN_JOB,
     JobAdmitted,
@@ -41,15 +50,19 @@ from gangline.events.jobs import (
     JobSpec,
 )
 from gangline.events.nodes import NodeRegistered
-from gangline.events.types import SAFE_ID_PATTERN, JobId
-from services.common.ids import derived_id
+from gangline.events.types import LIMIT_EXCEEDED, SAFE_ID_PATTERN, JobId
 from services.common.queues import Queues
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/admission"
+MAX_GRANT_BYTES = 768 * 1024
+"""The largest ``allocation.granted`` a request may cause once placed (one placement per worker): room is
+left under the broker's 1 MiB record limit for the envelope and the headers."""
 MAX_REASON = 2000
 """A rejection's reason is a sentence of at most this many characters (a long queue list is cut)."""
 _SAFE_ID = re.compile(SAFE_ID_PATTERN)
+"""Used with ``fullmatch``: the pattern's ``$`` alone would let a trailing newline through, which the
+model (whose pattern is matched in full) refuses."""
 
 
 @dataclass
@@ -69,7 +82,10 @@ class AdmissionState:
     nodes: dict[str, NodeRegistered] = field(default_factory=dict)
     admitted: dict[JobId, bytes] = field(default_factory=dict)
     """Job id → digest of its spec's canonical JSON (:func:`spec_digest`)."""
+    requests: dict[str, bytes] = field(default_factory=dict)
+    """Request event id → digest of its body (:func:`request_digest`)."""
     _capacity: dict[str, GpuTypeCapacity] | None = None
+    _longest_ids: tuple[int, int] | None = None
 
     # -- folding the log ---------------------------------------------------------------------
 
@@ -77,9 +93,21 @@ class AdmissionState:
         data = envelope.data
         if isinstance(data, NodeRegistered):
             self.nodes[data.node] = data
-            self._capacity = None
+            self._capacity = self._longest_ids = None
         elif isinstance(data, JobAdmitted):
-            self.admitted.setdefault(data.job_id, spec_digest(data.spec))
+            digest = self.admitted.setdefault(data.job_id, spec_digest(data.spec))
+            if envelope.causationid is not None:
+                self.requests.setdefault(envelope.causationid, _job_request_digest(data.job_id, digest))
+
+    def longest_ids(self) -> tuple[int, int]:
+        """The longest node id and the longest GPU id registered, in characters (what a grant repeats)."""
+        if self._longest_ids is None:
+            nodes = self.nodes.values()
+            self._longest_ids = (
+                max((len(node.node) for node in nodes), default=0),
+                max((len(gpu.id) for node in nodes for gpu in node.gpus), default=0),
+            )
+        return self._longest_ids
 
     def capacity(self) -> dict[str, GpuTypeCapacity]:
         if self._capacity is None:
@@ -106,6 +134,20 @@ def spec_digest(spec: JobSpec) -> bytes:
     return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
 
 
+def request_digest(envelope: Envelope) -> bytes:
+    """What tells two requests with one event id apart: a 16-byte digest of the type and the data."""
+    data = envelope.data
+    if isinstance(data, JobRequested):
+        return _job_request_digest(data.job_id, spec_digest(data.spec()))
+    canonical = envelope.type.encode() + b"\0" + dumps(data.model_dump(mode="json"))
+    return hashlib.blake2b(canonical, digest_size=16).digest()
+
+
+def _job_request_digest(job_id: str, spec: bytes) -> bytes:
+    # Computable from a job.admitted too (it carries the job id and the spec of the request it admits).
+    return hashlib.blake2b(b"job.requested\0" + job_id.encode() + b"\0" + spec, digest_size=16).digest()
+
+
 def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | None:
     """``(code, reason)`` when the request can never run here, None when it may be admitted."""
     if not state.queues.known(spec.queue):
@@ -114,10 +156,38 @@ def policy_problem(spec: JobSpec, state: AdmissionState) -> tuple[str, str] | No
     problem = cluster_problem(spec, state.capacity())
     if problem is not None:
         return problem
+    size = grant_bytes_bound(spec, *state.longest_ids())
+    if size > MAX_GRANT_BYTES:
+        return LIMIT_EXCEEDED, (
+            f"a gang of {spec.workers} workers would make an allocation record of up to {size} bytes; "
+            f"at most {MAX_GRANT_BYTES} fit in one Kafka record: ask for fewer workers with more GPUs each"
+        )
     never = state.queues.can_ever_fit(spec)
     if never is not None:
         return "exceeds_queue_quota", never
     return None
+
+
+def grant_bytes_bound(spec: JobSpec, longest_node: int, longest_gpu: int) -> int:
+    """An upper bound of the size of the ``allocation.granted`` that places ``spec`` (its JSON ``data``
+    and the envelope around it), given the longest node and GPU ids of the cluster."""
+    gpus = spec.gpus_per_worker or 1  # a slice or shared slot lives on one GPU
+    gpu = "g" * max(longest_gpu, 1)
+    mig = None
+    if spec.mig_profile is not None:
+        mig = {"gpu": gpu, "instance_id": 10**6, "profile": spec.mig_profile}
+    rank = {
+        "gpu_fraction_milli": spec.gpu_fraction_milli,
+        "gpus": [gpu] * gpus,
+        "mig": mig,
+        "node": "n" * max(longest_node, 1),
+        "rank": max(spec.workers - 1, 0),
+    }
+    return spec.workers * (len(dumps(rank)) + 1) + _GRANT_OVERHEAD_BYTES
+
+
+_GRANT_OVERHEAD_BYTES = 4096
+"""The envelope and the grant's other fields: ids, queue, GPU type, trace context (each bounded)."""
 
 
 def cluster_problem(spec: JobSpec, capacity: dict[str, GpuTypeCapacity]) -> tuple[str, str] | None:
@@ -167,6 +237,22 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
     if isinstance(data, NodeRegistered):
         state.restore(envelope)
         return []
+    digest = request_digest(envelope)
+    earlier_body = state.requests.setdefault(envelope.id, digest)
+    if earlier_body != digest:
+        job_id = data.job_id if isinstance(data, JobRequested | JobCancelRequested) else None
+        return [
+            _reject(
+                state,
+                envelope,
+                job_id,
+                "duplicate_event_id",
+                f"event id {envelope.id!r} was already used by a different request; give every request "
+                "a new id (only a retry of the same request may reuse one)",
+                now,
+                event_id=derived_id(envelope.id, "rejected", digest.hex()),
+            )
+        ]
     if isinstance(data, JobCancelRequested):
         if data.job_id in state.admitted:
             return []  # cancelling an admitted job is placement's business
@@ -184,10 +270,9 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
             )
         ]
     spec = data.spec()
-    digest = spec_digest(spec)
     earlier = state.admitted.get(data.job_id)
     if earlier is not None:
-        if earlier == digest:
+        if earlier == spec_digest(spec):
             return []  # a retry of the same request
         return [
             _reject(
@@ -202,7 +287,7 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
     problem = policy_problem(spec, state)
     if problem is not None:
         return [_reject(state, envelope, data.job_id, *problem, now)]
-    state.admitted[data.job_id] = digest
+    state.admitted[data.job_id] = spec_digest(spec)
     admitted = JobAdmitted(job_id=data.job_id, spec=spec)
     return [
         (
@@ -213,13 +298,18 @@ def on_request(envelope: Envelope, state: AdmissionState, *, now: datetime) -> l
 
 
 def _reject(
-    state: AdmissionState, cause: Envelope, job_id: JobId | None, code: str, reason: str, now: datetime
+    state: AdmissionState,
+    cause: Envelope,
+    job_id: JobId | None,
+    code: str,
+    reason: str,
+    now: datetime,
+    *,
+    event_id: str | None = None,
 ) -> Outgoing:
     rejected = JobRejected(job_id=job_id, code=code, reason=reason[:MAX_REASON])
-    return (
-        state.topics.events,
-        make_envelope(rejected, event_id=derived_id(cause.id, "rejected"), source=SOURCE, time=now),
-    )
+    event_id = event_id if event_id is not None else derived_id(cause.id, "rejected")
+    return (state.topics.events, make_envelope(rejected, event_id=event_id, source=SOURCE, time=now))
 
 
 def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: datetime) -> list[Outgoing]:
@@ -233,7 +323,7 @@ def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: 
     code = (header(letter.headers, DLQ_CODE) or b"malformed_message").decode()
     reason = (header(letter.headers, DLQ_REASON) or b"the message could not be read").decode()
     rejected = JobRejected(
-        job_id=_job_id_in(letter.value),
+        job_id=_job_id_in(letter.original_value),
         code=code,
         reason=f"the request could not be read: {reason}"[:MAX_REASON],
     )
@@ -245,16 +335,18 @@ def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: 
 
 def _job_id_in(value: bytes | None) -> JobId | None:
     """The job id of a broken request when one can be read from it, so its producer finds the answer."""
+    if not value or too_deep(value):
+        return None
     try:
-        doc = json.loads(value or b"")
-    except (ValueError, UnicodeDecodeError):
+        doc = json.loads(value)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     candidates: Iterable[object] = ()
     if isinstance(doc, dict):
         data = doc.get("data")
         candidates = (data.get("job_id") if isinstance(data, dict) else None, doc.get("subject"))
     for candidate in candidates:
-        if isinstance(candidate, str) and len(candidate) <= 128 and _SAFE_ID.match(candidate):
+        if isinstance(candidate, str) and len(candidate) <= 128 and _SAFE_ID.fullmatch(candidate):
             if candidate == UNKNOWN_JOB:
                 return None
             return JobId(candidate)

@@ -23,9 +23,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from gangline.events.ids import derived_id
 from gangline.events.nodes import GpuInfo, NodeRegistered
 from gangline.events.types import GpuId, MiB, NodeId
-from services.common.ids import derived_id
 
 
 class NodeGroup(BaseModel):

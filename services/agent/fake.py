@@ -34,12 +34,12 @@ from gangline.bus.records import KafkaRecord
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import DecodeError, decode
+from gangline.events.ids import derived_id
 from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobCompleted, JobPreempting, JobStarted
 from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, Seconds
 from gangline.telemetry.tracing import get_tracer
 from services.agent.cluster import ClusterSpec
-from services.common.ids import derived_id
 from services.common.select import wire_type_of
 from services.common.topics import TopicNames
 

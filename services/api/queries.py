@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from gangline.core.queues import Resource, gpu_resource, mig_resource
-from services.ledger.projections import JOB_EVENT_TYPES
+from gangline.events.registry import JOB_EVENT_TYPES
 
 
 class BadCursor(ValueError):

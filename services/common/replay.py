@@ -89,6 +89,7 @@ from gangline.bus.positions import (
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode, dumps, encode
 from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource
+from services.common.ids import Fingerprint, fingerprint
 from services.common.topics import TopicNames
 
 IGNORED_ATTRIBUTES = frozenset({"traceparent"})
@@ -457,7 +458,7 @@ class EventReplayer(Generic[S]):
         self._consumed: dict[Partition, int] = {}
         self._incarnation: str | None = None
         self._state: S = model.new_state(None)
-        self._handled: OrderedDict[str, list[Envelope]] = OrderedDict()
+        self._handled: OrderedDict[str, tuple[Fingerprint, list[Envelope]]] = OrderedDict()
         """This run's outputs per event id, the last ``remember`` events' (the shell's :class:`Replayed`)."""
         self._fed = 0
         self._differences: list[Difference] = []
@@ -519,13 +520,16 @@ class EventReplayer(Generic[S]):
                 if isinstance(selected, DeadLetter):
                     replayed += [e for _, e in self.model.unreadable(self._state, selected, uncaused)]
                 elif selected is not None:
-                    replayed += self._handle(selected, by_cause.get(selected.id, []))
+                    where = fingerprint(selected, record.topic, record.partition, record.offset)
+                    replayed += self._handle(selected, where, by_cause.get(selected.id, []))
                     last = selected
             tp = (topic, partition)
             self._consumed[tp] = max(self._consumed.get(tp, 0), end)
         if last is not None:
             outputs = caused(self.model.end_batch(self._state, last, by_cause.get(last.id, [])), last.id)
-            self._handled[last.id] = [*self._handled.get(last.id, []), *outputs]
+            done = self._handled.get(last.id)
+            if done is not None:
+                self._handled[last.id] = (done[0], [*done[1], *outputs])
             replayed += outputs
         return replayed, quiet
 
@@ -536,13 +540,13 @@ class EventReplayer(Generic[S]):
         envelope = decoded(record)
         return envelope if envelope is not None else dead_letter_of(record, self.model.name)
 
-    def _handle(self, envelope: Envelope, recorded: list[Envelope]) -> list[Envelope]:
+    def _handle(self, envelope: Envelope, where: Fingerprint, recorded: list[Envelope]) -> list[Envelope]:
         done = self._handled.get(envelope.id)
-        if done is not None:
-            return list(done)
+        if done is not None and done[0] == where:
+            return list(done[1])
         self._fed += 1
         outputs = caused(self.model.handle(self._state, envelope, recorded), envelope.id)
-        self._handled[envelope.id] = outputs
+        self._handled[envelope.id] = (where, outputs)
         if len(self._handled) > self._remember:
             self._handled.popitem(last=False)
         return outputs
@@ -600,7 +604,8 @@ class EventReplayer(Generic[S]):
             if isinstance(envelope, DeadLetter):
                 outputs += [e for _, e in self.model.unreadable(self._state, envelope, [])]
             elif envelope is not None:
-                outputs += self._handle(envelope, [])
+                where = fingerprint(envelope, record.topic, record.partition, record.offset)
+                outputs += self._handle(envelope, where, [])
         return outputs
 
 

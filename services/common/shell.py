@@ -17,6 +17,8 @@
 The processor may call a handler twice for one event (a batch aborted and retried). Handlers here
 change the state when they decide, so a retry would see its own effect and decide nothing; the
 :class:`Replayed` cache returns the outputs of the first call instead, keeping retries identical.
+Only for the same record read again: an id that comes again in another record (a producer's retry,
+or another event reusing the id) is decided afresh, never answered with the first one's outputs.
 
 A service may also decide once per batch (``end_batch``: placement runs one scheduling cycle per
 poll instead of one per event). Those outputs are caused by the batch's last event and cached with
@@ -55,6 +57,7 @@ from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.processor import InputRecording
 from gangline.bus.records import DeadLetter
 from gangline.events.base import Envelope
+from services.common.ids import Fingerprint, fingerprint
 from services.common.leader import Leadership
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,7 @@ class Replayed:
         self._decide = decide
         self._end_batch = end_batch
         self._remember = remember
-        self._outputs: OrderedDict[str, Sequence[Outgoing]] = OrderedDict()
+        self._outputs: OrderedDict[str, tuple[Fingerprint, Sequence[Outgoing]]] = OrderedDict()
 
     def flush(self, given: Sequence[Envelope]) -> Sequence[Outgoing]:
         """The processor's per-batch hook: ``end_batch``'s outputs, remembered as the last event's."""
@@ -91,17 +94,19 @@ class Replayed:
             (topic, envelope.model_copy(update={"causationid": cause}))
             for topic, envelope in self._end_batch(cause)
         ]
-        if outputs:
+        done = self._outputs.get(cause)
+        if outputs and done is not None:
             # A retry of this batch replays the cause with these outputs (the state already holds them).
-            self._outputs[cause] = [*self._outputs.get(cause, ()), *outputs]
+            self._outputs[cause] = (done[0], [*done[1], *outputs])
         return outputs
 
     def __call__(self, envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        key = fingerprint(envelope, meta.topic, meta.partition, meta.offset)
         done = self._outputs.get(envelope.id)
-        if done is not None:
-            return done
+        if done is not None and done[0] == key:
+            return done[1]
         outputs = self._decide(envelope, meta)
-        self._outputs[envelope.id] = outputs
+        self._outputs[envelope.id] = (key, outputs)
         if len(self._outputs) > self._remember:
             self._outputs.popitem(last=False)
         return outputs

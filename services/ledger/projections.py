@@ -16,12 +16,7 @@ from typing import Any
 
 from gangline.events import allocations, jobs, nodes
 from gangline.events.base import Event
-
-JOB_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in (*jobs.EVENTS, *allocations.EVENTS))
-"""Wire types (latest versions) whose subject is a job id."""
-
-NODE_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in nodes.EVENTS)
-"""Wire types whose subject is a node id."""
+from gangline.events.registry import JOB_EVENT_TYPES
 
 TERMINAL_STATES = frozenset({"rejected", "completed", "failed", "cancelled"})
 

@@ -16,11 +16,9 @@ import asyncpg
 from gangline.bus import Delivery
 from gangline.events import allocations, nodes
 from gangline.events.base import Envelope, Event, parse_wire_type
-from gangline.events.registry import Registry
+from gangline.events.registry import JOB_EVENT_TYPES, NODE_EVENT_TYPES, Registry
 from gangline.store.ledger import LedgerEntry, record_events
 from services.ledger.projections import (
-    JOB_EVENT_TYPES,
-    NODE_EVENT_TYPES,
     JobRow,
     NodeRow,
     StoredEvent,

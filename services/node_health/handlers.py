@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import JobCheckpointed, JobRequeued
 from gangline.events.nodes import (
     GpuErrorReported,
@@ -40,7 +41,6 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
-from services.common.ids import derived_id
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
 

@@ -1,8 +1,9 @@
-"""Placement's decisions (pure): fold the log into cluster state, run scheduling cycles, emit grants.
+"""Placement's decisions (pure): over the one lifecycle fold, run scheduling cycles, emit grants.
 
-State is a fold over ``nodes.inventory``, ``nodes.health``, ``jobs.events`` and ``allocations.log``
-(our own grants included), written so the order between topics does not matter: a job's status is
-derived from counts (attempts allowed, grants, releases), not from the order they arrived in.
+State is :class:`~gangline.fold.cluster.ClusterFold` (``nodes.inventory``, ``nodes.health``,
+``jobs.events`` and ``allocations.log``, our own grants included, folded so the order between topics
+does not matter) plus what placement keeps to decide: the profile, the cycle count, what each waiting
+job was last told.
 
 Placement also writes the release of a job that ended: the agents report the end on jobs.events
 (``job.completed`` / ``job.failed`` naming the allocation), and the first batch that has folded the
@@ -12,17 +13,14 @@ Its id is derived from the allocation, and an allocation already released (preem
 cancelled, or by us before a restart) is never released again. The batch's end decides it, not the
 event, so a restore that finds a job ended while placement was down releases it on the first batch.
 
-A job may be placed when it was admitted (or, ``gated``, queued by the quota service; a job of an
-unlimited queue is never held by quota, so it is placed once admitted, one Kafka hop sooner), holds no
-live allocation, is not finished, and has had fewer grants than attempts allowed (one, plus one per
-``job.requeued``). Each cycle emits, per placed gang, ``allocation.granted`` (one placement per rank)
-and ``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
+Each cycle is the core's (:func:`schedule`): the profile's actions over the snapshot, with the queue
+facts of the fold. It emits, per placed gang, ``allocation.granted`` (one placement per rank) and
+``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
 
-A registration whose hardware the core cannot model (``core.snapshot.node_problem``: a MIG GPU of a
-model with no known geometry, an impossible carved layout) leaves the node out: its GPUs take no
-work, every other node is scheduled as before. :func:`fold_event` answers it with ``node.rejected``
-on nodes.health (once per registration: our own rejections are folded back), and the service
-dead-letters the registration with the same reason (:func:`refused_registration`).
+A registration whose hardware the core cannot model leaves the node out (the fold's ``refused``):
+:func:`fold_event` answers it with ``node.rejected`` on nodes.health (once per registration: our own
+rejections are folded back), and the service dead-letters the registration with the same reason
+(:func:`refused_registration`).
 
 The service folds every event of a poll (:func:`fold_event`) and releases the ended allocations and
 runs one cycle per batch (:func:`end_batch`); :func:`decide` does both for a single event.
@@ -38,408 +36,54 @@ from datetime import UTC, datetime
 from gangline.bus import Outgoing
 from gangline.core.actions.queueing import (
     PreemptionPolicy,
-    QueueContext,
-    RunFacts,
-    open_context,
     run_queue_cycle,
 )
+from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
 from gangline.core.model import AllocationId as CoreAllocationId
-from gangline.core.model import GpuId as CoreGpuId
-from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.snapshot import RunningJob, Snapshot, node_problem
 from gangline.core.waiting import cycle_jobs
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     DecisionReason,
-    JobAdmitted,
     JobCancelRequested,
     JobCompleted,
     JobFailed,
     JobPending,
     JobPlaced,
-    JobPreempting,
-    JobQueued,
-    JobRequeued,
-    JobSpec,
     PendingReason,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered, NodeRejected
+from gangline.events.nodes import NodeRegistered, NodeRejected
 from gangline.events.types import AllocationId, JobId, NodeId
-from services.common.ids import derived_id
+from gangline.fold.adapter import wire_placements
+from gangline.fold.cluster import ClusterFold, JobRecord
 from services.common.topics import TopicNames
-from services.placement.convert import core_allocation, core_gpu_id, core_job, core_node, wire_placements
 
 log = logging.getLogger(__name__)
 
 SOURCE = "gangline/placement"
 LIVE_POLICY = PreemptionPolicy(evict_in_cycle=False)
 """Placement plans no eviction: the preemption service picks victims and runs the checkpoint protocol."""
-FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 UNSUPPORTED_HARDWARE = "unsupported_hardware"
 """The ``node.rejected`` (and dead-letter) code of a node whose hardware the core cannot model."""
 
 
 @dataclass
-class JobRecord:
-    job_id: JobId
-    spec: JobSpec | None = None
-    queued: set[str] = field(default_factory=set)
-    """Ids of the job.queued events seen (the quota service queues once per attempt)."""
-    requeued_attempt: int = 1
-    flavour: str | None = None
-    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``), when
-    the job named none: the attempt is placed only on that model, so the quota it holds is the one used."""
-    grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
-    released: set[AllocationId] = field(default_factory=set)
-    finished: bool = False
-    ended: dict[AllocationId, JobCompleted | JobFailed] = field(default_factory=dict)
-    """The end the agents reported per allocation (the first one read), to release it with."""
-    admitted_at: datetime | None = None
-    """The time of the job.admitted event: with the priority and the job id, the waiting order. Read
-    from the log, so the order does not depend on how a restore or a poll interleaved the partitions."""
-    granted_at: dict[AllocationId, datetime] = field(default_factory=dict)
-    """When each grant was written (its event's time): a running job's start, for the core's run facts."""
-    _core: Job | None = None
-    _core_of: JobSpec | None = None
+class PlacementState(ClusterFold):
+    """The lifecycle fold, and what placement keeps to decide on it."""
 
-    def core(self) -> Job | None:
-        """The core's job for :meth:`placement_spec` (converted once per spec)."""
-        spec = self.placement_spec()
-        if spec is None:
-            return None
-        if self._core is None or self._core_of is not spec:
-            self._core, self._core_of = core_job(self.job_id, spec), spec
-        return self._core
-
-    def placement_spec(self) -> JobSpec | None:
-        """The spec to place: the job's own, narrowed to the model quota charged it to, if any."""
-        spec = self.spec
-        if spec is None or self.flavour is None or spec.gpu_type is not None:
-            return spec
-        return spec.model_copy(update={"gpu_type": self.flavour})
-
-    def live(self) -> AllocationGranted | None:
-        for allocation_id, granted in self.grants.items():
-            if allocation_id not in self.released:
-                return granted
-        return None
-
-    def allowed_attempts(self, gated: bool) -> int:
-        return len(self.queued) if gated else self.requeued_attempt
-
-    def waiting(self, gated: bool) -> bool:
-        if self.spec is None or self.finished or self.live() is not None:
-            return False
-        return len(self.grants) < self.allowed_attempts(gated)
-
-    def next_allocation_id(self) -> AllocationId:
-        candidate = f"{self.job_id}.{len(self.grants) + 1}"
-        if len(candidate) <= 128:
-            return AllocationId(candidate)
-        return AllocationId(derived_id(self.job_id, "allocation", len(self.grants) + 1))
-
-
-@dataclass
-class PlacementState:
-    topics: TopicNames
-    profile: Profile
-    gated: bool = True
-    unlimited_queues: frozenset[str] = frozenset()
-    """Queues the queues file marks unlimited: quota never holds their jobs back (it writes no
-    job.queued for them), so even ``gated`` placement takes them as soon as they are admitted."""
+    topics: TopicNames = field(default_factory=TopicNames)
+    profile: Profile = field(default_factory=default_profile)
     max_jobs_per_cycle: int = 256
-    nodes: dict[NodeId, NodeRegistered] = field(default_factory=dict)
-    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
-    failed_at: dict[NodeId, datetime] = field(default_factory=dict)
-    failed_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
-    degraded_gpus: dict[NodeId, set[str]] = field(default_factory=dict)
-    """GPUs node_health or the agent marked degraded: their running work stays, new work goes elsewhere."""
-    gpu_health_at: dict[tuple[NodeId, str], datetime] = field(default_factory=dict)
-    """When each GPU's health last changed: with ``registered_at`` it makes folding these facts again,
-    or in another order across topics, leave the same state."""
-    jobs: dict[JobId, JobRecord] = field(default_factory=dict)
-    retired: dict[JobId, tuple[AllocationId, ...]] = field(default_factory=dict)
-    """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
-    live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
-    waiting: dict[JobId, JobRecord] = field(default_factory=dict)
-    """Jobs that may be placed now (a cycle orders them by :func:`_order_key`)."""
-    last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
-    preemptors: dict[JobId, set[tuple[JobId, AllocationId]]] = field(default_factory=dict)
-    """Per job for which running work was asked to give its GPUs back (job.preempting names it), the
-    victims' allocations: their GPUs are kept for it as they free up, and only those."""
     cycle: int = 0
     needs_cycle: bool = True
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""
     cycle_due: bool = False
     """An event folded since the last cycle may let a waiting job run (see :func:`end_batch`)."""
-    to_release: set[tuple[JobId, AllocationId]] = field(default_factory=set)
-    """Live allocations whose job's end was read: the next :func:`end_batch` releases them."""
-    refused: dict[NodeId, tuple[str, str]] = field(default_factory=dict)
-    """Nodes whose latest registration the core cannot model: its event id and why (they take no work)."""
-    rejections_sent: set[str] = field(default_factory=set)
-    """Registrations whose ``node.rejected`` is in the log (ours, read back) or sent by this run."""
-    _snapshot: Snapshot | None = None
-
-    # -- folding the log ---------------------------------------------------------------------
-
-    def restore(self, envelope: Envelope) -> None:
-        self.fold(envelope)
-
-    def fold(self, envelope: Envelope) -> bool:
-        """Apply one fact; True when it may let a waiting job run (new capacity or a new job)."""
-        data = envelope.data
-        if isinstance(data, NodeRegistered):
-            latest = self.registered_at.get(data.node)
-            if latest is not None and envelope.time < latest:
-                # An older registration read again (the restore, then the live poll): the newer one stands.
-                return False
-            self.registered_at[data.node] = envelope.time
-            problem = node_problem(core_node(data, cordoned=False, unusable_gpus=frozenset()))
-            if problem is not None:
-                # Hardware the core cannot model: the node takes no work (fold_event announces why).
-                self.nodes.pop(data.node, None)
-                self.refused[data.node] = (envelope.id, problem)
-                self._snapshot = None
-                return False
-            self.refused.pop(data.node, None)
-            self.nodes[data.node] = data
-            # A registration resets the GPUs' health, but not a change reported after it.
-            for marked in (self.failed_gpus.get(data.node), self.degraded_gpus.get(data.node)):
-                if marked:
-                    marked -= {g for g in marked if self.gpu_health_at[(data.node, g)] <= envelope.time}
-            self._snapshot = None
-            return True
-        if isinstance(data, NodeRejected):
-            if data.registration_id is not None:
-                self.rejections_sent.add(data.registration_id)
-            return False
-        if isinstance(data, NodeFailed):
-            self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
-            self._snapshot = None
-            return False
-        if isinstance(data, GpuHealthChanged):
-            if data.previous == data.state:
-                return False  # a repeated-error report for node_health's windows, not a change of state
-            registered = self.registered_at.get(data.node)
-            last = self.gpu_health_at.get((data.node, data.gpu))
-            stale = (registered is not None and envelope.time < registered) or (
-                last is not None and envelope.time < last
-            )
-            if stale:
-                return False  # older than a re-registration or a newer report: read again, not news
-            self.gpu_health_at[(data.node, data.gpu)] = envelope.time
-            failed = self.failed_gpus.setdefault(data.node, set())
-            degraded = self.degraded_gpus.setdefault(data.node, set())
-            failed.discard(data.gpu)
-            degraded.discard(data.gpu)
-            if data.state == "failed":
-                failed.add(data.gpu)
-            elif data.state == "degraded":
-                degraded.add(data.gpu)
-            self._snapshot = None
-            return bool(data.state == "healthy")
-        job_event = JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed
-        if isinstance(data, job_event) and data.job_id in self.retired:
-            return False  # finished and released: nothing about it can change any more
-        if isinstance(data, AllocationGranted | AllocationReleased) and self._absorbed_by_retired(data):
-            return False
-        if isinstance(data, JobAdmitted):
-            record = self._record(data.job_id)
-            if record.spec is None:
-                record.spec = data.spec
-                record.admitted_at = envelope.time
-            return self._refresh(record)
-        if isinstance(data, JobQueued):
-            record = self._record(data.job_id)
-            record.queued.add(envelope.id)
-            if data.gpu_type is not None:
-                record.flavour = data.gpu_type
-            return self._refresh(record)
-        if isinstance(data, JobRequeued):
-            record = self._record(data.job_id)
-            record.requeued_attempt = max(record.requeued_attempt, data.attempt)
-            return self._refresh(record)
-        if isinstance(data, JobPreempting):
-            if data.preemptor_job_id is not None and data.preemptor_job_id not in self.retired:
-                victims = self.preemptors.setdefault(data.preemptor_job_id, set())
-                victims.add((data.job_id, data.allocation_id))
-            return False
-        if isinstance(data, JobCompleted | JobFailed):
-            record = self._record(data.job_id)
-            record.finished = True
-            if data.allocation_id is not None:
-                record.ended.setdefault(data.allocation_id, data)
-                self._note_end(record, data.allocation_id)
-            self._refresh(record)
-            return False
-        if isinstance(data, AllocationGranted):
-            record = self._record(data.job_id)
-            if data.allocation_id in record.grants:
-                return False
-            record.grants[data.allocation_id] = data
-            record.granted_at.setdefault(data.allocation_id, envelope.time)
-            if data.allocation_id not in record.released and self._snapshot is not None:
-                self._grant_in_snapshot(self._snapshot, record, data)
-            self._note_end(record, data.allocation_id)
-            self._refresh(record)
-            return False
-        if isinstance(data, AllocationReleased):
-            record = self._record(data.job_id)
-            if data.allocation_id in record.released:
-                return False
-            was_live = record.live()
-            record.released.add(data.allocation_id)
-            self.to_release.discard((data.job_id, data.allocation_id))
-            if data.reason in FINAL_RELEASES:
-                record.finished = True
-            if (
-                was_live is not None
-                and was_live.allocation_id == data.allocation_id
-                and self._snapshot is not None
-            ):
-                self._snapshot.release(CoreJobId(data.job_id))
-            self._refresh(record)
-            return True
-        return False
-
-    def _absorbed_by_retired(self, data: AllocationGranted | AllocationReleased) -> bool:
-        """Whether a retired job's allocation event is fully accounted for by what was kept of it.
-
-        A release, or a re-delivered grant, is; a grant the log holds after the job ended (a
-        release never written) brings the record back, finished, so its GPUs stay taken.
-        """
-        released = self.retired.get(data.job_id)
-        if released is None:
-            return False
-        if isinstance(data, AllocationReleased):
-            if data.allocation_id not in released:
-                self.retired[data.job_id] = (*released, data.allocation_id)
-            return True
-        if data.allocation_id in released:
-            return True
-        del self.retired[data.job_id]
-        self.jobs[data.job_id] = JobRecord(data.job_id, released=set(released), finished=True)
-        return False
-
-    def _note_end(self, record: JobRecord, allocation_id: AllocationId) -> None:
-        """An allocation granted, not released, and reported ended (read in any order) is due a release."""
-        if (
-            allocation_id in record.ended
-            and allocation_id in record.grants
-            and allocation_id not in record.released
-        ):
-            self.to_release.add((record.job_id, allocation_id))
-
-    def _retire(self, record: JobRecord) -> None:
-        del self.jobs[record.job_id]
-        self.retired[record.job_id] = tuple(sorted(record.released))
-        self.preemptors.pop(record.job_id, None)
-
-    def _record(self, job_id: JobId) -> JobRecord:
-        record = self.jobs.get(job_id)
-        if record is None:
-            record = self.jobs[job_id] = JobRecord(job_id)
-        return record
-
-    def gated_for(self, record: JobRecord) -> bool:
-        """Whether ``record`` waits for quota's job.queued (not for a job of an unlimited queue)."""
-        spec = record.spec
-        return self.gated and (spec is None or spec.queue not in self.unlimited_queues)
-
-    def _refresh(self, record: JobRecord) -> bool:
-        if record.waiting(self.gated_for(record)):
-            new = record.job_id not in self.waiting
-            self.waiting[record.job_id] = record
-            return new
-        self.waiting.pop(record.job_id, None)
-        self.last_pending.pop(record.job_id, None)
-        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released.
-        ended_unreleased = any(a not in record.released for a in record.ended)
-        if record.finished and record.grants and record.live() is None and not ended_unreleased:
-            self._retire(record)
-        return False
-
-    # -- the cluster as the core sees it ---------------------------------------------------
-
-    def cordoned(self, node: NodeId) -> bool:
-        failed = self.failed_at.get(node)
-        return failed is not None and failed >= self.registered_at.get(node, failed)
-
-    def snapshot(self) -> Snapshot:
-        if self._snapshot is None:
-            nodes = [
-                core_node(
-                    n,
-                    cordoned=self.cordoned(n.node),
-                    unusable_gpus=frozenset(
-                        self.failed_gpus.get(n.node, set()) | self.degraded_gpus.get(n.node, set())
-                    ),
-                )
-                for n in self.nodes.values()
-            ]
-            snap = Snapshot(nodes)
-            for node, why in snap.refused.items():
-                log.warning("node %s is left out of the cluster: %s", node, why)
-            for record in self.jobs.values():
-                live = record.live()
-                if live is not None:
-                    self._grant_in_snapshot(snap, record, live)
-            self._snapshot = snap
-        return self._snapshot
-
-    @staticmethod
-    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> None:
-        spec = record.spec or JobSpec(queue=granted.queue, workers=granted.workers, gpus_per_worker=1)
-        status = snap.grant(core_job(record.job_id, spec), core_allocation(granted))
-        if not status.ok:
-            # The log is the truth; a grant we cannot mirror (e.g. a node not registered yet) is logged.
-            log.warning("cannot mirror a grant in the snapshot: %s", status.message)
-
-    def running(self) -> list[RunningJob]:
-        return list(self.snapshot().running.values())
-
-    def queue_context(self, snap: Snapshot, jobs: list[Job], *, now: datetime) -> QueueContext:
-        """The core's queue facts for a cycle: no quota (the quota service is the gate), the clock,
-        when each waiting job was admitted, when each running job started, and what preemption frees."""
-        submit_time = {
-            CoreJobId(r.job_id): r.admitted_at.timestamp() for r in self.waiting.values() if r.admitted_at
-        }
-        run_facts: dict[CoreJobId, RunFacts] = {}
-        for job_id in snap.running:
-            record = self.jobs.get(JobId(job_id))
-            live = record.live() if record is not None else None
-            started = record.granted_at.get(live.allocation_id) if record and live else None
-            if started is not None:
-                run_facts[job_id] = RunFacts(started_at=started.timestamp())
-        return open_context(
-            snap,
-            jobs,
-            now=now.timestamp(),
-            submit_time=submit_time,
-            run_facts=run_facts,
-            freeing=self.freeing(),
-            policy=LIVE_POLICY,
-        )
-
-    def freeing(self) -> dict[CoreJobId, frozenset[CoreGpuId]]:
-        """Per waiting preemptor, the GPUs of the allocations its victims were asked to give back."""
-        out: dict[CoreJobId, frozenset[CoreGpuId]] = {}
-        for preemptor, victims in self.preemptors.items():
-            if preemptor not in self.waiting:
-                continue
-            gpus: set[CoreGpuId] = set()
-            for victim, allocation_id in victims:
-                record = self.jobs.get(victim)
-                granted = record.grants.get(allocation_id) if record is not None else None
-                if granted is not None:
-                    gpus.update(core_gpu_id(p.node, g) for p in granted.placements for g in p.gpus)
-            out[CoreJobId(preemptor)] = frozenset(gpus)
-        return out
 
 
 def decide(envelope: Envelope, state: PlacementState, *, now: datetime) -> list[Outgoing]:
@@ -587,7 +231,7 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
         return CoreAllocationId(state.jobs[JobId(job)].next_allocation_id())
 
     state.cycle += 1
-    ctx = state.queue_context(snap, jobs, now=now)
+    ctx = state.queue_context(snap, jobs, now=now, policy=LIVE_POLICY)
     plan, _ = run_queue_cycle(snap, jobs, state.profile, ctx, cycle=state.cycle, allocation_id=allocation_id)
     problems = apply_plan(snap, plan)
     if problems:

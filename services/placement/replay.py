@@ -43,6 +43,7 @@ from gangline.core.framework.profile import Profile
 from gangline.events.allocations import AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced
+from gangline.fold.cluster import FOLDED_EVENTS
 from gangline.replay.log import LogRecord
 from services.common.replay import (
     NO_TIME,
@@ -63,12 +64,11 @@ from services.common.replay import (
 )
 from services.common.topics import TopicNames
 from services.placement.handlers import SOURCE, PlacementState, end_batch, fold_event
-from services.placement.wiring import PLACEMENT_EVENTS
 
 NAME = "placement-service"
 """The decider's name for `gangline replay --decider`."""
 
-LIVE_EVENTS = frozenset(PLACEMENT_EVENTS) - {"allocation.granted"}
+LIVE_EVENTS = frozenset(FOLDED_EVENTS) - {"allocation.granted"}
 """What the running service decodes from its inputs (its own grants it holds already)."""
 
 PlacementReplay = ReplayReport
@@ -174,7 +174,7 @@ class PlacementReplayer:
             for tp in self._index.of_topic(topic):
                 end = positions.get(tp, self._folded.get(tp, 0))
                 for record in self._index.range(tp, 0, end):
-                    if kind_of(record.type) in PLACEMENT_EVENTS:
+                    if kind_of(record.type) in FOLDED_EVENTS:
                         envelope = decoded(record)
                         if envelope is not None:
                             self._state.restore(envelope)

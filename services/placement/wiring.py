@@ -9,6 +9,7 @@ from gangline.bus import Outgoing, RecordMeta
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
+from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.queues import unlimited_queues
 from services.common.select import select_types
@@ -17,21 +18,6 @@ from services.placement.handlers import PlacementState, end_batch, fold_event, r
 from services.placement.settings import PlacementSettings
 
 SERVICE = "placement"
-PLACEMENT_EVENTS = (
-    "node.registered",
-    "node.rejected",
-    "node.failed",
-    "gpu.health_changed",
-    "job.admitted",
-    "job.queued",
-    "job.requeued",
-    "job.completed",
-    "job.failed",
-    "job.preempting",
-    "allocation.granted",
-    "allocation.released",
-)
-"""What placement's state is a fold of (cancellations, read from jobs.requests, end as job.failed)."""
 
 
 def new_state(settings: PlacementSettings) -> PlacementState:
@@ -70,14 +56,14 @@ async def main(settings: PlacementSettings) -> None:
         # Placement is the only writer of grants: read back while running they change nothing.
         select=select_types(
             {
-                **dict.fromkeys(PLACEMENT_EVENTS, True),
+                **dict.fromkeys(FOLDED_EVENTS, True),
                 "allocation.granted": False,
                 "job.cancel_requested": True,
                 "node.heartbeat": lambda: state.needs_cycle,
             },
             not_ours=frozenset({topics.requests}),
         ),
-        restore_select=select_types(dict.fromkeys(PLACEMENT_EVENTS, True)),
+        restore_select=select_types(dict.fromkeys(FOLDED_EVENTS, True)),
         lock_topic=topics.inventory,
         end_batch=cycle,
         # Outputs name the input positions they were decided on: replayable (services/placement/replay.py).

@@ -55,6 +55,7 @@ from gangline.core.actions.queueing import (
 )
 from gangline.core.actions.reclaim import NAME as RECLAIM
 from gangline.core.actions.reclaim import Reclaim
+from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
 from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
@@ -63,6 +64,7 @@ from gangline.core.plugins.quota import Quota
 from gangline.core.queues import QuotaTree
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     JobCheckpointed,
     JobCompleted,
@@ -75,10 +77,10 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, Seconds
-from services.common.ids import derived_id
-from services.common.queues import load_queues
-from services.placement.convert import core_job
-from services.placement.handlers import JobRecord, PlacementState
+from gangline.fold.adapter import core_job
+from gangline.fold.cluster import ClusterFold, JobRecord
+from gangline.queues_file import load_queues
+from services.common.topics import TopicNames
 
 SOURCE = "gangline/preemption"
 MAX_HELD_PLANNED = 16
@@ -120,8 +122,17 @@ class Held:
 
 
 @dataclass
+class Mirror(ClusterFold):
+    """The cluster as placement sees it (the one lifecycle fold), with what a victim search reads."""
+
+    topics: TopicNames = field(default_factory=TopicNames)
+    profile: Profile = field(default_factory=default_profile)
+    cycle: int = 0
+
+
+@dataclass
 class PreemptionState:
-    mirror: PlacementState
+    mirror: Mirror
     tree: QuotaTree = field(default_factory=lambda: load_queues(None).whole_tree)
     """The queues file's quota tree, unlimited queues included (``Queues.whole_tree``); without a
     file, one unlimited ``default`` queue."""

@@ -22,7 +22,7 @@ guarantees here:
   outputs' time: on a checkpoint, or on the event that found the deadline passed. Events with no
   outputs are handled at their own time, earlier than the live clock, so a finish the replay takes
   there the live run must have taken too (it is reported);
-* the mirror is placement's fold (order-independent, see :mod:`services.placement.handlers`); the
+* the mirror is the one lifecycle fold (order-independent, see :mod:`gangline.fold.cluster`); the
   rest of the state is keyed by allocation and job, so the records between recorded transactions
   leave the same state however they were batched. Those batches each searched and found nothing (they
   left no outputs): the replay takes that from the log rather than searching again, so a search that
@@ -40,6 +40,7 @@ from datetime import datetime
 
 from gangline.bus import Outgoing
 from gangline.events.base import Envelope
+from gangline.fold.cluster import FOLDED_EVENTS
 from gangline.replay.log import LogRecord
 from services.common.env import topic_names
 from services.common.replay import (
@@ -51,7 +52,6 @@ from services.common.replay import (
     main,
     verify_with,
 )
-from services.placement.wiring import PLACEMENT_EVENTS
 from services.preemption.handlers import SOURCE, PreemptionState, end_batch, fold_event
 from services.preemption.settings import PreemptionSettings
 from services.preemption.wiring import new_state
@@ -59,7 +59,7 @@ from services.preemption.wiring import new_state
 NAME = "preemption"
 """The decider's name for `gangline replay --decider`."""
 
-WANTED = frozenset({*PLACEMENT_EVENTS, "job.pending", "job.checkpointed"})
+WANTED = frozenset({*FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 """What the live ``select`` decodes (heartbeats too, while a victim is asked to checkpoint)."""
 
 

@@ -10,13 +10,12 @@ from gangline.core.actions.queueing import PreemptionPolicy
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
+from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.queues import load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
-from services.placement.handlers import PlacementState
-from services.placement.wiring import PLACEMENT_EVENTS
-from services.preemption.handlers import PreemptionState, end_batch, fold_event
+from services.preemption.handlers import Mirror, PreemptionState, end_batch, fold_event
 from services.preemption.settings import PreemptionSettings
 
 SERVICE = "preemption"
@@ -30,7 +29,7 @@ def new_state(settings: PreemptionSettings) -> PreemptionState:
     )
     queues = load_queues(settings.queues_file)
     return PreemptionState(
-        mirror=PlacementState(
+        mirror=Mirror(
             topics=topic_names(settings),
             profile=profile,
             gated=settings.gated,
@@ -61,7 +60,7 @@ async def main(settings: PreemptionSettings) -> None:
         restore_topics=inputs,
         select=select_types(
             {
-                **dict.fromkeys(PLACEMENT_EVENTS, True),
+                **dict.fromkeys(FOLDED_EVENTS, True),
                 "job.pending": True,
                 "job.checkpointed": True,
                 "node.heartbeat": lambda: bool(state.in_flight),

@@ -73,6 +73,7 @@ from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     JobAdmitted,
     JobCompleted,
@@ -85,7 +86,6 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, QueueName
-from services.common.ids import derived_id
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 

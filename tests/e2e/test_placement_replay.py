@@ -28,7 +28,6 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
-from gangline.cli import main as gangline_main
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, write_jsonl
@@ -40,6 +39,7 @@ from services.common.topics import TopicNames
 from services.placement.replay import decider_topics, replay_placement
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
+from services.tools.cli import main as gangline_main
 
 JOBS = 300
 QUEUES = """

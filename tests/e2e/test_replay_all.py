@@ -27,7 +27,6 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
-from gangline.cli import main as gangline_main
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobPending
 from gangline.events.nodes import NodeFailed
@@ -45,6 +44,7 @@ from services.preemption.replay import replay_preemption
 from services.preemption.settings import PreemptionSettings
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
+from services.tools.cli import main as gangline_main
 
 NODE_HEALTH = {"silence_s": "4", "check_every_s": "0.2"}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gangline.cli import main
+from services.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PHILLY = ROOT.parent / "shared" / "traces" / "pollux-philly" / "philly.csv"
@@ -41,7 +41,7 @@ def test_philly_sample_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert rc == 0
     doc = json.loads(report.read_text(encoding="utf-8"))
     runs = {r["policy"]: r for r in doc["runs"]}
-    assert list(runs) == ["k8s-first-fit", "fifo-gang-best-fit", "default"]
+    assert list(runs) == ["k8s-first-fit", "fifo-gang-best-fit", "easy-backfill", "default"]
     for r in runs.values():
         assert all(k in r for k in REQUIRED)
         assert r["jobs"] == 3000
@@ -49,5 +49,7 @@ def test_philly_sample_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert 0 < r["utilization"] <= 1
         assert 0 < r["jain"] <= 1
     assert runs["fifo-gang-best-fit"]["partial_gangs"] == 0
+    assert runs["easy-backfill"]["partial_gangs"] == 0
+    assert runs["easy-backfill"]["preemptions"] == 0
     assert runs["default"]["partial_gangs"] == 0
     assert "| default" in capsys.readouterr().out

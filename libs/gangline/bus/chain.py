@@ -1,6 +1,6 @@
 """Writing the hash chain of the chained topics (``allocations.log``): the producer's side.
 
-:mod:`gangline.replay.chain` defines the chain (three headers per record, one chain per
+:mod:`gangline.events.chain` defines the chain (three headers per record, one chain per
 ``(topic, partition, envelope source)``) and verifies it. A :class:`ChainStamper` is what both
 the transactional :class:`~gangline.bus.Processor` and the plain
 :class:`~gangline.bus.EventProducer` hand to :func:`~gangline.bus.producer.send_envelope`; for a
@@ -10,7 +10,7 @@ topic it chains, the record gets its headers and an explicit partition. The desi
   headers are made: it is computed the way Kafka's default partitioner does (murmur2 of the key
   over the partition count, :func:`partition_for`) and passed to ``send(partition=...)``, so the
   record lands exactly where it would have without the chain.
-* **Heads in memory.** One :class:`~gangline.replay.chain.ChainWriter` per chain. Stamping and
+* **Heads in memory.** One :class:`~gangline.events.chain.ChainWriter` per chain. Stamping and
   queueing a record happen under one lock, so concurrent senders cannot queue records in another
   order than their hashes link.
 * **Recovery by reading the tail.** Heads come from the log itself: before the first stamp on a
@@ -39,7 +39,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
 from gangline.events.base import JsonObject
-from gangline.replay.chain import HASH_HEADER, SEQ_HEADER, ChainWriter
+from gangline.events.chain import HASH_HEADER, SEQ_HEADER, ChainWriter
+from gangline.events.codec import too_deep
 
 ChainKey = tuple[str, int, str]
 """``(topic, partition, envelope source)``: one chain."""
@@ -208,8 +209,10 @@ def _note(
     headers = {k: v.decode(errors="replace") for k, v in raw_headers}
     if SEQ_HEADER not in headers or HASH_HEADER not in headers or not value:
         return
+    if too_deep(value):  # a forged record: json.loads would raise RecursionError
+        return
     try:
         source = json.loads(value).get("source")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return
     last[(tp.topic, tp.partition, source if isinstance(source, str) else "?")] = headers

@@ -4,7 +4,8 @@ For readers that do not produce in a transaction (projections, the API, the agen
 that fails to decode is never shown to the caller: it is copied to ``<topic>.dlq`` (raw bytes,
 original key and headers, plus the ``gangline-dlq-*`` reason headers), and the DLQ write is
 acknowledged before the caller sees any later record of the batch, so committing after
-handling a delivery never skips a record that is in neither place.
+handling a delivery never skips a record that is in neither place. A record read again by the same
+consumer (the caller rewound after a failed write) is not dead-lettered a second time.
 
 Services that consume and produce use :class:`gangline.bus.processor.Processor` instead.
 """
@@ -82,6 +83,9 @@ class EventConsumer:
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
+        self._read_up_to: dict[tuple[str, int], int] = {}
+        """Per partition, the last offset whose record this consumer decoded (and dead-lettered when it
+        could not be read): decoding is deterministic, so a bad record at or before it is in the DLQ."""
 
     async def start(self) -> None:
         dlq = AIOKafkaProducer(bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
@@ -150,10 +154,13 @@ class EventConsumer:
         for records in batch.values():
             for record in records:
                 outcome = decode_or_dead_letter(record, registry=self._registry, source_service=self._service)
+                where = (record.topic, record.partition)
                 if isinstance(outcome, DeadLetter):
-                    await self._send_dead_letter(outcome)
+                    if record.offset > self._read_up_to.get(where, -1):
+                        await self._send_dead_letter(outcome)
                 else:
                     deliveries.append(Delivery(outcome, RecordMeta.of(record)))
+                self._read_up_to[where] = max(self._read_up_to.get(where, -1), record.offset)
         return deliveries
 
     async def __aiter__(self) -> AsyncIterator[Delivery]:

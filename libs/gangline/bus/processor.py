@@ -33,6 +33,15 @@ with the exception as its reason and the loop moves on. A record the handler rea
 as its outputs say (``refusal``: e.g. a ``node.rejected`` about it), goes to the DLQ too, with the
 handler's reason, next to those outputs.
 
+A batch can also fail outside the handler: a decoder bug, an output or dead letter the broker
+refuses (too large), the flush or the dead-letter outputs raising. A failure that blames the input
+(not a lost connection, a timeout or another retriable broker error, which are retried for as long as
+they last) is counted: after ``max_batch_attempts`` failed attempts of a batch its records are tried
+one per transaction, so the good ones commit, and a record that fails alone ``max_batch_attempts``
+times is dead-lettered (code ``output_too_large`` or ``processing_failed``, the error as its reason)
+in a transaction of its own, with its offset, and skipped. The counts live in memory: a restart
+counts again from zero, which bounds the retries per run, not per record's life.
+
 Handlers may therefore be called more than once for the same event (once per attempt); they
 must be free of side effects outside their return value, or idempotent by event id.
 
@@ -73,7 +82,14 @@ from datetime import datetime
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError, ProducerFenced, UnsupportedVersionError
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordTooLargeError,
+    UnsupportedVersionError,
+)
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -93,7 +109,15 @@ from gangline.bus.positions import (
     merged,
 )
 from gangline.bus.producer import send_envelope
-from gangline.bus.records import HANDLER_FAILED, DeadLetter, KafkaRecord, RecordMeta, dead_letter
+from gangline.bus.records import (
+    HANDLER_FAILED,
+    OUTPUT_TOO_LARGE,
+    PROCESSING_FAILED,
+    DeadLetter,
+    KafkaRecord,
+    RecordMeta,
+    dead_letter,
+)
 from gangline.bus.settings import ProcessorSettings
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry
@@ -179,6 +203,8 @@ class ProcessorStats:
     dead_lettered: int = 0
     offsets_deferred: int = 0
     """Batches that published nothing and left their offsets to a later commit (``idle_commit_ms``)."""
+    records_isolated: int = 0
+    """Records tried in a transaction of their own because their batch kept failing."""
 
 
 class _HandlerFailed(Exception):
@@ -230,6 +256,16 @@ class Processor:
         self._generation = 0
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._batch_attempt = 0
+        self._batch_failures = 0
+        """Consecutive failed attempts of the batch in hand that blame its input (``max_batch_attempts``)."""
+        self._isolate_until: dict[TopicPartition, int] = {}
+        """Per partition: records before this offset go one per transaction (their batch kept failing)."""
+        self._failures: dict[tuple[str, int, int], int] = {}
+        """Per record tried alone: its failed attempts that blame it."""
+        self._poison: dict[tuple[str, int, int], Exception] = {}
+        """Records to dead-letter instead of handling, with the last error they failed on."""
+        self._bare_poison: set[tuple[str, int, int]] = set()
+        """Poison records whose dead letter is sent alone (with its dead-letter outputs it failed too)."""
         self._in_transaction = False
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -394,6 +430,7 @@ class Processor:
         async with self._batch_lock:
             self._generation += 1
             self._attempts.clear()
+            self._forget_failures()
             # Whoever owns these partitions next reads that input again: it published nothing, or (without
             # offsets_in_every_transaction) what it published is in the log, which a new owner's state folds.
             self._pending_offsets.clear()
@@ -404,6 +441,40 @@ class Processor:
     # -- one batch ---------------------------------------------------------------------------
 
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        if not self._isolate_until:
+            await self._attempt(batch)
+            return
+        # The records of a batch that kept failing go one per transaction; what follows them, together.
+        pending = {tp: list(records) for tp, records in batch.items()}
+        for tp, records in batch.items():
+            until = self._isolate_until.get(tp)
+            if until is None:
+                continue
+            for record in records:
+                if record.offset >= until:  # past them (or the log moved on without them)
+                    del self._isolate_until[tp]
+                    break
+                self.stats.records_isolated += 1
+                if not await self._attempt({tp: [record]}):
+                    self._rewind({other: rest for other, rest in pending.items() if rest})
+                    return
+                pending[tp].pop(0)
+                if record.offset + 1 >= until:
+                    del self._isolate_until[tp]
+                    break
+        rest = {tp: records for tp, records in pending.items() if records}
+        if rest:
+            await self._attempt(rest)
+
+    def _forget_failures(self) -> None:
+        self._batch_failures = 0
+        self._isolate_until.clear()
+        self._failures.clear()
+        self._poison.clear()
+        self._bare_poison.clear()
+
+    async def _attempt(self, batch: dict[TopicPartition, list[Any]]) -> bool:
+        """Handle ``batch`` in one transaction; False when it was aborted (and rewound to be read again)."""
         self._batch_attempt += 1
         try:
             await self._transact(batch)
@@ -425,9 +496,37 @@ class Processor:
                 error,
                 exc_info=not isinstance(error, _HandlerFailed),
             )
+            self._count_failure(batch, error)
             await asyncio.sleep(self._settings.retry_backoff_s)
-        else:
-            self._batch_attempt = 0
+            return False
+        self._batch_attempt = 0
+        self._batch_failures = 0
+        return True
+
+    def _count_failure(self, batch: dict[TopicPartition, list[Any]], error: Exception) -> None:
+        """Count a failed attempt against its input, when the error blames the input (module docstring)."""
+        if isinstance(error, _HandlerFailed) or not _blames_the_input(error):
+            return
+        records = [record for records in batch.values() for record in records]
+        limit = self._settings.max_batch_attempts
+        if len(records) == 1:
+            record = records[0]
+            key = (record.topic, record.partition, record.offset)
+            if key in self._poison:
+                self._bare_poison.add(key)  # even its dead letter failed: next time without its outputs
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            if failures >= limit:
+                self._poison[key] = error
+            return
+        self._batch_failures += 1
+        if self._batch_failures >= limit:
+            self._batch_failures = 0
+            self._isolate_until = {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
+            log.warning(
+                "a batch failed %d times; trying its records one per transaction to find the bad one",
+                limit,
+                extra={"records": len(records)},
+            )
 
     async def _transact(self, batch: dict[TopicPartition, list[Any]]) -> None:
         producer = self._producer
@@ -475,7 +574,11 @@ class Processor:
         for tp, records in batch.items():
             self._handled[tp] = records[-1].offset + 1
             for record in records:
-                self._attempts.pop((tp.topic, tp.partition, record.offset), None)
+                key = (tp.topic, tp.partition, record.offset)
+                self._attempts.pop(key, None)
+                if self._failures.pop(key, None) is not None:
+                    self._poison.pop(key, None)
+                    self._bare_poison.discard(key)
 
     def _idle_commit_due(self) -> bool:
         """Whether offsets held back by idle batches are old enough to commit on their own."""
@@ -537,6 +640,9 @@ class Processor:
     async def _handle(
         self, producer: AIOKafkaProducer, record: KafkaRecord, given: list[Envelope]
     ) -> list[asyncio.Future[Any]]:
+        poison = self._poison.get((record.topic, record.partition, record.offset))
+        if poison is not None:
+            return await self._dead_letter_poison(producer, record, poison)
         if self._select is not None and not self._select(record):
             return []
         outcome = decode_or_dead_letter(
@@ -636,6 +742,40 @@ class Processor:
         )
         return await self._send_dead_letter(producer, letter)
 
+    async def _dead_letter_poison(
+        self, producer: AIOKafkaProducer, record: KafkaRecord, error: Exception
+    ) -> list[asyncio.Future[Any]]:
+        """Dead-letter a record that kept failing alone outside the handler, with what it causes when
+        that can be built and sent (a rejection), else alone."""
+        key = (record.topic, record.partition, record.offset)
+        failures = self._failures.get(key, 0)
+        log.error(
+            "a record keeps failing outside the handler; dead-lettering it",
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            exc_info=error,
+        )
+        letter = dead_letter(
+            record,
+            code=OUTPUT_TOO_LARGE if isinstance(error, _TOO_LARGE) else PROCESSING_FAILED,
+            reason=f"processing it failed {failures} times; last error: {type(error).__name__}: {error}",
+            source_service=self._settings.service,
+        )
+        sent = [await self._send_dead_letter(producer, letter)]
+        if self._dead_letter_outputs is None or key in self._bare_poison:
+            return sent
+        try:
+            outputs = list(self._dead_letter_outputs(letter))
+        except Exception as failure:
+            log.error("the outputs of a dead letter cannot be built; it goes alone", exc_info=failure)
+            return sent
+        for topic, output in outputs:
+            sent.append(
+                await send_envelope(
+                    producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                )
+            )
+        return sent
+
     async def _send_dead_letter(self, producer: AIOKafkaProducer, letter: DeadLetter) -> asyncio.Future[Any]:
         self.stats.dead_lettered += 1
         future: asyncio.Future[Any] = await producer.send(
@@ -727,6 +867,19 @@ class Processor:
             semconv.EVENT_TYPE: envelope.type,
             semconv.EVENT_SUBJECT: envelope.subject,
         }
+
+
+_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+
+
+def _blames_the_input(error: Exception) -> bool:
+    """Whether a failed attempt says something about the records (so it counts against them), rather
+    than about the broker or the network (a lost connection, a timeout: retried for as long as it lasts)."""
+    if isinstance(error, _TOO_LARGE):
+        return True
+    if isinstance(error, OSError | TimeoutError):
+        return False
+    return not (isinstance(error, KafkaError) and error.retriable)
 
 
 def _is_fatal(producer: AIOKafkaProducer | None, error: Exception) -> bool:

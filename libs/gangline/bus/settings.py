@@ -43,6 +43,11 @@ class ProcessorSettings(BaseModel):
     state folds their own outputs and is rebuilt from the log at start (the single-leader services).
     Within one run a committed batch is never handled again either way (``Processor._on_assigned``)."""
     max_handler_attempts: int = Field(default=3, ge=1)
+    max_batch_attempts: int = Field(default=3, ge=1)
+    """A batch that fails outside the handler (decoding, an output the broker refuses, the flush) in a way
+    that blames its input is tried this many times; then its records one per transaction, and a record
+    that fails alone this many times is dead-lettered and skipped. Lost connections and timeouts do not
+    count (they are retried for as long as they last)."""
     retry_backoff_s: float = Field(default=0.1, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1)
     heartbeat_interval_ms: int = Field(default=3_000, ge=1)

@@ -1,7 +1,7 @@
 """The people's command line: ``gangline submit|status|why|cancel|queues|nodes``, talking to the API.
 
 The API is found at ``GANGLINE_API_URL`` (default http://127.0.0.1:8080) with the bearer token in
-``GANGLINE_TOKEN``. ``gangline.cli`` registers each subcommand with one line (see
+``GANGLINE_TOKEN``. ``services.tools.cli`` registers each subcommand with one line (see
 :data:`commands.COMMANDS`).
 """
 

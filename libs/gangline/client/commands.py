@@ -212,7 +212,7 @@ def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
     )
 
 
-# -- registration: (name, help, configure, run) for gangline.cli's COMMANDS ---------------------
+# -- registration: (name, help, configure, run) for services.tools.cli's COMMANDS ---------------------
 
 SUBMIT_HELP = "submit a job described in a YAML file"
 STATUS_HELP = "a job's state, placement and history"

@@ -17,7 +17,11 @@ and, at the start of a cycle, hands over only each group's first `keep` jobs in 
   line; a job that is never charged is skipped by fair order, and dropping a skipped job leaves the
   order of the others unchanged. A group keeps `max(fit, admit)` jobs.
 
-Only for allocate-only profiles (preemption frees GPUs inside a cycle; see `CorePolicy`).
+Only for profiles that never free GPUs inside a cycle: allocate-only ones (see `CorePolicy`), and
+EASY backfill (`EasyBackfill`), whose reservation holds and gives back only GPUs free at the start.
+EASY also needs, of each group, the first job left out (`candidates(..., blocked=[])`): the first
+waiting job that cannot start is the head that gets the reservation. Its backfill rule reads
+the duration hint, so its groups are keyed by `group_key_with_hint`.
 Fractional and MIG requests are never dropped (their capacity is not counted here).
 """
 
@@ -54,10 +58,16 @@ def group_key(job: Job) -> GroupKey:
     )
 
 
+def group_key_with_hint(job: Job) -> GroupKey:
+    """`group_key` and the duration hint: for rules that read the hint (EASY backfill)."""
+    return (*group_key(job), job.duration_hint_s)
+
+
 class WaitingIndex:
     """Waiting jobs by group, each group in line order (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Job], GroupKey] = group_key) -> None:
+        self._key = key
         self._groups: dict[GroupKey, list[tuple[LineKey, Job]]] = {}
         self._where: dict[JobId, tuple[GroupKey, LineKey]] = {}
 
@@ -66,7 +76,7 @@ class WaitingIndex:
 
     def add(self, job: Job, line: LineKey) -> None:
         """`job` waits; `line` orders it in its group (unique per job)."""
-        key = group_key(job)
+        key = self._key(job)
         group = self._groups.setdefault(key, [])
         entry = (line, job)
         if not group or group[-1][0] < line:
@@ -90,8 +100,17 @@ class WaitingIndex:
         if not group:
             del self._groups[key]
 
-    def candidates(self, snapshot: Snapshot, admit: AdmitLimit | None = None) -> list[tuple[LineKey, Job]]:
-        """The jobs a cycle on `snapshot` may place or charge, with their line keys (unsorted)."""
+    def candidates(
+        self,
+        snapshot: Snapshot,
+        admit: AdmitLimit | None = None,
+        *,
+        blocked: list[tuple[LineKey, Job]] | None = None,
+    ) -> list[tuple[LineKey, Job]]:
+        """The jobs a cycle on `snapshot` may place or charge, with their line keys (unsorted).
+
+        `blocked`, when given, gets each group's first job left out (it cannot be placed now).
+        """
         fits = _FitCounter(snapshot)
         out: list[tuple[LineKey, Job]] = []
         for group in self._groups.values():
@@ -101,8 +120,10 @@ class WaitingIndex:
                 keep = max(keep, admit(job, len(group)))
             if keep >= len(group):
                 out.extend(group)
-            elif keep > 0:
-                out.extend(group[:keep])
+                continue
+            out.extend(group[:keep])
+            if blocked is not None:
+                blocked.append(group[keep])
         return out
 
 

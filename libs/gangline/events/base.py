@@ -26,6 +26,11 @@ JsonObject = dict[str, Any]
 Upcaster = Callable[[JsonObject], JsonObject]
 """Turns the JSON ``data`` of version N of a type into the JSON ``data`` of version N + 1."""
 
+MAX_ATTRIBUTE_CHARS = 512
+"""The CloudEvents ``id``, ``source``, ``subject`` and ``causationid`` are at most this long (an output
+repeats its cause's id: an unbounded one would let one request make events of any size)."""
+Attribute = Annotated[str, Field(min_length=1, max_length=MAX_ATTRIBUTE_CHARS)]
+
 EVENT_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*$")
 
 
@@ -80,18 +85,18 @@ class Envelope(BaseModel):
     model_config = MODEL_CONFIG
 
     specversion: Literal["1.0"]
-    id: Annotated[str, Field(min_length=1)]
+    id: Attribute
     """Unique per message: the idempotency key consumers deduplicate on."""
-    source: Annotated[str, Field(min_length=1)]
+    source: Attribute
     """Who produced it, e.g. "gangline/placement" or "gangline/agent/node-07"."""
     type: str
     """gangline.<event>.v<N>"""
     time: UtcDatetime
     """When the event happened, RFC 3339 in UTC."""
-    subject: Annotated[str, Field(min_length=1)]
+    subject: Attribute
     """The job id or node id: also the Kafka key."""
     datacontenttype: Literal["application/json"] = "application/json"
-    causationid: Annotated[str, Field(min_length=1)] | None = None
+    causationid: Attribute | None = None
     """The id of the event that caused this one."""
     traceparent: Annotated[str, Field(pattern=TRACEPARENT_PATTERN)] | None = None
     """W3C trace context, also carried in the Kafka headers."""

@@ -12,8 +12,14 @@ from pydantic_core import ErrorDetails
 
 from gangline.events.base import Envelope, Event, JsonObject, parse_wire_type
 from gangline.events.registry import Registry, default_registry
+from gangline.events.types import LIMIT_EXCEEDED
 
 REQUIRED_ATTRIBUTES = ("specversion", "id", "source", "type", "time", "subject", "data")
+MAX_DEPTH = 64
+"""The deepest nesting of JSON arrays and objects a message may have; deeper is malformed. Checked on the
+raw bytes before Python's json parses them (it recurses, and raises RecursionError near 1,000 levels);
+the one-pass way (pydantic's parser, iterative with its own limit) reads only messages of our models,
+none of which nests anywhere near that deep."""
 OPTIONAL_ATTRIBUTES = ("datacontenttype", "causationid", "traceparent")
 
 
@@ -94,18 +100,23 @@ def dumps(obj: Any) -> bytes:
 def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
     """Read one message, upcasting its data to the latest registered version of its type.
 
-    Raises MalformedMessage, UnknownEventType or SchemaViolation (all DecodeError).
+    Raises MalformedMessage, UnknownEventType or SchemaViolation (LimitExceeded when only sizes are
+    wrong); all DecodeError.
     """
     registry = registry if registry is not None else _default()
-    fast = _decode_latest(raw, registry)
+    fast = _decode_latest(raw, registry)  # pydantic's parser has its own depth limit and never recurses
     if fast is not None:
         return fast
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedMessage(f"the message is not UTF-8 text (bad byte at offset {exc.start})") from None
+    if too_deep(raw):
+        raise MalformedMessage(f"the message nests arrays and objects more than {MAX_DEPTH} levels deep")
     try:
         body = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:  # too_deep() already refuses what could get here; a last guard all the same
+        raise MalformedMessage("the message nests arrays and objects too deeply") from None
     except json.JSONDecodeError as exc:
         raise MalformedMessage(
             f"the message is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -147,10 +158,8 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
 
     data = _validate_data(registry, event_type, version, body["data"], context)
     if data.subject() != body["subject"]:
-        raise SchemaViolation(
-            [f"subject: must equal the data's subject {data.subject()!r} (got {body['subject']!r})"],
-            **context,
-        )
+        expected, got = _quoted(data.subject()), _quoted(body["subject"])
+        raise SchemaViolation([f"subject: must equal the data's subject {expected} (got {got})"], **context)
     attributes = {name: body[name] for name in (*REQUIRED_ATTRIBUTES, *OPTIONAL_ATTRIBUTES) if name in body}
     attributes["type"] = data.wire_type()
     attributes["data"] = data
@@ -158,6 +167,43 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
         return Envelope(**attributes)
     except pydantic.ValidationError as exc:
         raise MalformedMessage("; ".join(render_errors(exc.errors(), prefix="")), **context) from None
+
+
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+"""A JSON string (skipped whole, brackets inside it included) or one bracket."""
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``raw`` nests JSON arrays and objects more than ``limit`` levels deep.
+
+    A scan of the bytes that never recurses (strings are skipped, so brackets inside them do not count);
+    a message with no more than ``limit`` opening brackets in all is passed without a scan.
+    """
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return False
+    depth = 0
+    for match in _STRUCTURE.finditer(raw):
+        first = match.group()[0]
+        if first in _OPENING:
+            depth += 1
+            if depth > limit:
+                return True
+        elif first in _CLOSING:
+            depth -= 1
+    return False
+
+
+_OPENING = frozenset(b"[{")
+_CLOSING = frozenset(b"]}")
+
+
+class LimitExceeded(SchemaViolation):
+    """The ``data`` is valid but for values over the size limits: too long, too many, too large in all."""
+
+    code = LIMIT_EXCEEDED
+
+
+_SIZE_ERRORS = frozenset({"string_too_long", "too_long", LIMIT_EXCEEDED})
 
 
 class _NotJson(ValueError):
@@ -240,7 +286,9 @@ def _strict(cls: type[Event], data: JsonObject, context: dict[str, str | None]) 
     try:
         return cls.model_validate_json(dumps(data), strict=True)
     except pydantic.ValidationError as exc:
-        raise SchemaViolation(render_errors(exc.errors(), prefix="data"), **context) from None
+        errors = exc.errors()
+        kind = LimitExceeded if all(error["type"] in _SIZE_ERRORS for error in errors) else SchemaViolation
+        raise kind(render_errors(errors, prefix="data"), **context) from None
 
 
 def render_errors(errors: list[ErrorDetails], *, prefix: str) -> list[str]:
@@ -280,6 +328,8 @@ def _message(error: ErrorDetails) -> str:
         return f"needs at least {ctx['min_length']} item(s){got}"
     if kind == "too_long":
         return f"takes at most {ctx['max_length']} item(s){got}"
+    if kind == LIMIT_EXCEEDED:
+        return error["msg"]
     if kind == "string_pattern_mismatch":
         return f"must match {ctx['pattern']}{got}"
     if kind == "literal_error":
@@ -324,6 +374,12 @@ def _show(value: Any) -> str:
         shown = json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _quoted(text: str) -> str:
+    """``repr(text)``, cut to 80 characters (a reason never repeats a huge input)."""
+    shown = repr(text)
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from gangline.events.base import MODEL_CONFIG, Event, UtcDatetime
 from gangline.events.types import (
     ENV_NAME_PATTERN,
+    LIMIT_EXCEEDED,
     AllocationIdField,
     Code,
     GpuIdField,
     JobIdField,
     Label,
-    MiBField,
+    MiB,
     MilliGpuField,
     NodeIdField,
     QueueNameField,
@@ -26,6 +29,20 @@ from gangline.events.types import (
 )
 
 MAX_PRIORITY = 1_000_000
+MAX_WORKERS = 100_000
+MAX_COMMAND_ITEMS = 1024
+"""argv entries of a job's command."""
+MAX_COMMAND_ITEM_CHARS = 4096
+MAX_ENV_ENTRIES = 256
+MAX_ENV_VALUE_CHARS = 32_768
+MAX_COMMAND_AND_ENV_BYTES = 256 * 1024
+"""The command and env of one job together, as UTF-8 JSON: keeps a ``job.admitted`` (which carries them)
+far below the broker's 1 MiB record limit, like Linux's ``ARG_MAX`` keeps argv and environ bounded."""
+MAX_DURATION_HINT_S = 366 * 86_400
+MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
+"""16 TiB per GPU: far above any GPU, low enough that the number is a number."""
+NO_NUL = r"^[^\x00]*$"
+"""Strings handed to processes and stored in PostgreSQL carry no NUL character."""
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
 
 
@@ -44,20 +61,28 @@ class JobSpec(BaseModel):
     GPUs are whole unless the job asks for a slice: with ``mig_profile`` or ``gpu_fraction_milli`` each
     worker gets one MIG slice / one shared slot of a GPU, and ``gpus_per_worker`` must be 0.
     Elastic jobs give ``min_workers``/``max_workers`` around ``workers`` (the size it asks for now).
+
+    Every string, list and map is bounded, so no request makes an event over the broker's 1 MiB limit:
+    ids and labels as their types say (job id 128 characters, queue 63, GPU type 253), ``command`` at
+    most 1,024 items of 4,096 characters, ``env`` at most 256 entries (names 256 characters, values
+    32,768), and ``command`` and ``env`` together at most 256 KiB of UTF-8 JSON (``limit_exceeded``);
+    strings handed to the workers hold no NUL.
     """
 
     model_config = MODEL_CONFIG
 
     queue: QueueNameField
-    workers: Annotated[int, Field(ge=1, le=100_000)]
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)]
     gpus_per_worker: Annotated[int, Field(ge=0, le=1024)]
     priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     """Higher wins; urgent work may preempt lower-priority or over-quota work."""
     gpu_type: Label | None = None
     """A GPU model name as nodes register it (e.g. "H100-SXM5-80GB"); None takes any."""
-    gpu_memory_mib: MiBField | None = None
+    gpu_memory_mib: Annotated[MiB, Field(ge=1, le=MAX_GPU_MEMORY_MIB)] | None = None
     """Least memory per GPU (or per slice / shared slot)."""
-    mig_profile: Annotated[str, Field(pattern=r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$")] | None = None
+    mig_profile: (
+        Annotated[str, Field(max_length=32, pattern=r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)?$")] | None
+    ) = None
     """A MIG profile such as "1g.10gb" or "3g.40gb"."""
     gpu_fraction_milli: MilliGpuField | None = None
     """A shared slot of one GPU, in thousandths (250 = a quarter)."""
@@ -65,14 +90,33 @@ class JobSpec(BaseModel):
     preemptible: bool = False
     checkpoint_grace_s: Annotated[int, Field(ge=0, le=86_400)] = 30
     """How long the job has to checkpoint once asked, before its GPUs are taken."""
-    command: tuple[Annotated[str, Field(max_length=4096)], ...] = ()
+    command: Annotated[
+        tuple[Annotated[str, Field(max_length=MAX_COMMAND_ITEM_CHARS, pattern=NO_NUL)], ...],
+        Field(max_length=MAX_COMMAND_ITEMS),
+    ] = ()
     """argv of each worker; empty when the agent's default entry point is used."""
-    env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(default_factory=dict)
-    duration_hint_s: Annotated[int, Field(ge=1)] | None = None
-    """The producer's estimate of run time, used by backfill; never enforced."""
-    min_workers: Annotated[int, Field(ge=1)] | None = None
-    max_workers: Annotated[int, Field(ge=1)] | None = None
+    env: Annotated[
+        dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS, pattern=NO_NUL)]],
+        Field(max_length=MAX_ENV_ENTRIES),
+    ] = Field(default_factory=dict)
+    duration_hint_s: Annotated[int, Field(ge=1, le=MAX_DURATION_HINT_S)] | None = None
+    """The producer's estimate of run time, used by backfill; never enforced (at most 366 days)."""
+    min_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
+    max_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
     submitted_by: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Self:
+        if not self.command and not self.env:
+            return self
+        size = len(json.dumps([self.command, self.env], ensure_ascii=False, separators=(",", ":")).encode())
+        if size > MAX_COMMAND_AND_ENV_BYTES:
+            raise PydanticCustomError(
+                LIMIT_EXCEEDED,
+                "command and env together must be at most {limit} bytes of UTF-8 JSON (got {size})",
+                {"limit": MAX_COMMAND_AND_ENV_BYTES, "size": size},
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

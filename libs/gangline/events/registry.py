@@ -84,3 +84,10 @@ def default_registry() -> Registry:
         [*jobs.EVENTS, *allocations.EVENTS, *nodes.EVENTS],
         upcasters={**nodes.UPCASTERS},
     )
+
+
+JOB_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in (*jobs.EVENTS, *allocations.EVENTS))
+"""Wire types (latest versions) whose subject is a job id."""
+
+NODE_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in nodes.EVENTS)
+"""Wire types whose subject is a node id."""

@@ -15,6 +15,8 @@ SAFE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 CODE_PATTERN = r"^[a-z][a-z0-9_]*$"
 """Machine-readable codes are snake_case, e.g. "quota_exceeded"."""
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+LIMIT_EXCEEDED = "limit_exceeded"
+"""The validation error type, and the decode code, of a value over a size limit (too long, too many)."""
 
 JobId = NewType("JobId", str)
 """The id a producer gives a job; unique across the cluster's history and the Kafka key of its events."""

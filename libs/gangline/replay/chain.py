@@ -14,56 +14,23 @@ decision domain (DESIGN.md §2 rule 4) keeps each chain linear without coordinat
 resumes after a restart from the last record of its chain (read the partition tail). Headers keep
 the envelope contract unchanged, and the export keeps them, so offline verification is the same.
 
-`ChainWriter` is what a producer uses; `verify_chain` what replay uses.
+`ChainWriter` (`gangline.events.chain`) is what a producer uses; `verify_chain` what replay uses.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gangline.events.base import JsonObject
-from gangline.events.codec import dumps
+from gangline.events.chain import (
+    CHAINED_TOPICS,
+    GENESIS,
+    HASH_HEADER,
+    PREV_HEADER,
+    SEQ_HEADER,
+    chain_hash,
+)
 from gangline.replay.log import LogRecord
-
-SEQ_HEADER = "gangline-chain-seq"
-PREV_HEADER = "gangline-chain-prev"
-HASH_HEADER = "gangline-chain-hash"
-GENESIS = "0" * 64
-CHAINED_TOPICS = ("allocations.log",)
-
-
-def chain_hash(prev_hex: str, seq: int, envelope: JsonObject) -> str:
-    """The hash of a record at `seq` after `prev_hex` (see module docstring)."""
-    h = hashlib.sha256()
-    h.update(bytes.fromhex(prev_hex))
-    h.update(seq.to_bytes(8, "big"))
-    h.update(dumps(envelope))
-    return h.hexdigest()
-
-
-class ChainWriter:
-    """A producer's side: the headers for each next record of one chain."""
-
-    def __init__(self, *, seq: int = 0, prev: str = GENESIS) -> None:
-        self.seq = seq
-        self.prev = prev
-
-    @classmethod
-    def resume(cls, last_headers: Mapping[str, str] | None) -> ChainWriter:
-        """Continue after the chain's last record (None: a new chain)."""
-        if not last_headers:
-            return cls()
-        return cls(seq=int(last_headers[SEQ_HEADER]) + 1, prev=last_headers[HASH_HEADER])
-
-    def headers_for(self, envelope: JsonObject) -> dict[str, str]:
-        """The chain headers of the next record, and advance."""
-        h = chain_hash(self.prev, self.seq, envelope)
-        out = {SEQ_HEADER: str(self.seq), PREV_HEADER: self.prev, HASH_HEADER: h}
-        self.seq += 1
-        self.prev = h
-        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
     gangline replay --from log.jsonl --verify            # hash chain + every decision re-run
     gangline replay --from log.jsonl --profile fair.yaml # what-if: per-queue differences
+    gangline replay --from log.jsonl --profile fair.yaml --queues queues.yaml  # ... under these quotas
     gangline export --from log.jsonl --out clean.jsonl --topics allocations.log
 
     gangline replay --from kafka --verify                # the log on the broker, as it stands now
@@ -18,22 +19,28 @@ topics with `--decider`). Records that are not JSON (dead-lettered garbage) are 
 or a service's own handlers fed from the headers its outputs carry (`admission`, `quota`,
 `placement-service`, `preemption`, `node-health`: `services.<name>.replay`), or `all` of those
 present in the log (`services.common.replay`), each reported on its own. Those live in the services,
-which the library does not import: `DECIDERS` names their modules, imported only when chosen.
+which the library does not import: the `gangline` command (`services.tools.cli`) passes them in.
 Settings a service reads that the log does not hold (queues, quota limits, silence) come from the
 same `GANGLINE_*` environment variables the service reads.
+
+What-if (`--profile`) re-runs the log's workload in the simulator under the recorded default
+profile and under the given one (`gangline.replay.whatif`), with the queues of `--queues` (a
+queues file as the services read it, `gangline.queues_file`; without one every queue is
+unlimited), and prints per queue the waits, GPU-hours and preemptions of the other minus the
+recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol
 
 from gangline.core.framework.profile import load_profile_file
-from gangline.replay.chain import CHAINED_TOPICS, verify_chain
+from gangline.events.chain import CHAINED_TOPICS
+from gangline.replay.chain import verify_chain
 from gangline.replay.decide import replay_decisions
 from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource, write_jsonl
 from gangline.sim.report import queue_diff
@@ -56,20 +63,9 @@ class Decider(Protocol):
         """Re-run every recorded decision, print what was compared and each difference; True if identical."""
 
 
-DECIDERS: dict[str, str] = {
-    "all": "services.common.replay",
-    "admission": "services.admission.replay",
-    "quota": "services.quota.replay",
-    "placement-service": "services.placement.replay",
-    "placement": "services.placement.replay",
-    "preemption": "services.preemption.replay",
-    "node-health": "services.node_health.replay",
-}
-"""Decider name → the module implementing :class:`Decider` (explicit; imported when chosen)."""
-
-
-def load_decider(name: str) -> Decider:
-    return cast(Decider, importlib.import_module(DECIDERS[name]))
+Deciders = Mapping[str, Callable[[], Decider]]
+"""Decider name → what loads it. The services' deciders live where the services are visible
+(``services.tools.cli`` passes them in); this library knows only its own model."""
 
 
 def _source(where: str, bootstrap: str | None = None) -> LogSource:
@@ -92,15 +88,20 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def configure_replay(p: argparse.ArgumentParser) -> None:
-    """Arguments of `gangline replay`."""
+def configure_replay(p: argparse.ArgumentParser, deciders: Deciders) -> None:
+    """Arguments of `gangline replay`; ``deciders``: the services' own, by name."""
     _add_source(p, "a JSONL file from `gangline export`")
     p.add_argument("--verify", action="store_true", help="check the hash chain and re-run every decision")
     p.add_argument("--profile", type=Path, help="what-if: re-run history under this profile YAML")
+    p.add_argument(
+        "--queues",
+        type=Path,
+        help="what-if: the queues file (quotas, cohorts) to run under (default: every queue unlimited)",
+    )
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
     p.add_argument(
         "--decider",
-        choices=[MODEL, *sorted(DECIDERS)],
+        choices=[MODEL, *sorted(deciders)],
         default=MODEL,
         help="with --verify: what re-runs the decisions (default: the library's placement model)",
     )
@@ -110,12 +111,15 @@ def configure_replay(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_replay(args: argparse.Namespace) -> int:
+def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
     """0: verified (or what-if printed); 1: the log fails verification; 2: unusable input."""
     if not args.verify and args.profile is None:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
         return 2
-    decider = load_decider(args.decider) if args.verify and args.decider != MODEL else None
+    if args.queues is not None and args.profile is None:
+        print("gangline replay: --queues goes with --profile (what-if)", file=sys.stderr)
+        return 2
+    decider = deciders[args.decider]() if args.verify and args.decider != MODEL else None
     topics = decider.decider_topics(args.prefix) if decider is not None and args.source == KAFKA else None
     source = _source(args.source, args.bootstrap)
     try:
@@ -154,14 +158,17 @@ def run_replay(args: argparse.Namespace) -> int:
         if not (chain.ok and same):
             status = 1
     if args.profile is not None:
+        from gangline.queues_file import load_queues_file
         from gangline.replay.whatif import what_if
         from gangline.sim.run import sim_registry
 
         try:
             other = load_profile_file(args.profile, sim_registry())
-            base, alt = what_if(records, other)
+            queues = load_queues_file(args.queues) if args.queues is not None else None
+            base, alt = what_if(records, other, queues=queues)
         except (OSError, ValueError, KeyError) as e:
-            print(f"gangline replay: {e}", file=sys.stderr)
+            one_line = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"gangline replay: {one_line}", file=sys.stderr)
             return 2
         print(queue_diff(base, alt))
     return status

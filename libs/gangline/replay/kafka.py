@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from gangline.events.codec import MAX_DEPTH, too_deep
 from gangline.events.topics import NODES_HEARTBEATS, PUBLIC_TOPICS
 from gangline.replay.log import LogFormatError, LogRecord, record_from_json
 
@@ -40,6 +41,8 @@ def default_bootstrap() -> str:
 def to_log_record(msg: ConsumerRecord[bytes, bytes]) -> LogRecord:
     """A consumed message as a `LogRecord` (see module docstring)."""
     where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
+    if msg.value is not None and too_deep(msg.value):
+        raise LogFormatError(f"{where}: not a JSON record this log reads (nested more than {MAX_DEPTH} deep)")
     try:
         envelope = json.loads(msg.value) if msg.value is not None else None
         headers = {k: v.decode("utf-8") for k, v in msg.headers or ()}

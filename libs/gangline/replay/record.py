@@ -19,9 +19,9 @@ from gangline.core.framework.profile import Profile
 from gangline.core.model import JobId, Node
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.chain import ChainWriter
 from gangline.events.jobs import JobRequested
 from gangline.events.nodes import GpuInfo, NodeRegistered
-from gangline.replay.chain import ChainWriter
 from gangline.replay.decide import PlacementModel
 from gangline.replay.log import LogRecord
 from gangline.sim.trace import TraceJob

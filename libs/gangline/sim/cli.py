@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gangline.core.defaults import profile_path
 from gangline.sim.cluster import load_cluster_spec
-from gangline.sim.policies import BASELINES
+from gangline.sim.policies import BASELINES, DEFAULT_TIME_LIMIT_S
 from gangline.sim.report import build_report, queue_diff, table, write_report
 from gangline.sim.run import default_runs, load_profiles, run_campaign
 from gangline.sim.simulator import SimOptions
@@ -47,6 +47,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-s", type=float, default=1800.0, help="run time between checkpoints")
     p.add_argument("--sample-s", type=float, default=300.0, help="fairness/fragmentation sampling period")
     p.add_argument("--hold", action="store_true", help="packing experiment: started jobs never end")
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        help="easy-backfill: the time limit of jobs whose trace gives none (seconds; default one day)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -67,8 +73,16 @@ def run(args: argparse.Namespace) -> int:
     options = SimOptions(
         cycle_s=args.cycle_s, checkpoint_s=args.checkpoint_s, sample_s=args.sample_s, hold=args.hold
     )
+    if not args.time_limit_s > 0:
+        print("gangline simulate: --time-limit-s must be > 0", file=sys.stderr)
+        return 2
     results = run_campaign(
-        jobs, spec, default_runs(profiles, baselines), options=options, progress=not args.no_progress
+        jobs,
+        spec,
+        default_runs(profiles, baselines),
+        options=options,
+        progress=not args.no_progress,
+        default_time_limit_s=args.time_limit_s,
     )
     report = build_report(
         results,
@@ -82,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint_s": args.checkpoint_s,
             "sample_s": args.sample_s,
             "hold": args.hold,
+            "time_limit_s": args.time_limit_s,
         },
     )
     print(

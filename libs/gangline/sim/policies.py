@@ -1,29 +1,42 @@
-"""The scheduling policies the simulator compares: the core under a profile, and two baselines.
+"""The scheduling policies the simulator compares: the core under a profile, and three baselines.
 
 * `CorePolicy` runs Gangline's own core, unchanged: each cycle is `run_cycle` (or, when the
   cluster has queues, `run_queue_cycle` with the quota ledger and fair shares) over the pending
   jobs in submit order, and the plan is committed with `apply_plan`. Profiles decide the rest.
 * `fifo-gang-best-fit` is `CorePolicy` with a bare profile (health, gpu-fit, gang; no scores, one
   candidate): whole gangs in submit order, each on the fullest nodes that fit it, no quotas.
+* `EasyBackfill` (`easy-backfill`) is priority FIFO with EASY backfill, as Slurm users know it
+  (priority/multifactor without fair share, backfill scheduler): jobs in priority order, then
+  submit order; the first job that cannot start (the head) holds a reservation at its earliest
+  start, found from the running jobs' expected ends (start + time limit); later jobs start only
+  if they fit now and either their time limit ends before the head's reservation or they do not
+  touch its GPUs. Whole gangs, no quotas, no preemption. It is `CorePolicy` with the core's own
+  reserve / allocate / backfill (`EASY_BACKFILL_YAML`), an unlimited quota tree and a fair share
+  with no capacity (every share 0, so the core's fair order is priority, then submit time). Its
+  duration hint is the job's time limit: the trace's `time_limit_s` where it gives one, else one
+  default limit for every job (Slurm's partition DefaultTime), never the job's real run time.
 * `PodFirstFit` (`k8s-first-fit`) is what plain Kubernetes does with GPU pods: every pod on its
   own, in submit order, on the first node (lowest index) that fits it; a job starts only when all
   its pods are bound, and bound pods hold their GPUs meanwhile. It is not the core, on purpose.
 
 A policy owns a `Snapshot` of the cluster, so metrics read free GPUs the same way for all.
 
-Under contention both keep cycles proportional to what can change, not to what waits, and decide
-exactly what the plain loops decide (`tests/unit/core/test_waiting.py` compares them job by job):
+Under contention all three keep cycles proportional to what can change, not to what waits, and
+decide exactly what the plain loops decide (`tests/unit/core/test_waiting.py` and
+`test_easy_backfill.py` compare them job by job):
 `CorePolicy` hands the core only the waiting jobs that could be placed or charged
-(`gangline.core.waiting`); `PodFirstFit` walks its waiting jobs by pod shape and stops a shape at
-its first failure.
+(`gangline.core.waiting`; for a profile with reservations, also the front of the line),
+`EasyBackfill` those and the first blocked job of each group;
+`PodFirstFit` walks its waiting jobs by pod shape and stops a shape at its first failure.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Protocol
 
@@ -51,11 +64,13 @@ from gangline.core.model import (
     Milli,
     Node,
     QueueName,
+    Seconds,
     WorkerPlacement,
 )
-from gangline.core.queues import QuotaLedger, QuotaTree, Resource
+from gangline.core.queue_profile import queue_registry
+from gangline.core.queues import CohortSpec, QueueSpec, QuotaLedger, QuotaTree, Resource, ResourceQuota
 from gangline.core.snapshot import Snapshot
-from gangline.core.waiting import WaitingIndex
+from gangline.core.waiting import GroupKey, LineKey, WaitingIndex, group_key, group_key_with_hint
 
 NON_EVICTING_ACTIONS = frozenset({"allocate", "reserve", "backfill"})
 """Actions that only take GPUs (reserve evicts only preemptible work, checked separately)."""
@@ -69,6 +84,52 @@ plugins: [health, gpu-fit, gang]
 settings: {max_candidates: 1}
 """
 """Whole gangs, submit order, the search's first (fullest-node, best-fit) candidate, no quotas."""
+
+EASY_BACKFILL_YAML = """\
+name: easy-backfill
+actions:
+  - name: reserve
+    args: {max_reservations: 1, min_gpus: 1, start_ahead: true}
+  - allocate
+  - backfill
+plugins: [priority, health, gpu-fit, gang]
+settings: {max_candidates: 1}
+"""
+"""EASY backfill from the core's actions: one reservation, for the first job (of any size) that
+cannot start once the jobs ahead of it have; later jobs on the GPUs it does not hold, or on the
+ones it does when they end before it starts."""
+
+DEFAULT_TIME_LIMIT_S = 86400.0
+"""`easy-backfill`'s time limit for jobs whose trace gives none (one day, like a partition's
+DefaultTime)."""
+
+UNLIMITED = 1 << 40
+"""A quota no request reaches: what an unlimited queue is given for every resource."""
+
+
+def unlimited_tree(
+    queues: Iterable[QueueName],
+    resources: Iterable[Resource],
+    *,
+    specs: Sequence[QueueSpec] = (),
+    cohorts: Sequence[CohortSpec] = (),
+) -> QuotaTree:
+    """The tree of `specs` and `cohorts`, with each of `queues` they do not name in it, outside
+    any cohort, free to use any amount of each of `resources`."""
+    quotas = {r: ResourceQuota(UNLIMITED) for r in sorted(set(resources))}
+    named = {q.name for q in specs}
+    free = [QueueSpec(q, quotas) for q in sorted(set(queues) - named)]
+    return QuotaTree([*specs, *free], cohorts)
+
+
+def charged_resources(jobs: Iterable[Job], nodes: Sequence[Node]) -> set[Resource]:
+    """Every quota resource one of `jobs` could be charged on the GPU models of `nodes`."""
+    models = sorted({g.model for n in nodes for g in n.gpus})
+    out: set[Resource] = set()
+    for job in jobs:
+        for m in [job.gpu_type] if job.gpu_type is not None else models:
+            out.update(job_request(job, m))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,20 +327,23 @@ class CorePolicy:
                 hi = mid
         return lo
 
-    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
-        self._cycle += 1
+    def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:
+        """The waiting jobs to hand the core this cycle (all, or those that could change it)."""
         if new is not None and self._monotone(new):
-            jobs = [self._pending[j] for j in new if j in self._pending]
-        elif self.prune and self._allocate_only():
+            return [self._pending[j] for j in new if j in self._pending]
+        if self.prune and self._allocate_only():
             self._admits.clear()
             admit = self._admit_limit if self._ledger is not None else None
             lined = self._waiting.candidates(self.snapshot, admit)
             lined.sort(key=lambda e: e[0])
-            jobs = [j for _, j in lined]
-        elif self.prune and self.queues is None and not self._evicts():
-            jobs = self._front_and_fits()
-        else:
-            jobs = list(self._pending.values())
+            return [j for _, j in lined]
+        if self.prune and self.queues is None and not self._evicts():
+            return self._front_and_fits()
+        return list(self._pending.values())
+
+    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
+        self._cycle += 1
+        jobs = self._cycle_jobs(new)
         if not jobs:
             return CycleOutcome()
         if self.queues is None and not self._allocate_only():
@@ -326,6 +390,72 @@ class CorePolicy:
             self._facts[p.job.id] = RunFacts(started_at=now)
             self._charge(p.job, p.allocation)
         return CycleOutcome(tuple(started), tuple(evicted), tuple(partial), tuple(problems))
+
+
+class EasyBackfill(CorePolicy):
+    """`easy-backfill`: priority FIFO with EASY backfill (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        nodes: Sequence[Node],
+        tree: QuotaTree,
+        *,
+        registry: Registry | None = None,
+        time_limits: Mapping[JobId, float] | None = None,
+        default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        prune: bool = True,
+    ) -> None:
+        profile = load_profile(EASY_BACKFILL_YAML, registry or queue_registry())
+        super().__init__(name, profile, nodes, QueueSetup(tree, capacity={}), prune=prune)
+        self._waiting = WaitingIndex(group_key_with_hint)
+        self._idle_profile = load_profile(FIFO_GANG_BEST_FIT_YAML, registry or queue_registry())
+        self._idle_fit: dict[GroupKey, bool] = {}
+        self._limits = dict(time_limits or {})
+        self.default_time_limit_s = default_time_limit_s
+
+    def time_limit(self, job_id: JobId) -> float:
+        """The time limit `job_id` runs under: its trace's, or the default."""
+        return self._limits.get(job_id, self.default_time_limit_s)
+
+    def submit(self, job: Job, now: float) -> None:
+        """In line with its time limit as its duration hint; nothing is preemptible without preemption."""
+        hint = Seconds(max(1, math.ceil(self.time_limit(job.id))))
+        super().submit(replace(job, duration_hint_s=hint, preemptible=False), now)
+
+    def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:
+        """The jobs that could start, and the first blocked job that could ever start (the head).
+
+        A cycle only takes GPUs free at its start (the reservation holds and gives back only
+        those), so of a group of identical jobs (time limit included) the ones past what the free
+        GPUs hold never start (`gangline.sim.waiting`). The head the reservation goes to is the
+        first job in line that cannot start but would on an idle cluster: among those left out,
+        it is the first such in (priority, submit) order; the core skips blocked jobs before it
+        (they never fit) and leaves the ones after it waiting, so handing it the rest changes
+        nothing. Every running job has a known end (its time limit), so only a job that does not
+        fit an idle cluster gets no reservation.
+        """
+        del new
+        if not self.prune:
+            return list(self._pending.values())
+        blocked: list[tuple[LineKey, Job]] = []
+        lined = self._waiting.candidates(self.snapshot, blocked=blocked)
+        blocked.sort(key=lambda e: (-e[1].priority, e[0]))
+        for entry in blocked:
+            lined.append(entry)
+            if self._fits_idle(entry[1]):
+                break
+        lined.sort(key=lambda e: e[0])
+        return [j for _, j in lined]
+
+    def _fits_idle(self, job: Job) -> bool:
+        """Whether `job` could be placed on the cluster with nothing running (cached per shape)."""
+        key = group_key(job)
+        fits = self._idle_fit.get(key)
+        if fits is None:
+            plan = run_cycle(Snapshot(self.nodes), [job], self._idle_profile, cycle=0)
+            fits = self._idle_fit[key] = bool(plan.placed)
+        return fits
 
 
 @dataclass
@@ -521,10 +651,27 @@ def make_policy(
     queues: QueueSetup | None = None,
     pod_workers: Mapping[JobId, int] | None = None,
     registry: Registry | None = None,
+    jobs: Sequence[Job] = (),
+    time_limits: Mapping[JobId, float] | None = None,
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Policy:
-    """A policy by name: `k8s-first-fit`, `fifo-gang-best-fit`, or the core under `profile`."""
+    """A policy by name: a baseline (`BASELINES`) or the core under `profile`.
+
+    `easy-backfill` needs the `jobs` it will see (for its unlimited quota tree), and takes their
+    time limits (`time_limits`, else `default_time_limit_s`).
+    """
     if name == "k8s-first-fit":
         return PodFirstFit(name, nodes, pod_workers)
+    if name == "easy-backfill":
+        tree = unlimited_tree({j.queue for j in jobs}, charged_resources(jobs, nodes))
+        return EasyBackfill(
+            name,
+            nodes,
+            tree,
+            registry=registry,
+            time_limits=time_limits,
+            default_time_limit_s=default_time_limit_s,
+        )
     if name == "fifo-gang-best-fit":
         return CorePolicy(
             name, load_profile(FIFO_GANG_BEST_FIT_YAML, registry or placement_registry()), nodes
@@ -534,4 +681,4 @@ def make_policy(
     return CorePolicy(name, profile, nodes, queues)
 
 
-BASELINES = ("k8s-first-fit", "fifo-gang-best-fit")
+BASELINES = ("k8s-first-fit", "fifo-gang-best-fit", "easy-backfill")

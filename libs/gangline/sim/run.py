@@ -19,7 +19,7 @@ from gangline.core.model import JobId, QueueName
 from gangline.core.queue_profile import queue_registry
 from gangline.sim.cluster import ClusterSpec
 from gangline.sim.metrics import RunResult
-from gangline.sim.policies import BASELINES, QueueSetup, make_policy
+from gangline.sim.policies import BASELINES, DEFAULT_TIME_LIMIT_S, QueueSetup, make_policy
 from gangline.sim.simulator import Progress, SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
@@ -89,13 +89,19 @@ def run_campaign(
     options: SimOptions | None = None,
     progress: bool = False,
     registry: Registry | None = None,
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> list[RunResult]:
-    """Run each policy over the same jobs on fresh copies of the cluster."""
+    """Run each policy over the same jobs on fresh copies of the cluster.
+
+    `default_time_limit_s`: `easy-backfill`'s time limit for jobs whose trace gives none.
+    """
     opts = options or SimOptions()
     if not opts.entitlement:
         opts = replace(opts, entitlement=entitlement_weights(spec, jobs))
     queue_names = {j.queue for j in jobs}
     pod_workers = {JobId(j.id): j.pod_workers for j in jobs if j.pod_workers != 1}
+    core_jobs = [j.to_job() for j in jobs]
+    time_limits = {JobId(j.id): j.time_limit_s for j in jobs if j.time_limit_s is not None}
     results: list[RunResult] = []
     for run in runs:
         nodes = spec.build_nodes()
@@ -109,6 +115,9 @@ def run_campaign(
             queues=queues,
             pod_workers=pod_workers,
             registry=registry or sim_registry(),
+            jobs=core_jobs,
+            time_limits=time_limits,
+            default_time_limit_s=default_time_limit_s,
         )
         bar: Progress | None = StderrProgress(run.name) if progress else None
         results.append(Simulator(jobs, policy, float(spec.total_gpus), opts, bar).run())

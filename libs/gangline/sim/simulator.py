@@ -9,8 +9,10 @@ changed, the policy is told which (see `Policy.cycle`) and a monotone one tries 
 saturated stretch of the trace costs one cycle per release, not one per arrival over every waiter.
 
 Preempted jobs return to the queue with the work since their last checkpoint lost (checkpoints
-every `checkpoint_s` of run time). The run ends when no event is left; jobs still waiting then
-(bigger than the cluster, or deadlocked pods) are reported as unfinished.
+every `checkpoint_s` of run time); a cycle that evicted is followed by another at the same instant,
+so the jobs they were preempted for start on the GPUs they freed. The run ends when no event is
+left; jobs still waiting then (bigger than the cluster, or deadlocked pods) are reported as
+unfinished.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from gangline.sim.clock import VirtualClock
 from gangline.sim.metrics import Recorder, RunResult
 from gangline.sim.policies import Policy
 from gangline.sim.trace import TraceJob
+
+MAX_FOLLOW_UP_CYCLES = 8
+"""Cycles run at one instant after one that evicted (a preemption frees GPUs for its preemptor)."""
 
 Progress = Callable[[int, int, float], None]
 """Called now and then with (jobs finished, jobs in the trace, virtual time)."""
@@ -120,7 +125,8 @@ class Simulator:
                 policy.submit(core_jobs[j.id], t)
                 rec.submitted(j)
                 arrived.append(j.id)
-            if (arrived or released) and rec.waiting:
+            follow_ups = 0
+            while (arrived or released) and rec.waiting:
                 out = policy.cycle(t, None if released else arrived)
                 for jid in out.evicted:
                     lv = live[jid]
@@ -141,6 +147,12 @@ class Simulator:
                         seq += 1
                         heapq.heappush(completions, (t + lv.remaining, seq, jid, lv.epoch))
                 rec.cycle_done(out.partial, out.problems)
+                # Evicted jobs' GPUs are free now: the jobs they were preempted for take them at
+                # once, in another cycle at this instant (a few at most, so preemption cannot loop).
+                arrived, released = [], bool(out.evicted)
+                follow_ups += 1
+                if follow_ups > MAX_FOLLOW_UP_CYCLES:
+                    break
             rec.sample(t, policy)
             if self.progress is not None and (finished & 1023) == 0:
                 self.progress(finished, total, t)

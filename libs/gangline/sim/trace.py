@@ -13,8 +13,11 @@ Three formats, each one loader:
   k). Duration: `deletion_time - scheduled_time` (or `- creation_time` for pods never scheduled).
   The queue is the pod's QoS class; `gpu_spec` (types separated by `|`) keeps the first type.
 * **Generic CSV** (documented for users): header `submit_time_s,duration_s,workers,gpus_per_worker,queue`
-  with optional `gpu_type,priority,preemptible,job_id`; seconds from trace start; `gpus_per_worker`
-  may be a fraction below 1 (e.g. `0.5`) for a shared GPU.
+  with optional `gpu_type,priority,preemptible,job_id,time_limit_s`; seconds from trace start;
+  `gpus_per_worker` may be a fraction below 1 (e.g. `0.5`) for a shared GPU; `time_limit_s` is the
+  job's own time limit (what a Slurm user gives with `--time`), read by `easy-backfill` only.
+
+Philly and Alibaba give no time limits (`TraceJob.time_limit_s` is None).
 
 `time_scale` divides submit times (2.0 = the same jobs arriving twice as fast), for load what-ifs.
 """
@@ -40,7 +43,7 @@ from gangline.core.model import (
 )
 
 GENERIC_REQUIRED = ("submit_time_s", "duration_s", "workers", "gpus_per_worker", "queue")
-GENERIC_OPTIONAL = ("gpu_type", "priority", "preemptible", "job_id")
+GENERIC_OPTIONAL = ("gpu_type", "priority", "preemptible", "job_id", "time_limit_s")
 PHILLY_HEADER = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 ALIBABA_HEADER = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time")
 
@@ -69,6 +72,9 @@ class TraceJob:
     preemptible: bool = False
     pod_workers: int = 1
     same_node: bool = False
+    time_limit_s: float | None = None
+    """The limit the submitter gave (None: the trace gives none); not the run time, which the
+    simulator alone knows."""
 
     @property
     def gpus(self) -> float:
@@ -131,6 +137,7 @@ def _finish(jobs: list[TraceJob], time_scale: float, limit: int | None) -> list[
             preemptible=j.preemptible,
             pod_workers=j.pod_workers,
             same_node=j.same_node,
+            time_limit_s=j.time_limit_s,
         )
         for j in jobs
     ]
@@ -264,6 +271,7 @@ def load_generic(path: str | Path, *, time_scale: float = 1.0, limit: int | None
                 gpu_type=GpuModel(gpu_type) if gpu_type else None,
                 priority=int(row.get("priority") or 0),
                 preemptible=_flag(row.get("preemptible") or ""),
+                time_limit_s=_time_limit(row.get("time_limit_s") or ""),
             )
             job.to_job()  # validates the shape
         except ValueError as e:
@@ -275,6 +283,16 @@ def load_generic(path: str | Path, *, time_scale: float = 1.0, limit: int | None
     if len(set(ids)) != len(ids):
         raise TraceError(f"{p}: job_id values repeat")
     return _finish(jobs, time_scale, limit)
+
+
+def _time_limit(text: str) -> float | None:
+    """A `time_limit_s` cell: empty for none, else seconds > 0."""
+    if not text.strip():
+        return None
+    limit = float(text)
+    if not limit > 0:
+        raise ValueError(f"time_limit_s {text!r} must be > 0")
+    return limit
 
 
 def detect_format(path: str | Path) -> str:

@@ -21,11 +21,11 @@ from e2e.harness import wait_healthy
 
 from gangline.bus import EventProducer
 from gangline.bus.admin import delete_topics, ensure_topics
-from gangline.cli import main as cli
 from gangline.events import jobs, nodes
 from gangline.events.base import Event, make_envelope
 from gangline.events.topics import topic_for
 from services.common.topics import TopicNames
+from services.tools.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -15,7 +15,8 @@ from gangline.bus import BatchInfo, EventProducer, Processor, ProcessorSettings
 from gangline.bus.admin import TopicSpec
 from gangline.bus.chain import partition_for
 from gangline.events.base import Envelope, make_envelope
-from gangline.replay.chain import SEQ_HEADER, verify_chain
+from gangline.events.chain import SEQ_HEADER
+from gangline.replay.chain import verify_chain
 from gangline.replay.kafka import to_log_record
 from gangline.replay.log import LogRecord
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -10,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
-from gangline.bus import Delivery, EventProducer
+from gangline.bus import DLQ_CODE, DLQ_OFFSET, MAX_DEAD_LETTER_BYTES, Delivery, EventProducer, header
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.events import allocations, jobs, nodes
 from gangline.events.base import Envelope, Event, make_envelope
-from gangline.events.codec import decode
+from gangline.events.codec import decode, encode
 from gangline.events.registry import Registry
 from gangline.events.topics import topic_for
 from services.common.topics import TopicNames
@@ -283,3 +285,69 @@ async def test_an_event_the_database_keeps_refusing_is_dead_lettered_and_the_res
 
 async def _dead_lettered(ledger: Ledger) -> bool:
     return ledger.stats.dead_lettered > 0
+
+
+async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_the_limit(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    history = job_history(job_id)
+    big_subject = json.loads(encode(history[1]))
+    big_subject["subject"] = "s" * 900_000
+    bad = [
+        bytes(range(256)) * 4090,  # 1 MiB of garbage, less the broker's framing
+        json.dumps(big_subject).encode(),
+        b"[" * 10_000 + b"]" * 10_000,
+    ]
+    refusals = iter(range(2))  # the first two writes of jobs.events are refused: read again
+    real_project_batch = wiring.project_batch
+
+    async def flaky(
+        conn: asyncpg.Connection, deliveries: Sequence[Delivery], registry: Registry, **options: bool
+    ) -> int:
+        on_events = any(d.meta.topic == prefix + "jobs.events" for d in deliveries)
+        if on_events and next(refusals, None) is not None:
+            raise asyncpg.DataError("not now")
+        return await real_project_batch(conn, deliveries, registry, **options)
+
+    monkeypatch.setattr(wiring, "project_batch", flaky)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=2**21)
+    await producer.start()
+    try:
+        # A small bad record among the job's events (in the batch that is refused and read again),
+        # then the large ones; all on the job's partition of jobs.events.
+        await publish(kafka_bootstrap, prefix, history[:2])
+        await producer.send_and_wait(prefix + "jobs.events", value=b"\x00 garbage", key=job_id.encode())
+        await publish(kafka_bootstrap, prefix, history[2:])
+        for value in bad:
+            await producer.send_and_wait(prefix + "jobs.events", value=value, key=job_id.encode())
+    finally:
+        await producer.stop()
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool, retry_backoff_s=0.01)
+    task = await run_ledger(ledger)
+    try:
+        await until(lambda: _equals(count_events(pg_pool, history), len(history)))
+        assert not task.done()  # never crashed
+    finally:
+        await stop(ledger, task)
+    dlq = AIOKafkaConsumer(
+        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await dlq.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        # One large record per fetch: read until the four are there (or 30 s have passed, and fail).
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(records) < 4 and asyncio.get_running_loop().time() < deadline:
+            batch = await dlq.getmany(timeout_ms=1_000)
+            records += [r for rs in batch.values() for r in rs]
+        batch = await dlq.getmany(timeout_ms=1_000)  # and no fourth one behind them
+        records += [r for rs in batch.values() for r in rs]
+    finally:
+        await dlq.stop()
+    offsets = [int(header(r.headers, DLQ_OFFSET) or b"-1") for r in records]
+    assert len(offsets) == len(set(offsets)) == 4  # once each, though the first was read twice more
+    for record in records:
+        headers = sum(len(k) + len(v) for k, v in record.headers)
+        assert len(record.value or b"") + len(record.key or b"") + headers <= MAX_DEAD_LETTER_BYTES
+        assert header(record.headers, DLQ_CODE) in (b"malformed_message", b"schema_violation")

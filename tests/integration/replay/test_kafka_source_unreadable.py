@@ -35,8 +35,14 @@ async def test_unreadable_records_are_skipped_and_counted(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:
     topic = (await topic_factory(partitions=1)).name
-    garbage = [b"not json at all", b'{"specversion": "1.0", "id": ', b"\xff\xfe\x00garbage", b"[1, 2]"]
-    values = [_request(0), garbage[0], _request(1), garbage[1], garbage[2], _request(2), garbage[3]]
+    garbage = [
+        b"not json at all",
+        b'{"specversion": "1.0", "id": ',
+        b"\xff\xfe\x00garbage",
+        b"[1, 2]",
+        b"[" * 10_000 + b"]" * 10_000,  # json.loads would raise RecursionError
+    ]
+    values = [_request(0), garbage[0], _request(1), garbage[1], garbage[2], _request(2), *garbage[3:]]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
     await producer.start()
     try:
@@ -51,4 +57,4 @@ async def test_unreadable_records_are_skipped_and_counted(
     assert [r.event_id for r in records] == ["req-0", "req-1", "req-2"]
     assert [r.offset for r in records] == [0, 2, 5]
     assert source.skipped == {topic: len(garbage)}
-    assert [u.split(":")[0] for u in source.unreadable] == [f"{topic}[0]@{o}" for o in (1, 3, 4, 6)]
+    assert [u.split(":")[0] for u in source.unreadable] == [f"{topic}[0]@{o}" for o in (1, 3, 4, 6, 7)]

@@ -12,16 +12,17 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from gangline.bus.admin import TopicSpec
-from gangline.cli import main
 from gangline.core.model import GpuModel, JobId, MiB, QueueName
 from gangline.events.base import JsonObject
+from gangline.events.chain import ChainWriter
 from gangline.events.codec import dumps
-from gangline.replay.chain import ChainWriter, verify_chain
+from gangline.replay.chain import verify_chain
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, read_jsonl
 from gangline.replay.record import record_log
 from gangline.sim.cluster import ClusterSpec, NodeGroup
 from gangline.sim.trace import TraceJob
+from services.tools.cli import main
 
 pytestmark = pytest.mark.kafka
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -14,6 +15,10 @@ from gangline.bus import (
     DLQ_REASON,
     DLQ_SOURCE_SERVICE,
     DLQ_TOPIC,
+    DLQ_TRUNCATED,
+    DLQ_VALUE_SHA256,
+    DLQ_VALUE_SIZE,
+    MAX_DEAD_LETTER_BYTES,
     DeadLetter,
     RecordMeta,
     dead_letter,
@@ -123,3 +128,54 @@ def test_readable_record_decodes_and_meta_says_where_it_was() -> None:
     meta = RecordMeta.of(record)
     assert (meta.topic, meta.partition, meta.offset, meta.key) == ("jobs.requests", 2, 41, b"j1")
     assert meta.headers == (("traceparent", b"00-x"),)
+
+
+def _weight(letter: DeadLetter) -> int:
+    """What the record weighs on the wire, but for Kafka's few bytes of framing."""
+    headers = sum(len(name.encode()) + len(value) for name, value in letter.headers)
+    return len(letter.value or b"") + len(letter.key or b"") + headers
+
+
+def test_a_huge_record_makes_a_dead_letter_under_the_limit_keeping_the_digest_of_its_value() -> None:
+    value = bytes(range(256)) * 4096  # 1 MiB of garbage
+    record = Record(value=value, key=b"k" * 900_000, headers=(("big", b"h" * 900_000), ("small", b"s")))
+    letter = dead_letter(record, code="malformed_message", reason="r" * 900_000, source_service="ledger")
+    assert _weight(letter) <= MAX_DEAD_LETTER_BYTES < 1024 * 1024
+    assert letter.value == value[: len(letter.value or b"")] and len(letter.value or b"") < len(value)
+    assert header(letter.headers, DLQ_VALUE_SHA256) == hashlib.sha256(value).hexdigest().encode()
+    assert header(letter.headers, DLQ_VALUE_SIZE) == str(len(value)).encode()
+    assert header(letter.headers, DLQ_TRUNCATED) == b"value,key,headers"
+    assert header(letter.headers, "big") is None  # left out: over the room for copied headers
+    assert len(header(letter.headers, DLQ_REASON) or b"") <= 4096
+    assert header(letter.headers, DLQ_CODE) == b"malformed_message"
+
+
+def test_a_small_record_is_copied_whole_with_no_digest() -> None:
+    letter = dead_letter(Record(value=b"tiny"), code="malformed_message", reason="x", source_service="a")
+    assert letter.value == b"tiny"
+    assert header(letter.headers, DLQ_TRUNCATED) is None and header(letter.headers, DLQ_VALUE_SHA256) is None
+
+
+def test_the_reason_is_cut_on_a_character_boundary() -> None:
+    letter = dead_letter(Record(value=b"x"), code="c", reason="é" * 5000, source_service="a")
+    reason = (header(letter.headers, DLQ_REASON) or b"").decode()  # still valid UTF-8
+    assert len(reason.encode()) <= 4096 and reason.endswith("…") and set(reason[:-1]) == {"é"}
+
+
+def test_a_900_kb_subject_makes_a_small_reason_and_a_bounded_dead_letter() -> None:
+    body = json.loads(_valid_bytes())
+    body["subject"] = "s" * 900_000
+    raw = json.dumps(body).encode()
+    outcome = decode_or_dead_letter(Record(value=raw), registry=REGISTRY, source_service="admission")
+    assert isinstance(outcome, DeadLetter)
+    assert header(outcome.headers, DLQ_CODE) in (b"schema_violation", b"malformed_message")
+    assert len(header(outcome.headers, DLQ_REASON) or b"") < 1000
+    assert _weight(outcome) <= MAX_DEAD_LETTER_BYTES
+
+
+def test_json_nested_10000_deep_is_a_malformed_message_not_a_recursion_error() -> None:
+    for raw in (b"[" * 10_000 + b"]" * 10_000, b'{"data":' * 10_000 + b"1" + b"}" * 10_000):
+        outcome = decode_or_dead_letter(Record(value=raw), registry=REGISTRY, source_service="admission")
+        assert isinstance(outcome, DeadLetter)
+        assert header(outcome.headers, DLQ_CODE) == b"malformed_message"
+        assert b"64 levels" in (header(outcome.headers, DLQ_REASON) or b"")

@@ -266,3 +266,65 @@ def test_nan_and_infinity_are_not_json(constant: str) -> None:
     text = encode(envelope()).decode().replace('"workers":2', f'"workers":{constant}')
     with pytest.raises(MalformedMessage, match=f"not JSON \\({constant} is not a JSON value\\)"):
         decode(text.encode())
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_nesting_depth_is_counted_on_the_bytes_outside_strings() -> None:
+    assert not codec.too_deep(_nested(codec.MAX_DEPTH))
+    assert codec.too_deep(_nested(codec.MAX_DEPTH + 1))
+    assert codec.too_deep(b'{"a":' * 65 + b"1" + b"}" * 65)
+    # Brackets inside strings (escaped quotes included) are text, not structure.
+    assert not codec.too_deep(raw({"x": "[" * 10_000, "y": '\\"{' * 200}))
+    assert not codec.too_deep(b"[" * 64 + b'"[[[[\\"]]"' + b"]" * 64)
+
+
+def test_a_too_deep_message_is_malformed_before_any_parser_recurses() -> None:
+    for body in (_nested(10_000), raw(message()).replace(b'"data":', b'"data":' + b"[" * 100, 1)):
+        with pytest.raises(MalformedMessage, match="more than 64 levels deep"):
+            decode(body)
+    # Sixty-four levels of a real message's own structure would still be read (and then judged).
+    with pytest.raises(SchemaViolation):
+        decode(raw(message(command=[[[[]]]])))
+
+
+def test_a_huge_subject_is_never_repeated_in_the_reason() -> None:
+    body = message()
+    body["subject"] = "s" * 900_000
+    with pytest.raises(SchemaViolation) as err:
+        decode(raw(body))
+    assert len(err.value.reason) < 300 and "'j-1'" in err.value.reason
+
+
+def test_values_over_the_size_limits_are_limit_exceeded_naming_the_field() -> None:
+    cases = {
+        "data.env": {"env": {f"E{i}": "x" for i in range(257)}},
+        "data.command": {"command": ["x"] * 1025},
+        "data.command[0]": {"command": ["x" * 4097]},
+        "command and env together": {"env": {f"E{i}": "x" * 32_000 for i in range(32)}},
+    }
+    for words, data in cases.items():
+        with pytest.raises(codec.LimitExceeded) as err:
+            decode(raw(message(**data)))
+        assert err.value.code == "limit_exceeded"
+        assert words in err.value.reason, err.value.reason
+        assert len(err.value.reason) < 500
+    # A size problem beside another kind of problem is a plain schema violation.
+    with pytest.raises(SchemaViolation) as mixed:
+        decode(raw(message(workers=0, command=["x"] * 1025)))
+    assert mixed.value.code == "schema_violation"
+
+
+def test_strings_given_to_workers_hold_no_nul() -> None:
+    for data in ({"command": ["a\x00b"]}, {"env": {"A": "\x00"}}):
+        with pytest.raises(SchemaViolation, match="must match"):
+            decode(raw(message(**data)))
+
+
+def test_cloudevents_attributes_are_bounded() -> None:
+    body = message()
+    body["id"] = "e" * 513
+    with pytest.raises(MalformedMessage, match="id"):
+        decode(raw(body))

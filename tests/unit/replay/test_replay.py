@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gangline.cli import main
 from gangline.core.model import GpuModel, JobId, MiB, QueueName
-from gangline.replay.chain import HASH_HEADER, ChainWriter, verify_chain
+from gangline.events.chain import HASH_HEADER, ChainWriter
+from gangline.replay.chain import verify_chain
 from gangline.replay.decide import GRANTED, replay_decisions
 from gangline.replay.log import LogRecord, read_jsonl, write_jsonl
 from gangline.replay.record import record_log
 from gangline.sim.cluster import ClusterSpec, NodeGroup
 from gangline.sim.trace import TraceJob
+from services.tools.cli import main
 
 
 def _cluster() -> ClusterSpec:

@@ -58,9 +58,9 @@ def wiring(settings: AdmissionSettings) -> Wiring:
     )
 
 
-def request(log: Log, job: str, **spec: Any) -> None:
+def request(log: Log, job: str, *, event_id: str | None = None, **spec: Any) -> None:
     fields: dict[str, Any] = {"queue": "default", "workers": 1, "gpus_per_worker": 1, **spec}
-    log.produce(TOPICS.requests, env(JobRequested(job_id=JobId(job), **fields)))
+    log.produce(TOPICS.requests, env(JobRequested(job_id=JobId(job), **fields), event_id=event_id))
 
 
 def recorded_log(settings: AdmissionSettings) -> Log:
@@ -68,7 +68,7 @@ def recorded_log(settings: AdmissionSettings) -> Log:
     for node in cluster(("a", 2, 8)).nodes():
         log.produce(TOPICS.inventory, env(node))
     run = ServiceRun(log, wiring(settings))
-    request(log, "j1", workers=2, gpus_per_worker=8)
+    request(log, "j1", event_id="req-j1", workers=2, gpus_per_worker=8)
     request(log, "j2", queue="nope")
     request(log, "j3", gpus_per_worker=16)
     request(log, "j1", workers=2, gpus_per_worker=8)  # a producer's retry: dropped
@@ -80,8 +80,11 @@ def recorded_log(settings: AdmissionSettings) -> Log:
     del unreadable["data"]["workers"]
     log.append(TOPICS.requests, unreadable, "j9")  # no workers: dead-lettered, and rejected
     run.drain(max_per_partition=2)
+    request(log, "j8", event_id="req-j1")  # j1's event id, another body: rejected (duplicate_event_id)
+    run.drain()
     run.start()
     request(log, "j1", workers=2, gpus_per_worker=8)  # a retry after the restart: still dropped
+    request(log, "j10", event_id="req-j1")  # still known after the restart (from j1's admission)
     request(log, "j4", workers=3, gpus_per_worker=8)  # 24 GPUs: too large unless node b comes first
     for node in cluster(("b", 1, 8)).nodes():
         log.produce(TOPICS.inventory, env(node))
@@ -97,6 +100,12 @@ def test_an_untouched_log_replays_identical_across_a_restart(settings: Admission
     log = recorded_log(settings)
     outputs = outputs_of(log.records, SOURCE)
     assert {r.type for r in outputs} == {"gangline.job.admitted.v1", "gangline.job.rejected.v1"}
+    reused = [
+        r.envelope["data"]["job_id"]
+        for r in outputs
+        if r.envelope["data"].get("code") == "duplicate_event_id"
+    ]
+    assert reused == ["j8", "j10"]
 
     result = replay_admission(log.records, settings)
 

@@ -10,6 +10,7 @@ from test_placement import TOPICS, feed, grants, new_state
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
+from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     JobCancelRequested,
     JobCompleted,
@@ -18,7 +19,6 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import NodeHeartbeat
 from gangline.events.types import AllocationId, JobId, NodeId, Seconds
-from services.common.ids import derived_id
 from services.placement.handlers import PlacementState, decide, end_batch, fold_event
 
 

@@ -17,15 +17,15 @@ from gangline.bus.positions import INCARNATION_HEADER, INPUTS_HEADER, Partition,
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationReleased
 from gangline.events.base import Envelope
+from gangline.events.chain import ChainWriter
 from gangline.events.codec import encode
 from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobCompleted, JobQueued, JobSpec
 from gangline.events.types import AllocationId, JobId, QueueName, Seconds
-from gangline.replay.chain import ChainWriter
+from gangline.fold.cluster import FOLDED_EVENTS
 from gangline.replay.log import LogRecord, write_jsonl
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, end_batch, fold_event
 from services.placement.replay import LIVE_EVENTS, main, replay_placement
-from services.placement.wiring import PLACEMENT_EVENTS
 
 TOPICS = TopicNames()
 JOB_PARTITIONS = 3
@@ -58,7 +58,7 @@ class Recorder:
             for r in sorted(
                 (r for r in self.records if r.topic == topic), key=lambda r: (r.partition, r.offset)
             ):
-                if _kind(r) in PLACEMENT_EVENTS:
+                if _kind(r) in FOLDED_EVENTS:
                     self.state.restore(self._envelope(r))
         self.folded = {tp: end for tp, end in self.ends.items() if tp[0] in restore}
         # The consumer goes on from the committed offsets: what the restore read comes again (no change).
@@ -277,7 +277,7 @@ def test_the_command_line_exits_0_when_identical_and_1_on_a_difference(
 def test_gangline_replay_verifies_with_the_placement_service_as_decider(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gangline.cli import main as gangline_main
+    from services.tools.cli import main as gangline_main
 
     records = recorded_log().records
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"

@@ -29,7 +29,7 @@ from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState
 from services.placement.handlers import decide as place
-from services.preemption.handlers import PreemptionState, decide
+from services.preemption.handlers import Mirror, PreemptionState, decide
 
 TOPICS = TopicNames()
 H100 = "H100-SXM5-80GB"
@@ -128,7 +128,7 @@ def with_queues(
     queues = queues_of(QueuesFile.model_validate(doc))
     placement = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
     preemption = PreemptionState(
-        mirror=PlacementState(topics=TOPICS, profile=profile or default_profile(), gated=False),
+        mirror=Mirror(topics=TOPICS, profile=profile or default_profile(), gated=False),
         tree=queues.whole_tree,
         policy=PreemptionPolicy(min_runtime_s=min_runtime_s, default_grace_s=0.0),
     )

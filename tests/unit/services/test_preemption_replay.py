@@ -15,10 +15,10 @@ from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobPending, JobSpec, PendingReason
 from gangline.events.nodes import NodeHeartbeat
 from gangline.events.types import AllocationId, JobId, NodeId
+from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.select import select_types
 from services.placement.handlers import PlacementState
 from services.placement.handlers import decide as place
-from services.placement.wiring import PLACEMENT_EVENTS
 from services.preemption.handlers import SOURCE, PreemptionState, end_batch, fold_event
 from services.preemption.replay import replay_preemption
 from services.preemption.settings import PreemptionSettings
@@ -37,7 +37,7 @@ def wiring(settings: PreemptionSettings = SETTINGS) -> Wiring:
 
     def select(state: PreemptionState) -> Any:
         wanted: dict[str, Any] = {
-            **dict.fromkeys(PLACEMENT_EVENTS, True),
+            **dict.fromkeys(FOLDED_EVENTS, True),
             "job.pending": True,
             "job.checkpointed": True,
             "node.heartbeat": lambda: bool(state.in_flight),

@@ -15,11 +15,11 @@ from test_admission_replay import wiring as admission_wiring
 from test_quota_replay import QUEUES_FILE
 from test_quota_replay import wiring as quota_wiring
 
-from gangline.cli import main as gangline_main
 from gangline.replay.log import LogRecord, write_jsonl
 from services.admission.settings import AdmissionSettings
 from services.common.replay import present
 from services.quota.handlers import SOURCE as QUOTA
+from services.tools.cli import main as gangline_main
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,11 @@ count as ending now: when the gang fits with only those gone, it does not wait â
 becomes a `PreemptionPlan` (kind ``reserve``) that checkpoints them. The reserved GPUs that are
 free now are held in the working snapshot, so allocate cannot give them to anyone.
 
+With ``start_ahead: true`` reserve also starts, in order, the jobs ahead of the first blocked gang
+that fit now, so the reservation is computed on the GPUs they leave, as EASY backfill does (the
+head of the line is the first job that cannot start); without it, allocate places them after the
+reservation is taken and they may only use GPUs it does not hold.
+
 ``backfill`` runs after allocate. It lets the held GPUs go and tries each still-waiting job that
 may use them: a preemptible job (it will be checkpointed when the reservation is due), or one
 whose duration hint ends before the earliest reservation starts. Then it holds what is left
@@ -65,6 +70,13 @@ def _int_arg(args: Mapping[str, object] | None, key: str, default: int) -> int:
     return value
 
 
+def _bool_arg(args: Mapping[str, object] | None, key: str, default: bool) -> bool:
+    value = (args or {}).get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false")
+    return value
+
+
 def _hold(session: Session, reservation: Reservation, job: Job) -> list[Slot]:
     """Take the reservation's GPUs that are free now, one slot per GPU, in the working snapshot."""
     snap = session.snapshot
@@ -104,6 +116,8 @@ def earliest_start(
             now_free.append(r)
             continue
         end = ctx.expected_end(r.job)
+        if end is None and r.job.id in session.placed and r.job.duration_hint_s is not None:
+            end = ctx.now + r.job.duration_hint_s  # started in this cycle (``start_ahead``)
         if end is not None:
             timeline.append((max(end, ctx.now), r.job.id, r))
         else:
@@ -145,6 +159,7 @@ class Reserve:
     def __init__(self, args: Mapping[str, object] | None = None) -> None:
         self.max_reservations = _int_arg(args, "max_reservations", 1)
         self.min_gpus = _int_arg(args, "min_gpus", 8)
+        self.start_ahead = _bool_arg(args, "start_ahead", False)
 
     def execute(self, session: Session) -> None:
         ctx = context_of(session)
@@ -162,7 +177,9 @@ class Reserve:
             if not ctx.ledger.check(job.queue, request_for_order(job, session.snapshot)).fits:
                 continue
             if place(job) is not None:
-                continue  # allocate will place it
+                if self.start_ahead:
+                    allocate_one(session, job)
+                continue  # else allocate will place it
             found = earliest_start(session, ctx, job)
             if found is None:
                 decisions.explain(job.id, "blocked, and would not fit even on idle GPUs: no reservation")

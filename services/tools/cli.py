@@ -7,8 +7,11 @@ that adds its arguments to an argparse parser, and a function that runs it and r
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import cast
 
 from gangline.client import commands as client
 from gangline.replay import cli as replay_cli
@@ -26,9 +29,33 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
+def _decider(module: str) -> Callable[[], replay_cli.Decider]:
+    def load() -> replay_cli.Decider:
+        return cast(replay_cli.Decider, importlib.import_module(module))
+
+    return load
+
+
+DECIDERS: replay_cli.Deciders = {
+    "all": _decider("services.common.replay"),
+    "admission": _decider("services.admission.replay"),
+    "quota": _decider("services.quota.replay"),
+    "placement-service": _decider("services.placement.replay"),
+    "placement": _decider("services.placement.replay"),
+    "preemption": _decider("services.preemption.replay"),
+    "node-health": _decider("services.node_health.replay"),
+}
+"""``gangline replay --decider``: each service's own decisions re-run (imported only when chosen)."""
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("simulate", sim_cli.HELP, sim_cli.configure, sim_cli.run),
-    Command("replay", replay_cli.REPLAY_HELP, replay_cli.configure_replay, replay_cli.run_replay),
+    Command(
+        "replay",
+        replay_cli.REPLAY_HELP,
+        partial(replay_cli.configure_replay, deciders=DECIDERS),
+        partial(replay_cli.run_replay, deciders=DECIDERS),
+    ),
     Command("export", replay_cli.EXPORT_HELP, replay_cli.configure_export, replay_cli.run_export),
     Command("fake-nodes", fake_nodes.HELP, fake_nodes.configure, fake_nodes.run),
     Command("submit", client.SUBMIT_HELP, client.configure_submit, client.submit),
