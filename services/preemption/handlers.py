@@ -8,17 +8,22 @@ mirror's snapshot, which the cycle leaves as it was) for the jobs waiting for it
 * jobs placement said are pending for a reason other than quota (capacity, topology, ...), since the
   last batch;
 * jobs the quota service holds (its ``job.pending``, code quota), until it queues them: the core
-  reclaims quota their queue lent to the cohort when it is owed (below its nominal quota), or takes it
-  from lower-priority work of their own queue. They are handed to the core as they are (on the GPU
-  model quota names), and the core's quota ledger, built from the running jobs, checks that the
-  victims' release lets them fit. Quota decides who is owed quota; the victims are chosen here.
+  reclaims quota their queue lent to the cohort when it is owed (quota says so: constraint
+  ``reclaim``), or takes it from lower-priority work of their own queue. They are handed to the core
+  as they are (on the GPU model quota names), and the core's quota ledger, built from the running
+  jobs, checks that the victims' release lets them fit. Quota decides who is owed quota; the victims
+  are chosen here. Only those owed, or outranking preemptible work of their queue, go to the core,
+  owed ones first, at most ``MAX_HELD_PLANNED`` a batch, and only after a batch that folded something
+  that may change their plan (a grant, a release, a new hold, a node); a victim too young for the
+  minimum runtime is looked at again then.
 
 The cycle's quota tree is the queues file's (unlimited queues included); its run facts (start from
 the grant, last checkpoint from ``job.checkpointed``) make the cost the GPU-hours lost since each
 victim's last checkpoint, MIG slices and shares counted by their share; a job that has run less than
 ``min_runtime_s`` is never a victim. The core's victim sets are minimal, free a placement that fits
 the whole gang (topology included), and a reclaim never takes a victim's queue below its nominal.
-Each plan's victims (``decisions.preemptions``) are asked as before.
+As in the simulator, priority takes only lower-priority work of the job's own queue; across queues
+only what a queue borrows is taken back. Each plan's victims (``decisions.preemptions``) are asked as before.
 
 Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grace_s``). On the
 agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
@@ -28,9 +33,8 @@ checkpoint. Placement, seeing the release, places the urgent job first (it order
 keeps the GPUs its victims free for it).
 
 The service folds every event of a poll (:func:`fold_event`) and plans once per batch
-(:func:`end_batch`): for the jobs found pending in it, and for the jobs quota holds when something
-that may change their plan was folded (a grant, a release, a new hold, a node). :func:`decide`
-does both for a single event.
+(:func:`end_batch`), one core cycle for all the jobs above. :func:`decide` does both for a single
+event.
 
 State is bounded by the live jobs: what is kept per allocation (start time, asked to checkpoint) is
 dropped when the allocation is released, a job's last checkpoint and hold when the mirror retires
