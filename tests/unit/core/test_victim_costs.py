@@ -5,7 +5,7 @@ borrows, even when a victim that would take it below its nominal quota costs les
 from __future__ import annotations
 
 from scenarios.dsl import build_snapshot, fabric, gpus, held, job
-from scenarios.part2_world import World, queue
+from scenarios.queue_world import World, queue
 
 from gangline.core.actions.preempt import candidate_rows, gpu_share
 from gangline.core.actions.queueing import RunFacts, open_context
