@@ -441,7 +441,7 @@ class QuotaState:
                 and single[1] >= too_big.get((queue, single[0]), 1 << 62)
             ):
                 continue
-            if _fits(self.ledger, queue, request):
+            if self.ledger.fits(queue, request):
                 return (model, request)
             if single is not None and too_big is not None:
                 too_big[(queue, single[0])] = single[1]
@@ -460,11 +460,6 @@ class QuotaState:
             allocation=self._allocation(queues),
             history=history,
         )
-
-
-def _fits(ledger: QuotaLedger, queue: Queue, request: Mapping[Resource, int]) -> bool:
-    """``ledger.check(queue, request).fits`` without writing the reasons (let-throughs ask it often)."""
-    return all(n <= ledger.available(queue, r) for r, n in request.items() if n > 0)
 
 
 def _ask(spec: JobSpec) -> WorkerAsk:

@@ -148,7 +148,7 @@ def quota_admits(
             r = running[jid]
             ledger.release(r.job.queue, held_request(snap, r))
         req = job_request(job, snap.models[candidate.model], len(candidate.slots))
-        return ledger.check(job.queue, req).fits
+        return ledger.fits(job.queue, req)
 
     return admits
 
