@@ -10,7 +10,7 @@ from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
-from services.common.queues import unlimited_queues
+from services.common.queues import Queues, unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
@@ -34,7 +34,7 @@ PLACEMENT_EVENTS = (
 """What placement's state is a fold of (cancellations, read from jobs.requests, end as job.failed)."""
 
 
-def new_state(settings: PlacementSettings) -> PlacementState:
+def new_state(settings: PlacementSettings, queues: Queues | None = None) -> PlacementState:
     profile = (
         load_profile_file(settings.profile_path, placement_registry())
         if settings.profile_path
@@ -44,7 +44,9 @@ def new_state(settings: PlacementSettings) -> PlacementState:
         topics=topic_names(settings),
         profile=profile,
         gated=settings.gated,
-        unlimited_queues=unlimited_queues(settings.queues_file),
+        unlimited_queues=(
+            frozenset(queues.unlimited) if queues is not None else unlimited_queues(settings.queues_file)
+        ),
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
     )
 

@@ -10,7 +10,7 @@ from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
-from services.common.queues import unlimited_queues
+from services.common.queues import Queues, unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement.handlers import PlacementState
@@ -21,7 +21,7 @@ from services.preemption.settings import PreemptionSettings
 SERVICE = "preemption"
 
 
-def new_state(settings: PreemptionSettings) -> PreemptionState:
+def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> PreemptionState:
     profile = (
         load_profile_file(settings.profile_path, placement_registry())
         if settings.profile_path
@@ -32,7 +32,9 @@ def new_state(settings: PreemptionSettings) -> PreemptionState:
             topics=topic_names(settings),
             profile=profile,
             gated=settings.gated,
-            unlimited_queues=unlimited_queues(settings.queues_file),
+            unlimited_queues=(
+                frozenset(queues.unlimited) if queues is not None else unlimited_queues(settings.queues_file)
+            ),
         )
     )
 
