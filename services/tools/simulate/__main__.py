@@ -1,7 +1,8 @@
 """``python -m services.tools.simulate``: a trace through the services' own decisions.
 
     python -m services.tools.simulate --trace philly.csv --cluster deploy/clusters/philly-contended.yaml \\
-        [--queues Q.yaml] [--profile P.yaml] [--limit N] [--time-scale X] [--report report.json]
+        [--queues Q.yaml] [--profile P.yaml] [--limit N] [--time-scale X] [--fail-node NODE@S] \\
+        [--report report.json]
 
 Prints the table `gangline simulate` prints (one row: the services under the profile) and the
 figures per queue.
@@ -39,8 +40,23 @@ def parser() -> argparse.ArgumentParser:
         choices=["when_needed", "always"],
         help="deliver every heartbeat, or only while one can decide something (default)",
     )
+    p.add_argument(
+        "--fail-node",
+        action="append",
+        default=[],
+        metavar="NODE@SECONDS",
+        help="the node goes silent at that virtual time (repeatable)",
+    )
     p.add_argument("--report", type=Path, help="write the JSON report here")
     return p
+
+
+def failure(text: str) -> tuple[float, str]:
+    """``NODE@SECONDS`` → (seconds, node)."""
+    node, sep, at = text.rpartition("@")
+    if not sep or not node:
+        raise ValueError(f"--fail-node {text!r}: expected NODE@SECONDS")
+    return float(at), node
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             queues=args.queues,
             profile_path=args.profile,
             options=SimulateOptions(heartbeats=args.heartbeats, sample_s=args.sample_s),
+            failures=[failure(f) for f in args.fail_node],
         )
     except (OSError, ValueError, KeyError) as e:
         print(f"python -m services.tools.simulate: {e}", file=sys.stderr)

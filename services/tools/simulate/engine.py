@@ -302,7 +302,8 @@ class SimNodes(Consumer):
             if gone is not None:
                 ran = self.sim.now - gone.started
                 kept = self.checkpointed.pop(data.allocation_id, None)
-                self.lost_s[data.allocation_id] = ran - (kept if kept is not None else 0.0)
+                resumed = kept is not None and self.options.resume_from_checkpoint
+                self.lost_s[data.allocation_id] = ran - (kept if resumed and kept is not None else 0.0)
             if self.undated.get(data.job_id) == data.allocation_id:
                 del self.undated[data.job_id]
         elif isinstance(data, JobPreempting):
@@ -435,6 +436,7 @@ class ServiceOptions:
 
 
 Observer = Callable[[Transaction], None]
+"""Told of every transaction once every consumer has handled it (its outputs are the next ones)."""
 
 
 @dataclass
@@ -576,8 +578,6 @@ class ServiceSimulation:
             tx = pending.popleft()
             if self.keep_log:
                 self.log.append(tx)
-            for observe in self.observers:
-                observe(tx)
             for consumer in self.consumers:
                 topics = consumer.topics
                 outs: list[tuple[str, Envelope]] = []
@@ -591,6 +591,8 @@ class ServiceSimulation:
                     outs += caused(consumer.end_batch(last, now), last.id)
                 if outs:
                     pending.append(Transaction(consumer.name, self.now, tuple(outs)))
+            for observe in self.observers:  # after the nodes handled it: what a release lost is known
+                observe(tx)
 
     # -- heartbeats --------------------------------------------------------------------------------
 

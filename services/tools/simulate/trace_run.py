@@ -254,12 +254,14 @@ def simulate_services(
     queues: Queues | Path | None = None,
     profile_path: Path | None = None,
     options: SimulateOptions | None = None,
+    failures: Sequence[tuple[float, str]] = (),
     keep_log: bool = False,
 ) -> ServiceRun:
     """Run ``jobs`` on ``spec`` through the services' handlers; the figures of `gangline simulate`.
 
     ``queues``: the services' queue configuration (or its file) instead of the spec's queues.
     ``profile_path``: placement's (and preemption's) profile; the services' default otherwise.
+    ``failures``: (virtual time, node) at which a node goes silent for good.
     """
     wall0 = time.perf_counter()
     opts = options or SimulateOptions()
@@ -290,6 +292,11 @@ def simulate_services(
     sim.register_nodes(0.0)
     for job in sorted(jobs, key=lambda j: (j.submit_s, j.id)):
         sim.request(job.submit_s, request_of(job), event_id=derived_id(PRODUCER, job.id, "requested"))
+    known = {n.node for n in sim.nodes}
+    for at, node in failures:
+        if node not in known:
+            raise ValueError(f"cannot fail node {node}: the cluster has no such node")
+        sim.fail_node(at, node)
     sim.run()
     rec.at_end(measure)
     return ServiceRun(rec.result(time.perf_counter() - wall0), sim, measure.rejected)

@@ -121,3 +121,35 @@ def test_the_command_prints_the_report(capsys: object, tmp_path: Path) -> None:
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "services:default" in out and "| team-a |" in out
     assert json.loads(report.read_text())["runs"][0]["completed"] == 4
+
+
+def test_a_failed_node_requeues_its_jobs_and_loses_their_work() -> None:
+    spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
+    jobs = load_trace(SIM / "tiny_trace.csv")
+    run = simulate_services(jobs, spec, failures=[(5.0, "n-0000")], keep_log=True)
+    sim = run.simulation
+    hit = {
+        e.data.job_id
+        for tx in sim.log
+        if tx.at < 5.0
+        for _, e in tx.outputs
+        if isinstance(e.data, AllocationGranted) and any(p.node == "n-0000" for p in e.data.placements)
+    }
+    assert hit
+    records = {j.id: j for j in run.result.jobs}
+    for job in hit:
+        assert records[job].preemptions == 1
+        assert records[job].lost_gpu_hours > 0
+    assert records["gang-a"].start is None  # 16 GPUs: one node of 8 is left
+    assert summarize(run.result)["preemptions"] == len(hit)
+
+
+def test_a_queues_file_replaces_the_spec_queues(tmp_path: Path) -> None:
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - {name: team-b, unlimited: true}\n", encoding="utf-8")
+    spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
+    jobs = load_trace(SIM / "tiny_trace.csv")
+    run = simulate_services(jobs, spec, queues=queues)
+    assert run.rejected == len([j for j in jobs if j.queue == "team-a"]) == 2
+    figures = summarize(run.result)
+    assert figures["completed"] == 2 and figures["unfinished"] == 2
