@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ class Transaction:
     outputs: tuple[tuple[str, Envelope], ...]
 
 
-class Consumer:
+class Consumer(ABC):
     """One service (or the nodes) as its shell runs it: which topics, which records, how it decides."""
 
     name: str
@@ -113,8 +114,9 @@ class Consumer:
     def selects(self, topic: str, envelope: Envelope) -> bool:
         return True
 
+    @abstractmethod
     def handle(self, envelope: Envelope, now: datetime) -> Sequence[Outgoing]:
-        raise NotImplementedError
+        """One selected record (the live handler); outputs named after it by the bus."""
 
     def end_batch(self, last: Envelope, now: datetime) -> Sequence[Outgoing]:
         return []
