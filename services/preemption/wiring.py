@@ -12,7 +12,7 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
-from services.common.queues import load_queues
+from services.common.queues import Queues, load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.preemption.handlers import Mirror, PreemptionState, end_batch, fold_event
@@ -21,13 +21,14 @@ from services.preemption.settings import PreemptionSettings
 SERVICE = "preemption"
 
 
-def new_state(settings: PreemptionSettings) -> PreemptionState:
+def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> PreemptionState:
     profile = (
         load_profile_file(settings.profile_path, placement_registry())
         if settings.profile_path
         else default_profile()
     )
-    queues = load_queues(settings.queues_file)
+    if queues is None:
+        queues = load_queues(settings.queues_file)
     return PreemptionState(
         mirror=Mirror(
             topics=topic_names(settings),
