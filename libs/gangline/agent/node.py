@@ -17,7 +17,8 @@ What it does:
   ``heartbeat_interval_s`` (``node.heartbeat`` v2 on nodes.heartbeats) and turns NVML findings
   (XID / ECC events from the watcher, counters from ``sample()``, folded by ``GpuHealthMonitor``)
   into ``gpu.health_changed`` on nodes.health whenever a GPU's state (healthy / degraded / failed)
-  changes.
+  changes, and reports each countable error as ``gpu.error_reported``: the drain policy is the core's
+  (:mod:`gangline.core.health`), the agent judges single events, node_health the repeated ones.
 - **Runs grants**: an ``allocation.granted`` with placements on this node launches them through the
   :class:`~gangline.agent.runner.Runner`, with the job's spec (command, env, duration) taken from
   ``job.admitted`` on jobs.events. A grant is handled once per allocation id, however often it is
