@@ -879,9 +879,8 @@ class NodeAgent:
                     gid = self._id_of.get(sample.uuid)
                     if gid is not None:
                         self._last_sample[gid] = sample
-                    before = dict(self._health)
                     self._apply(self._monitor.observe_sample(sample, now))
-                    self._report_errors(before)
+                    self._report_errors()
                 if self._heartbeats_on:
                     self._enqueue(s.topics.heartbeats, self._envelope(self._heartbeat(), self._new_id()))
                     self._seq += 1
@@ -919,9 +918,8 @@ class NodeAgent:
                 now = self._clock()
                 for event in result.events:
                     findings = self._monitor.observe_event(event, now)
-                    before = dict(self._health)
                     self._apply(findings)
-                    self._report_errors(before)
+                    self._report_errors()
                     self._fail_jobs_on(findings)
             except Exception:
                 log.exception("agent %s: XID watcher failed", s.node)
@@ -947,16 +945,16 @@ class NodeAgent:
             log.warning("agent %s: %s %s -> %s (%s)", self.node, gid, previous, state, cause.message)
             self._enqueue(self.settings.topics.health, self._envelope(changed, self._new_id()))
 
-    def _report_errors(self, before: dict[GpuId, HealthState]) -> None:
-        """Each countable error (job-fault / warning XID, correctable ECC) that did not change the GPU's
-        state, for node_health's rates (``report_repeated_errors``; off, none is drained for them)."""
+    def _report_errors(self) -> None:
+        """Each countable error (job-fault / warning XID, correctable ECC: none changes the GPU's state by
+        itself) for node_health's rates (``report_repeated_errors``; off, none is drained for them)."""
         errors = self._monitor.take_errors()
         if not self.settings.report_repeated_errors:
             return
         for uuid_, error in errors:
             gid = self._id_of.get(uuid_)
-            if gid is None or self._health.get(gid) != before.get(gid):
-                continue  # no GPU, or _apply already published the change with this cause
+            if gid is None:
+                continue
             state = self._health.get(gid, "healthy")
             report = GpuErrorReported(
                 node=NodeId(self.node), gpu=gid, state=state, cause=error_cause(error), count=error.count

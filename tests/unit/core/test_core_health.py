@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gangline.core.health import (
+    XID_RULES,
     Action,
     DrainPolicy,
     ErrorKind,
@@ -171,3 +172,11 @@ def test_the_incremental_windows_decide_what_the_rule_decides(
     for e in seen:
         windows.record("g", e)
     assert windows.verdict("g", at(now_s)) == rate_verdict(seen, at(now_s), policy)
+
+
+def test_a_counted_xid_never_changes_its_gpu_by_itself() -> None:
+    """What the agent reports for the rates is never also a change of state (nor the reverse)."""
+    for xid in [*XID_RULES, 0, 999]:
+        counted = xid_error_kind(xid) is not None
+        assert not counted or event_health(xid) == "healthy", xid
+        assert counted or classify_xid(xid).action in (Action.CORDON, Action.DRAIN, Action.IGNORE), xid
