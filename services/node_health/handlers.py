@@ -59,6 +59,8 @@ class NodeHealthState:
     """How far behind the heartbeats node_health may be and still judge silence; half the silence
     when unset."""
     last_seen: dict[NodeId, datetime] = field(default_factory=dict)
+    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
+    """The time of each node's latest registration folded: an older one read again changes nothing."""
     last_seq: dict[NodeId, int] = field(default_factory=dict)
     failed: set[NodeId] = field(default_factory=set)
     live: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
@@ -79,11 +81,16 @@ class NodeHealthState:
     def fold(self, envelope: Envelope) -> None:
         data = envelope.data
         if isinstance(data, NodeRegistered):
+            latest = self.registered_at.get(data.node)
+            if latest is not None and envelope.time <= latest:
+                return  # read again (the restore, then the live poll): it must not undo what came after
+            self.registered_at[data.node] = envelope.time
             self.failed.discard(data.node)
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
-            self.last_seen[data.node] = max(envelope.time, self.started)
+            seen = self.last_seen.get(data.node, envelope.time)
+            self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
             if data.node not in self.failed:
                 self.last_seen[data.node] = max(envelope.time, self.started)
