@@ -153,3 +153,21 @@ def test_a_queues_file_replaces_the_spec_queues(tmp_path: Path) -> None:
     assert run.rejected == len([j for j in jobs if j.queue == "team-a"]) == 2
     figures = summarize(run.result)
     assert figures["completed"] == 2 and figures["unfinished"] == 2
+
+
+def test_gangline_simulate_services_puts_the_services_beside_the_core_in_one_table(
+    capsys: object, tmp_path: Path
+) -> None:
+    from services.tools.cli import main as gangline
+
+    report = tmp_path / "r.json"
+    argv = ["simulate", "--trace", str(SIM / "tiny_trace.csv"), "--cluster", str(SIM / "tiny_cluster.yaml")]
+    assert (
+        gangline([*argv, "--services", "--baselines", "none", "--no-progress", "--report", str(report)]) == 0
+    )
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "| default " in out and "| services:default " in out
+    runs = {r["policy"]: r for r in json.loads(report.read_text())["runs"]}
+    # On this small world the core's simulator and the services decide the same starts.
+    assert runs["default"]["completed"] == runs["services:default"]["completed"] == 4
+    assert runs["default"]["mean_wait_s"] == runs["services:default"]["mean_wait_s"]
