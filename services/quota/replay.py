@@ -12,10 +12,11 @@ Quota decides per event (:func:`~services.quota.handlers.decide`), so it is repl
 guarantees here:
 
 * every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote, and every ``queue.status``
-  (services/quota/status.py: throttled by event time, so as deterministic as the rest), is re-decided from the same
-  events in the same order as the live run handled them, and compared field by field (the GPU model
-  chosen, the usage figures, fair-share position and victims of a pending reason included); ``now``
-  only stamps the envelopes and is taken from them; the usage history is advanced with event times;
+  (services/quota/status.py: throttled by event time, so as deterministic as the rest), is re-decided
+  from the same events in the same order as the live run handled them, and compared field by field
+  (the GPU model chosen, the usage figures, fair-share position and victims of a pending reason
+  included); ``now`` only stamps the envelopes and is taken from them; the usage history is advanced
+  with event times;
 * a restart is replayed as the service restarts: a fresh state restored from the log (quota's own
   pending reasons included, which carry its plans in flight, and its latest queue statuses). Older
   statuses that compaction removed from queues.status are missing from the log: a replay over a

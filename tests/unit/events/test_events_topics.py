@@ -58,7 +58,12 @@ def test_events_route_to_their_topic_by_type() -> None:
 
 def test_queue_status_is_a_table_keyed_by_queue() -> None:
     spec = topics.topic_spec(topics.QUEUES_STATUS)
-    assert (spec.key, spec.cleanup_policy, spec.retention_ms, spec.partitions) == ("queue", "compact", None, 1)
+    assert (spec.key, spec.cleanup_policy, spec.retention_ms, spec.partitions) == (
+        "queue",
+        "compact",
+        None,
+        1,
+    )
 
 
 def test_catalogue_is_consistent_with_the_default_registry() -> None:
