@@ -146,6 +146,8 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
         r.type for r in records if r.envelope.get("source") in ("gangline/preemption", "gangline/node-health")
     }
     assert {"gangline.job.preempting.v1", "gangline.node.failed.v1", "gangline.job.requeued.v1"} <= kinds
+    statuses = [r for r in records if r.type == "gangline.queue.status.v1"]
+    assert statuses and {r.topic for r in statuses} == {names.queue_status}  # compared with quota's outputs
 
     # The same log from a file, through `gangline replay --decider all` (settings from the environment).
     path = tmp_path / "log.jsonl"
