@@ -56,6 +56,8 @@ class StatusBoard:
     """Each queue's latest status (sent, or read back from queues.status at start)."""
     published_at: dict[str, datetime] = field(default_factory=dict)
     """Root cohort → the ``as_of`` of the tree's latest publication."""
+    trees: dict[str, list[Queue]] | None = field(default=None, repr=False)
+    """Root cohort → its limited queues, sorted (the order statuses are published in); worked out once."""
 
     def restore(self, envelope: Envelope) -> bool:
         """Fold one of quota's own ``queue.status`` records read at start; False for anything else."""
@@ -82,11 +84,13 @@ class StatusBoard:
 
 def trees(state: QuotaState) -> dict[str, list[Queue]]:
     """Root cohort → its limited queues, sorted (the order statuses are published in)."""
-    tree = state.queues.tree
-    out: dict[str, list[Queue]] = {}
-    for q in tree.queue_names():
-        out.setdefault(tree.root_cohort_of(q), []).append(q)
-    return dict(sorted(out.items()))
+    if state.status.trees is None:
+        tree = state.queues.tree
+        out: dict[str, list[Queue]] = {}
+        for q in tree.queue_names():
+            out.setdefault(tree.root_cohort_of(q), []).append(q)
+        state.status.trees = dict(sorted(out.items()))
+    return state.status.trees
 
 
 def queue_statuses(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgoing]:
