@@ -37,6 +37,7 @@ from services.agent.cluster import load_cluster
 from services.agent.fake import FakeCluster
 from services.common.topics import TopicNames
 from services.placement.replay import decider_topics, replay_placement
+from services.quota.replay import decider_topics as quota_topics
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
 from services.tools.cli import main as gangline_main
@@ -129,7 +130,9 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
                 )
             assert placement.alive()
             placement.terminate()
-            records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))
+            # Placement's inputs and outputs, and quota's (its queue statuses too): both are replayed below.
+            wanted = sorted({*decider_topics(topics.prefix), *quota_topics(topics.prefix)})
+            records = await KafkaSource(kafka_bootstrap).fetch(wanted)
         finally:
             placement.terminate()
             await tasks.stop()
