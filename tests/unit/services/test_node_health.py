@@ -18,7 +18,7 @@ def new_state() -> NodeHealthState:
     state = NodeHealthState(
         topics=TOPICS, silence=timedelta(seconds=10), check_every=timedelta(seconds=1), started=T0
     )
-    for node in cluster(("a", 3, 8)).nodes():
+    for node in cluster(("a", 3, 8)).registrations():
         state.restore(env(node))
     return state
 

@@ -27,7 +27,7 @@ TOPICS = TopicNames()
 def setup() -> tuple[PlacementState, PreemptionState]:
     placement = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
     preemption = PreemptionState(mirror=PlacementState(topics=TOPICS, profile=default_profile(), gated=False))
-    for node in cluster(("a", 1, 8)).nodes():
+    for node in cluster(("a", 1, 8)).registrations():
         placement.restore(env(node))
         preemption.restore(env(node))
     return placement, preemption

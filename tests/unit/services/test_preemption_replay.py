@@ -70,7 +70,7 @@ class Placement:
 def recorded_log() -> Log:
     log = Log()
     placement = Placement(log)
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         placement.feed(env(node))
         log.produce(TOPICS.inventory, env(node))
     run = ServiceRun(log, wiring())
