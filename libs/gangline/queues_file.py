@@ -111,6 +111,9 @@ class Queues:
     """Every resource with quota somewhere, in the order the file first names it: the order in which a
     job that names no GPU type is tried against its queue's quotas, after the models its own quotas
     name (like Kueue's flavour order)."""
+    whole_tree: QuotaTree
+    """``tree`` with the unlimited queues in it too (no quota, outside every cohort): what a core cycle
+    over every running job needs, such as preemption's victim search."""
 
     def names(self) -> list[QueueName]:
         return sorted({*self.tree.queue_names(), *self.unlimited})
@@ -206,10 +209,12 @@ def queues_of(doc: QueuesFile) -> Queues:
         order.update(dict.fromkeys(Resource(r) for r in c.quotas))
     for q in doc.queues:
         order.update(dict.fromkeys(Resource(r) for r in q.quotas))
+    unlimited = frozenset(QueueName(q.name) for q in doc.queues if q.unlimited)
     return Queues(
         tree=QuotaTree(specs, cohorts),
-        unlimited=frozenset(QueueName(q.name) for q in doc.queues if q.unlimited),
+        unlimited=unlimited,
         resource_order=tuple(order),
+        whole_tree=QuotaTree([*specs, *(QueueSpec(q, unlimited=True) for q in sorted(unlimited))], cohorts),
     )
 
 

@@ -13,12 +13,14 @@ live allocation that uses it is released (``node_failed``) and its job requeued 
 (the gang is whole again elsewhere; placement decides where). Ids derive from the node, its last
 heartbeat sequence and the allocation, so a retried or repeated decision has the same ids.
 
-Agents report job-fault XIDs and correctable ECC errors on nodes.health (``gpu.error_reported``; a
-``gpu.health_changed`` with such a cause counts too). Per-GPU rolling windows over them
-(:class:`~services.node_health.rates.GpuErrorRates`, in the events' time) mark a GPU ``degraded``
-once they reach their limit: one ``gpu.health_changed`` (healthy -> degraded) from node_health, so no
-new work lands there while the running job may finish. The GPU stays degraded until its node
-registers again (reset / repair).
+The drain policy is the core's (:mod:`gangline.core.health`); node_health applies its rate rule, and
+only node_health does. Agents classify single events themselves (an XID 79 is ``failed`` at once, in
+their own ``gpu.health_changed``) and report every job-fault XID, warning XID and correctable ECC error
+on nodes.health (``gpu.error_reported``, with a count; a ``gpu.health_changed`` with such a cause counts
+too). The core's per-GPU windows over them (:class:`~services.node_health.rates.GpuErrorRates`, in the
+events' time) mark a GPU ``degraded`` once a kind reaches its limit: one ``gpu.health_changed``
+(healthy -> degraded) from node_health, so no new work lands there while the running job may finish.
+The GPU stays degraded until its node registers again (reset / repair).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class NodeHealthState:
     """How far behind the heartbeats node_health may be and still judge silence; half the silence
     when unset."""
     last_seen: dict[NodeId, datetime] = field(default_factory=dict)
+    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
+    """The time of each node's latest registration folded: an older one read again changes nothing."""
     last_seq: dict[NodeId, int] = field(default_factory=dict)
     failed: set[NodeId] = field(default_factory=set)
     live: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
@@ -64,11 +68,8 @@ class NodeHealthState:
     grants_per_job: dict[JobId, set[AllocationId]] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
-    rates: GpuErrorRates = field(
-        default_factory=lambda: GpuErrorRates(
-            timedelta(hours=1), job_fault_limit=3, correctable_ecc_limit=100
-        )
-    )
+    rates: GpuErrorRates = field(default_factory=GpuErrorRates)
+    """The drain policy's windows (the core's defaults unless the settings say otherwise)."""
     gpu_state: dict[GpuKey, HealthState] = field(default_factory=dict)
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
@@ -80,11 +81,16 @@ class NodeHealthState:
     def fold(self, envelope: Envelope) -> None:
         data = envelope.data
         if isinstance(data, NodeRegistered):
+            latest = self.registered_at.get(data.node)
+            if latest is not None and envelope.time <= latest:
+                return  # read again (the restore, then the live poll): it must not undo what came after
+            self.registered_at[data.node] = envelope.time
             self.failed.discard(data.node)
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
-            self.last_seen[data.node] = max(envelope.time, self.started)
+            seen = self.last_seen.get(data.node, envelope.time)
+            self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
             if data.node not in self.failed:
                 self.last_seen[data.node] = max(envelope.time, self.started)
@@ -172,11 +178,11 @@ def check_error_rate(
     verdict = state.rates.over_limit(node, gpu, at)
     if verdict is None:
         return []
-    message = verdict.sentence(node, gpu, state.rates.window)
+    message = verdict.sentence(f"{node}/{gpu}")
     health_cause = (
-        HealthCause(kind="xid", message=message, xid=verdict.last_xid)
-        if verdict.kind == "job_fault"
-        else HealthCause(kind="ecc", message=message)
+        HealthCause(kind="ecc", message=message)
+        if verdict.kind == "correctable_ecc"
+        else HealthCause(kind="xid", message=message, xid=verdict.last_xid)
     )
     changed = GpuHealthChanged(node=node, gpu=gpu, previous="healthy", state="degraded", cause=health_cause)
     envelope = _envelope(changed, cause, f"degraded-{gpu}", at)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import Field
 
+from gangline.core.health import DrainPolicy
 from services.common.env import LAZY_LINGER_MS, ServiceSettings
+
+_DRAIN = DrainPolicy()
 
 
 class NodeHealthSettings(ServiceSettings):
     """``silence_s``: a node that has not heartbeaten for this long is declared failed.
 
-    ``error_window_s``, ``job_fault_xids_limit``, ``correctable_ecc_limit``: a GPU with this many
-    job-fault XIDs (or correctable ECC errors) reported within the window is drained (degraded).
+    The drain policy's numbers (:class:`gangline.core.health.DrainPolicy`, whose defaults these are):
+    a GPU with ``job_fault_xids_limit`` job-fault XIDs, ``warning_xids_limit`` warning XIDs or
+    ``correctable_ecc_limit`` correctable ECC errors reported within ``error_window_s`` is drained
+    (degraded). The agents apply no rate of their own: these are the only drain thresholds.
     """
 
     linger_ms: int = Field(default=LAZY_LINGER_MS, ge=0)
@@ -19,6 +26,15 @@ class NodeHealthSettings(ServiceSettings):
     to fill a batch (see LAZY_LINGER_MS)."""
     silence_s: float = Field(default=10.0, gt=0)
     check_every_s: float = Field(default=0.5, gt=0)
-    error_window_s: float = Field(default=3600.0, gt=0)
-    job_fault_xids_limit: int = Field(default=3, ge=1)
-    correctable_ecc_limit: int = Field(default=100, ge=1)
+    error_window_s: float = Field(default=_DRAIN.window.total_seconds(), gt=0)
+    job_fault_xids_limit: int = Field(default=_DRAIN.job_fault_xids, ge=1)
+    warning_xids_limit: int = Field(default=_DRAIN.warning_xids, ge=1)
+    correctable_ecc_limit: int = Field(default=_DRAIN.correctable_ecc, ge=1)
+
+    def drain_policy(self) -> DrainPolicy:
+        return DrainPolicy(
+            window=timedelta(seconds=self.error_window_s),
+            job_fault_xids=self.job_fault_xids_limit,
+            warning_xids=self.warning_xids_limit,
+            correctable_ecc=self.correctable_ecc_limit,
+        )

@@ -33,11 +33,7 @@ def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState
         silence=timedelta(seconds=settings.silence_s),
         check_every=timedelta(seconds=settings.check_every_s),
         started=now,
-        rates=GpuErrorRates(
-            timedelta(seconds=settings.error_window_s),
-            job_fault_limit=settings.job_fault_xids_limit,
-            correctable_ecc_limit=settings.correctable_ecc_limit,
-        ),
+        rates=GpuErrorRates(settings.drain_policy()),
     )
 
 

@@ -11,7 +11,7 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
-from services.common.queues import unlimited_queues
+from services.common.queues import Queues, unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
@@ -20,7 +20,7 @@ from services.placement.settings import PlacementSettings
 SERVICE = "placement"
 
 
-def new_state(settings: PlacementSettings) -> PlacementState:
+def new_state(settings: PlacementSettings, queues: Queues | None = None) -> PlacementState:
     profile = (
         load_profile_file(settings.profile_path, placement_registry())
         if settings.profile_path
@@ -30,7 +30,9 @@ def new_state(settings: PlacementSettings) -> PlacementState:
         topics=topic_names(settings),
         profile=profile,
         gated=settings.gated,
-        unlimited_queues=unlimited_queues(settings.queues_file),
+        unlimited_queues=(
+            frozenset(queues.unlimited) if queues is not None else unlimited_queues(settings.queues_file)
+        ),
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
     )
 

@@ -1,32 +1,44 @@
-"""Preemption's decisions (pure): victims for a pending urgent job, checkpoint requests, release, requeue.
+"""Preemption's decisions (pure): the core plans who is preempted, this service asks, releases, requeues.
 
-The service mirrors the cluster exactly as placement does (the same fold). When placement says a
-job is pending for a reason other than quota, and running preemptible jobs of lower priority exist,
-the core's victim search (:func:`gangline.core.actions.victims.find_victims`) picks the minimal set
-losing the fewest GPU-hours since their last checkpoint whose release lets the whole gang fit.
+The service mirrors the cluster exactly as placement does (the same fold). Once per batch
+(:func:`end_batch`) it runs the core's ``preempt`` and ``reclaim`` actions (the simulator's code
+path: :func:`~gangline.core.actions.queueing.run_queue_cycle`, evictions planned in the cycle, on the
+mirror's snapshot, which the cycle leaves as it was) for the jobs waiting for it:
 
-The quota service plans its own preemptions: a job its queue is owed quota for, lent to other queues
-of the cohort (reclaim), or a higher-priority job in a queue at its quota, gets a ``job.pending``
-(code quota) whose ``details["victims"]`` names the jobs to stop. Those are asked here as they are
-(:func:`preempt_named`), once each; quota checked they free enough quota, placement's victim search
-does not apply (the job is not waiting for GPUs yet). Quota may name a victim whose grant this
-service has not read yet (the two read allocations.log at their own pace): it is asked when the grant
-is read, unless it was released meanwhile.
+* jobs placement said are pending for a reason other than quota (capacity, topology, ...), since the
+  last batch;
+* jobs the quota service holds (its ``job.pending``, code quota), until it queues them: the core
+  reclaims quota their queue lent to the cohort when it is owed (quota says so: constraint
+  ``reclaim``), or takes it from lower-priority work of their own queue. They are handed to the core
+  as they are (on the GPU model quota names), and the core's quota ledger, built from the running
+  jobs, checks that the victims' release lets them fit. Quota decides who is owed quota; the victims
+  are chosen here. Only those owed, or outranking preemptible work of their queue, go to the core,
+  owed ones first, at most ``MAX_HELD_PLANNED`` a batch, and only after a batch that folded something
+  that may change their plan (a grant, a release, a new hold, a node); a victim too young for the
+  minimum runtime is looked at again then.
+
+The cycle's quota tree is the queues file's (unlimited queues included); its run facts (start from
+the grant, last checkpoint from ``job.checkpointed``) make the cost the GPU-hours lost since each
+victim's last checkpoint, MIG slices and shares counted by their share; a job that has run less than
+``min_runtime_s`` is never a victim. The core's victim sets are minimal, free a placement that fits
+the whole gang (topology included), and a reclaim never takes a victim's queue below its nominal.
+As in the simulator, priority takes only lower-priority work of the job's own queue; across queues
+only what a queue borrows is taken back. Each plan's victims (``decisions.preemptions``) are asked as before.
 
 Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grace_s``). On the
 agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
 heartbeats are the clock), the victim's allocation is released (``preempted``), ``job.preempted``
 says whether it checkpointed, and ``job.requeued`` sends it back to its queue to resume from the
-checkpoint. Placement, seeing the release, places the urgent job first (it orders by priority).
+checkpoint. Placement, seeing the release, places the urgent job first (it orders by priority, and
+keeps the GPUs its victims free for it).
 
-The service folds every event of a poll (:func:`fold_event`) and searches for victims once per batch
-(:func:`end_batch`), for each job found pending in it: under overload one search per pending event
-burnt the CPU on searches whose answers the next event would change anyway. :func:`decide` does both
-for a single event.
+The service folds every event of a poll (:func:`fold_event`) and plans once per batch
+(:func:`end_batch`), one core cycle for all the jobs above. :func:`decide` does both for a single
+event.
 
 State is bounded by the live jobs: what is kept per allocation (start time, asked to checkpoint) is
-dropped when the allocation is released, a job's last checkpoint when the mirror retires the job.
-A re-delivered event about a released allocation or a retired job adds nothing back.
+dropped when the allocation is released, a job's last checkpoint and hold when the mirror retires
+the job. A re-delivered event about a released allocation or a retired job adds nothing back.
 """
 
 from __future__ import annotations
@@ -35,13 +47,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gangline.bus import Outgoing
-from gangline.core.actions.preempt import placement_oracle
-from gangline.core.actions.victims import VictimCandidate, find_victims
+from gangline.core.actions.allocate import Allocate
+from gangline.core.actions.preempt import NAME as PREEMPT
+from gangline.core.actions.preempt import Preempt, gpu_share
+from gangline.core.actions.queueing import (
+    PreemptionPlan,
+    PreemptionPolicy,
+    RunFacts,
+    build_context,
+    run_queue_cycle,
+)
+from gangline.core.actions.reclaim import NAME as RECLAIM
+from gangline.core.actions.reclaim import Reclaim
 from gangline.core.defaults import default_profile
-from gangline.core.framework.cycle import Session
 from gangline.core.framework.profile import Profile
+from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.model import NodeId as CoreNodeId
+from gangline.core.plugins.quota import NAME as QUOTA
+from gangline.core.plugins.quota import Quota
+from gangline.core.queues import QuotaTree
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -52,14 +76,20 @@ from gangline.events.jobs import (
     JobPending,
     JobPreempted,
     JobPreempting,
+    JobQueued,
     JobRequeued,
 )
+from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, Seconds
 from gangline.fold.adapter import core_job
 from gangline.fold.cluster import ClusterFold, JobRecord
+from gangline.queues_file import load_queues
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/preemption"
+MAX_HELD_PLANNED = 16
+"""Jobs quota holds that one batch plans for (highest priority first): each costs the cycle a
+placement attempt, and the core's actions search victims for the first few blocked jobs only."""
 
 
 @dataclass
@@ -70,19 +100,29 @@ class InFlight:
     preemptor: JobId
 
 
+def planning_profile(profile: Profile) -> Profile:
+    """The core's allocate, preempt and reclaim over ``profile``'s plugins (quota's among them).
+
+    Allocate first: a job that fits now needs no victims. The profile's own preempt and reclaim
+    (their arguments) when it lists them; the quota plugin is added when it does not, so a job quota
+    holds waits for quota in the cycle and the core's preempt or reclaim frees it some.
+    """
+    listed = {a.name: a for a in profile.actions}
+    actions = (Allocate(), listed.get(PREEMPT) or Preempt(), listed.get(RECLAIM) or Reclaim())
+    plugins = profile.plugins
+    if not any(p.name == QUOTA for p in plugins):
+        plugins = (*plugins, Quota())
+    return Profile.compose(f"{profile.name}/preemption", actions, plugins, profile.weights, profile.settings)
+
+
 @dataclass(frozen=True)
-class QuotaPlan:
-    constraint: str
-    victims: tuple[JobId, ...]
-    planned_at: datetime
-    """The time of quota's job.pending: a grant younger than that is not the one quota saw."""
+class Held:
+    """What quota's latest pending for a job it holds says."""
 
-
-@dataclass
-class EarlyVictims:
-    plan: QuotaPlan
-    released: dict[JobId, frozenset[AllocationId]] = field(default_factory=dict)
-    """Victim → its allocations released when the plan was read."""
+    gpu_type: str | None
+    """The GPU model it would charge the job to (None: any)."""
+    owed: bool
+    """The job is owed its nominal quota (constraint reclaim): borrowers of the cohort may give it back."""
 
 
 @dataclass
@@ -97,6 +137,12 @@ class Mirror(ClusterFold):
 @dataclass
 class PreemptionState:
     mirror: Mirror
+    tree: QuotaTree = field(default_factory=lambda: load_queues(None).whole_tree)
+    """The queues file's quota tree, unlimited queues included (``Queues.whole_tree``); without a
+    file, one unlimited ``default`` queue."""
+    policy: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(default_grace_s=0.0))
+    planner: Profile | None = None
+    """:func:`planning_profile` of the mirror's profile (built on first use)."""
     started_at: dict[AllocationId, datetime] = field(default_factory=dict)
     """Live allocations: when they were granted."""
     checkpoints: dict[JobId, tuple[datetime, str]] = field(default_factory=dict)
@@ -107,15 +153,12 @@ class PreemptionState:
     asked_before_granted: dict[AllocationId, InFlight] = field(default_factory=dict)
     """Requests read before their grant (a restore reads jobs.events before allocations.log)."""
     pending: dict[JobId, None] = field(default_factory=dict)
-    """Jobs placement said are pending (not for quota) since the last victim search, in order."""
-    quota_plans: dict[JobId, QuotaPlan] = field(default_factory=dict)
-    """Victims the quota service named for a job it holds (reclaim, or priority within its queue), since
-    the last search, asked to checkpoint by :func:`end_batch`."""
-    named_early: dict[JobId, EarlyVictims] = field(default_factory=dict)
-    """Victims quota named before this mirror read their grant (quota read allocations.log further than
-    preemption had), per waiting job. Each is asked once its grant is read, if that grant is not younger
-    than the plan; forgotten when it is released meanwhile (quota's plan waited for that release),
-    retires, or the waiter leaves the mirror or holds an allocation."""
+    """Jobs placement said are pending (not for quota) since the last plan, in order."""
+    held: dict[JobId, Held] = field(default_factory=dict)
+    """Jobs the quota service holds (its latest ``job.pending`` for them, code quota, since their last
+    ``job.queued``)."""
+    replan: bool = False
+    """Something folded since the last plan may change the plans of the jobs quota holds."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -124,12 +167,14 @@ class PreemptionState:
         self.mirror.fold(envelope)
         data = envelope.data
         if isinstance(data, AllocationGranted):
+            self.replan = True
             if self._live(data.job_id, data.allocation_id):
                 self.started_at.setdefault(data.allocation_id, envelope.time)
                 waiting = self.asked_before_granted.pop(data.allocation_id, None)
                 if waiting is not None:
                     self.in_flight.setdefault(data.allocation_id, waiting)
         elif isinstance(data, AllocationReleased):
+            self.replan = True
             self.in_flight.pop(data.allocation_id, None)
             self.asked_before_granted.pop(data.allocation_id, None)
             self.started_at.pop(data.allocation_id, None)
@@ -137,6 +182,19 @@ class PreemptionState:
             self._forget_if_retired(data.job_id)
         elif isinstance(data, JobCompleted | JobFailed):
             self._forget_if_retired(data.job_id)
+        elif isinstance(data, JobQueued):
+            self.held.pop(data.job_id, None)  # quota let it through: placement takes it from here
+        elif isinstance(data, JobPending):
+            reason = next((r for r in data.reasons if r.code == "quota"), None)
+            if reason is not None and data.job_id in self.mirror.jobs:
+                model = reason.details.get("gpu_type")
+                self.held[data.job_id] = Held(
+                    model if isinstance(model, str) and model != "any" else None,
+                    owed=reason.constraint == RECLAIM,
+                )
+                self.replan = True
+        elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged):
+            self.replan = True
         elif isinstance(data, JobCheckpointed):
             if data.job_id in self.mirror.jobs:
                 self.checkpoints[data.job_id] = (envelope.time, data.checkpoint)
@@ -170,10 +228,20 @@ class PreemptionState:
         if job_id not in self.mirror.jobs:
             self.checkpoints.pop(job_id, None)
             self.pending.pop(job_id, None)
+            self.held.pop(job_id, None)
+
+    def run_facts(self, job_id: JobId, granted: AllocationGranted) -> RunFacts | None:
+        """When the allocation started and the job last checkpointed since (None: grant not read)."""
+        started = self.started_at.get(granted.allocation_id)
+        if started is None:
+            return None
+        checkpoint = self.checkpoints.get(job_id)
+        last = checkpoint[0] if checkpoint is not None and checkpoint[0] > started else None
+        return RunFacts(started_at=started.timestamp(), last_checkpoint_at=last.timestamp() if last else None)
 
 
 def decide(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Fold one event and, when it leaves a job pending, search for victims at once."""
+    """Fold one event and, when it leaves a job pending, plan at once."""
     return fold_event(envelope, state, now=now) + end_batch(state, now=now)
 
 
@@ -186,22 +254,9 @@ def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> 
         flight = state.in_flight.get(data.allocation_id)
         if flight is not None:
             out += finish(state, flight, checkpointed=True, now=now)
-    elif isinstance(data, JobPending):
-        plan = _quota_plan(data)
-        if plan is not None:
-            state.quota_plans[data.job_id] = QuotaPlan(*plan, planned_at=envelope.time)
-        elif not any(r.code == "quota" for r in data.reasons):
-            state.pending[data.job_id] = None
+    elif isinstance(data, JobPending) and not any(r.code == "quota" for r in data.reasons):
+        state.pending[data.job_id] = None
     return out + finish_overdue(state, now=now)
-
-
-def _quota_plan(pending: JobPending) -> tuple[str, tuple[JobId, ...]] | None:
-    """The victims a quota pending names (``details["victims"]``: comma-separated job ids), if any."""
-    for reason in pending.reasons:
-        victims = reason.details.get("victims") if reason.code == "quota" else None
-        if isinstance(victims, str) and victims:
-            return reason.constraint, tuple(JobId(v) for v in victims.split(",") if v)
-    return None
 
 
 def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
@@ -214,172 +269,142 @@ def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
 
 
 def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Search for victims for each job found pending since the last search, in the order they were."""
-    out: list[Outgoing] = []
-    plans = list(state.quota_plans.items())
-    state.quota_plans.clear()
-    for job_id, plan in plans:
-        state.named_early.pop(job_id, None)  # the newer plan replaces the older
-        out += preempt_named(state, job_id, plan.constraint, plan.victims, now=now, plan=plan)
-    if state.named_early:
-        out += _ask_named_early(state, now=now)
-    if state.pending:
-        jobs = list(state.pending)
-        state.pending.clear()
-        preemptible = _preemptible_running(state)
-        for job_id in jobs:
-            out += preempt_for(state, job_id, now=now, preemptible=preemptible)
+    """Plan for the jobs found pending since the last plan, and for those quota holds when due."""
+    jobs = _to_plan(state)
+    state.pending.clear()
+    state.replan = False
+    out = plan_preemptions(state, jobs, now=now) if jobs else []
     if out:
         out += finish_overdue(state, now=now)  # a victim with no grace period is released at once
     return out
 
 
-def _preemptible_running(state: PreemptionState) -> list[tuple[JobRecord, AllocationGranted]]:
-    """Running preemptible jobs and their live allocations (those asked already are filtered later)."""
+def _to_plan(state: PreemptionState) -> list[Job]:
+    """The core's jobs to plan for: placement's pending (capacity), then, when something changed since
+    the last plan, the first jobs quota holds that the core's preempt or reclaim may help (owed their
+    nominal quota first, then by priority): owed it, or outranking preemptible work of their queue."""
     mirror = state.mirror
-    found: list[tuple[JobRecord, AllocationGranted]] = []
-    for running in mirror.snapshot().running.values():
-        other = mirror.jobs.get(JobId(running.job.id))
-        if other is None or other.spec is None or not other.spec.preemptible:
-            continue
-        live = other.live()
-        if live is not None:
-            found.append((other, live))
-    return found
+    preempting = {f.preemptor for f in state.in_flight.values()}
+    jobs: list[Job] = []
+    seen: set[JobId] = set()
+    for job_id in state.pending:
+        record = mirror.jobs.get(job_id)
+        if job_id in preempting or record is None or job_id not in mirror.waiting:
+            continue  # already freeing room for it, or placed or gone since
+        core = record.core()
+        if core is not None:
+            jobs.append(core)
+            seen.add(job_id)
+    if state.replan and state.held:
+        outranks = _lowest_preemptible_priority(state)
+        held: list[tuple[bool, int, datetime, JobId, JobRecord]] = []
+        for job_id, hold in state.held.items():
+            record = mirror.jobs.get(job_id)
+            if job_id in preempting or job_id in seen or record is None or record.spec is None:
+                continue
+            if record.finished or record.live() is not None or record.admitted_at is None:
+                continue
+            priority, queue = record.spec.priority, record.spec.queue
+            if not hold.owed and priority <= outranks.get(queue, priority):
+                continue  # not owed, and no preemptible work of its queue it outranks: nothing to plan
+            held.append((not hold.owed, -priority, record.admitted_at, job_id, record))
+        held.sort(key=lambda h: h[:4])
+        for *_, job_id, record in held[:MAX_HELD_PLANNED]:
+            assert record.spec is not None
+            spec = record.spec
+            model = state.held[job_id].gpu_type
+            if spec.gpu_type is None and model is not None:
+                spec = spec.model_copy(update={"gpu_type": model})  # the model quota would charge
+            jobs.append(core_job(job_id, spec))
+    return jobs
 
 
-def lost_gpu_hours(state: PreemptionState, granted: AllocationGranted, now: datetime) -> float:
-    since = state.started_at.get(granted.allocation_id, now)
-    checkpoint = state.checkpoints.get(granted.job_id)
-    if checkpoint is not None and checkpoint[0] > since:
-        since = checkpoint[0]
-    return float(granted.whole_gpus * max(0.0, (now - since).total_seconds()) / 3600)
+def _lowest_preemptible_priority(state: PreemptionState) -> dict[str, int]:
+    """Per queue, the lowest priority of its running preemptible jobs (which held jobs may outrank)."""
+    lowest: dict[str, int] = {}
+    for running in state.mirror.snapshot().running.values():
+        job = running.job
+        if job.preemptible:
+            lowest[job.queue] = min(job.priority, lowest.get(job.queue, job.priority))
+    return lowest
 
 
-def preempt_for(
-    state: PreemptionState,
-    job_id: JobId,
-    *,
-    now: datetime,
-    preemptible: list[tuple[JobRecord, AllocationGranted]] | None = None,
-) -> list[Outgoing]:
-    """Ask the cheapest victim set to checkpoint so ``job_id`` fits; nothing when none would do.
+def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) -> list[Outgoing]:
+    """Run the core's preempt and reclaim for ``jobs`` over the mirror; ask each plan's victims.
 
-    ``preemptible``: the running preemptible jobs (:func:`_preemptible_running`), when already listed.
+    The cycle is a what-if (the snapshot is left as it was, nothing is granted): its plans are what
+    this service carries out.
     """
     mirror = state.mirror
-    record = mirror.jobs.get(job_id)
-    if record is None or record.spec is None or job_id not in mirror.waiting:
-        return []
-    if any(f.preemptor == job_id for f in state.in_flight.values()):
-        return []  # already freeing room for it
-    priority = record.spec.priority
     snap = mirror.snapshot()
-    candidates: list[VictimCandidate] = []
-    for other, live in preemptible if preemptible is not None else _preemptible_running(state):
-        assert other.spec is not None
-        if other.spec.priority >= priority:
+    if not snap.nodes:
+        return []
+    if state.planner is None:
+        state.planner = planning_profile(mirror.profile)
+    run_facts: dict[CoreJobId, RunFacts] = {}
+    in_flight: set[CoreJobId] = set()
+    for core_id in snap.running:
+        record = mirror.jobs.get(JobId(core_id))
+        live = record.live() if record is not None else None
+        if live is None:
             continue
+        facts = state.run_facts(live.job_id, live)
+        if facts is not None:
+            run_facts[core_id] = facts
         if live.allocation_id in state.in_flight or live.allocation_id in state.asked:
-            continue
-        per_node: dict[int, int] = {}
-        for p in live.placements:
-            i = snap.node_pos.get(CoreNodeId(p.node))
-            if i is not None and not p.shared:
-                per_node[i] = per_node.get(i, 0) + len(p.gpus)
-        candidates.append(
-            VictimCandidate(
-                job_id=CoreJobId(other.job_id),
-                lost_gpu_hours=lost_gpu_hours(state, live, now),
-                gpus_by_node=tuple(sorted(per_node.items())),
-                rank=(other.spec.priority,),
-            )
-        )
-    if not candidates:
-        return []
-    job = core_job(job_id, record.spec)
-    session = Session(snap, mirror.profile, [job], cycle=mirror.cycle)
-    found = find_victims(snap, job, candidates, placement_oracle(session))
-    if found is None:
-        return []
+            in_flight.add(core_id)
+    submit_time = {
+        j.id: record.admitted_at.timestamp()
+        for j in jobs
+        if (record := mirror.jobs.get(JobId(j.id))) is not None and record.admitted_at is not None
+    }
+    ctx = build_context(
+        snap,
+        state.tree,
+        now=now.timestamp(),
+        submit_time=submit_time,
+        run_facts=run_facts,
+        policy=state.policy,
+        in_flight=frozenset(in_flight),
+    )
+    _, decisions = run_queue_cycle(snap, jobs, state.planner, ctx, cycle=mirror.cycle)
     out: list[Outgoing] = []
-    for victim in found.victims:
-        victim_record = mirror.jobs[JobId(victim.job_id)]
-        granted = victim_record.live()
-        assert granted is not None
-        why = f"(priority {priority}) needs the GPUs"
-        out.append(_ask(state, victim_record, granted, job_id, why, victim.lost_gpu_hours, now=now))
+    for plan in decisions.preemptions:
+        out += _carry_out(state, plan, now=now)
     return out
 
 
-def preempt_named(
-    state: PreemptionState,
-    job_id: JobId,
-    constraint: str,
-    victims: tuple[JobId, ...],
-    *,
-    now: datetime,
-    plan: QuotaPlan | None = None,
-) -> list[Outgoing]:
-    """Ask the victims the quota service named for ``job_id`` to checkpoint.
-
-    Quota chose them (jobs borrowing the cohort's quota that ``job_id``'s queue is owed, or lower-priority
-    jobs of its own queue) and checked they free enough quota; here each one still running, preemptible
-    and not asked already gets ``job.preempting``. One already gone is skipped: quota plans again once
-    the releases it waits for have been read. One whose grant was not read yet is kept with ``plan``
-    (:attr:`PreemptionState.named_early`).
-    """
-    mirror = state.mirror
+def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -> list[Outgoing]:
+    """``job.preempting`` for each victim of the core's plan still running and not asked already."""
     out: list[Outgoing] = []
-    for victim_id in victims:
-        victim = mirror.jobs.get(victim_id)
-        if victim is None or victim.spec is None or not victim.spec.preemptible:
-            continue
-        granted = victim.live()
-        if granted is None:
-            if plan is not None:
-                # Quota saw it running: its grant may not have been read here yet.
-                early = state.named_early.setdefault(job_id, EarlyVictims(plan))
-                early.released.setdefault(victim_id, frozenset(victim.released))
+    preemptor = JobId(plan.preemptor)
+    for victim in plan.victims:
+        record = state.mirror.jobs.get(JobId(victim.job_id))
+        granted = record.live() if record is not None else None
+        if record is None or granted is None:
             continue
         if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
-        why = (
-            "reclaims the quota its queue lent to the cohort"
-            if constraint == "reclaim"
-            else "has a higher priority in the same queue, which is at its quota"
-        )
-        lost = lost_gpu_hours(state, granted, now)
-        out.append(_ask(state, victim, granted, job_id, why, lost, now=now))
+        if plan.kind == RECLAIM:
+            why = f"reclaims the quota its queue lent to the cohort ({victim.reason})"
+        else:
+            why = f"needs the GPUs ({victim.reason})"
+        out.append(_ask(state, record, granted, preemptor, why, victim.lost_gpu_hours, now=now))
     return out
 
 
-def _ask_named_early(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Ask the victims named before their grant was read whose grant has been read since."""
-    out: list[Outgoing] = []
-    for waiter, early in list(state.named_early.items()):
-        record = state.mirror.jobs.get(waiter)
-        if record is None or record.live() is not None:
-            del state.named_early[waiter]  # finished, or placed: the plan is moot
-            continue
-        victims = early.released
-        for victim_id, released in list(victims.items()):
-            victim = state.mirror.jobs.get(victim_id)
-            if victim is None or frozenset(victim.released) != released:
-                del victims[victim_id]  # gone, or released since: the quota it held is free
-                continue
-            granted = victim.live()
-            if granted is None:
-                continue
-            del victims[victim_id]
-            granted_at = state.started_at.get(granted.allocation_id)
-            if granted_at is not None and granted_at <= early.plan.planned_at:
-                out += preempt_named(state, waiter, early.plan.constraint, (victim_id,), now=now)
-            # else: granted after the plan, so not the allocation quota saw (that one was released
-            # and the job placed again since): quota plans again if it still needs to
-        if not victims:
-            del state.named_early[waiter]
-    return out
+def lost_gpu_hours(state: PreemptionState, granted: AllocationGranted, now: datetime) -> float:
+    """GPU-hours since the allocation's start or the job's last checkpoint, slices counted by share."""
+    facts = state.run_facts(granted.job_id, granted)
+    if facts is None:
+        return 0.0
+    snap = state.mirror.snapshot()
+    running = snap.running.get(CoreJobId(granted.job_id))
+    if running is not None:
+        gpus = sum(gpu_share(snap, p) for p in running.allocation.placements)
+    else:
+        gpus = float(granted.whole_gpus)
+    return facts.lost_hours(now.timestamp()) * gpus
 
 
 def _ask(

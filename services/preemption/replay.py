@@ -8,15 +8,15 @@ service does (``GANGLINE_PROFILE_PATH``; ``--ungated``), or is given them (:func
 
 Preemption folds every event (:func:`~services.preemption.handlers.fold_event`: a checkpoint, or any
 event once a victim's deadline passed, finishes the victim: released, preempted, requeued) and
-searches for victims once per batch (:func:`~services.preemption.handlers.end_batch`, for the jobs
-placement said were pending in it: ``job.preempting``). The search's outputs name the batch's last
-event as their cause, as do that event's own. It is replayed by
+plans once per batch (:func:`~services.preemption.handlers.end_batch`: the core's preempt and reclaim
+for the jobs placement said were pending in it and those quota holds: ``job.preempting``). The
+plan's outputs name the batch's last event as their cause, as do that event's own. It is replayed by
 :class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
 guarantees here:
 
 * every ``job.preempting`` (victims, deadline, reason with the GPU-hours they would lose) is
-  re-decided by the same search over the same mirror of the cluster, for the same pending jobs in
-  the same order, with ``now`` = the time on those outputs;
+  re-decided by the same core cycle over the same mirror of the cluster, for the same waiting jobs,
+  with ``now`` = the time on those outputs;
 * every finish (``allocation.released`` ``preempted``, ``job.preempted``, ``job.requeued`` with its
   checkpoint and attempt) is re-decided on the event the log names as its cause with ``now`` = its
   outputs' time: on a checkpoint, or on the event that found the deadline passed. Events with no
@@ -109,7 +109,8 @@ class PreemptionModel(ServiceModel[PreemptionState]):
         return end_batch(state, now=latest(caused) or last.time)
 
     def after_quiet_batches(self, state: PreemptionState) -> None:
-        state.pending.clear()  # each of those batches searched for its pending jobs and found nothing
+        state.pending.clear()  # each of those batches planned for its pending jobs and found nothing
+        state.replan = False
 
 
 def replay_preemption(records: Sequence[LogRecord], settings: PreemptionSettings) -> ReplayReport:

@@ -15,3 +15,5 @@ class PreemptionSettings(ServiceSettings):
     deadlines are seconds long: it waits longer to fill a batch (see LAZY_LINGER_MS)."""
     gated: bool = True
     profile_path: str | None = None
+    min_runtime_s: float = Field(default=0.0, ge=0)
+    """A job that has run less than this is never a victim (it has not had time to checkpoint)."""

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.core.actions.queueing import PreemptionPolicy
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
-from services.common.queues import unlimited_queues
+from services.common.queues import Queues, load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.preemption.handlers import Mirror, PreemptionState, end_batch, fold_event
@@ -20,19 +21,24 @@ from services.preemption.settings import PreemptionSettings
 SERVICE = "preemption"
 
 
-def new_state(settings: PreemptionSettings) -> PreemptionState:
+def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> PreemptionState:
     profile = (
         load_profile_file(settings.profile_path, placement_registry())
         if settings.profile_path
         else default_profile()
     )
+    if queues is None:
+        queues = load_queues(settings.queues_file)
     return PreemptionState(
         mirror=Mirror(
             topics=topic_names(settings),
             profile=profile,
             gated=settings.gated,
-            unlimited_queues=unlimited_queues(settings.queues_file),
-        )
+            unlimited_queues=frozenset(queues.unlimited),
+        ),
+        tree=queues.whole_tree,
+        # The deadline is the victim's own grace (0: at once), as the checkpoint protocol says.
+        policy=PreemptionPolicy(min_runtime_s=settings.min_runtime_s, default_grace_s=0.0),
     )
 
 

@@ -35,16 +35,16 @@ none fits it gets ``job.pending`` (code ``quota``), or ``job.failed`` (``exceeds
 even an idle cohort could never hold it. Whenever usage in a quota tree drops, the waiting jobs of
 every queue of that tree are let through in fair order, best effort (one that does not fit is
 skipped; smaller ones behind it may go). The first of those still waiting (``REVIEWS_PER_DECISION``)
-are told again why they wait when that changed (:func:`pending_key`: not when only a figure did), and
-the first ``PLAN_SEARCHES_PER_DECISION`` of them may get a preemption plan.
+are told again why they wait when that changed (:func:`pending_key`: not when only a figure did).
 
-Preemption plans. A waiting job that does not fit looks for running, preemptible jobs whose release
-would make it fit: when it is within its queue's nominal quota, jobs of other queues of its tree that
-borrow what it needs (constraint ``reclaim``); otherwise lower-priority jobs of its own queue
-(``priority``). Candidates go lowest priority first, then most recently granted, then job id; the set
-is then made minimal. The pending reason names them (``details["victims"]``); the preemption service
-asks them to checkpoint and releases them. A planned victim is not planned again, and a waiter is not
-re-planned, until the victims are released (or finish) or the waiter is queued.
+Reclaim and priority. Quota decides who is owed quota, not who gives it back. A waiting job whose
+queue would stay within its nominal quota if it ran is owed it: its pending reason says so
+(constraint ``reclaim``, ``details["within_nominal"]``, on the GPU model it is owed), and the
+preemption service reclaims it from jobs of the cohort that borrow it; any other waiting job's reason
+says it waits for quota (constraint ``quota``), and the preemption service may free quota of its own
+queue from lower-priority work. The victims are chosen there, by the core's victim search on the
+cluster's snapshot (it sees where they run, so the set it frees fits the job), and their releases
+lower usage here like any other release.
 
 State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included), and
 the node topics, that does not depend on the order between the topics: per job it counts queued
@@ -52,8 +52,7 @@ attempts against the attempts owed (one, plus one per ``job.requeued``) and agai
 released. The decayed usage history is advanced with event times (never the wall clock), so the same
 events in the same order give the same state. A finished job's record is dropped and only its id
 kept (``retired``): any event about it read again changes nothing. The restore also reads quota's own
-pending reasons, so a restarted quota keeps the plans in flight and does not repeat a pending it
-already sent.
+pending reasons, so a restarted quota does not repeat a pending it already sent.
 """
 
 from __future__ import annotations
@@ -103,10 +102,7 @@ QUOTA_EVENT_TYPES = (
 )
 NODE_EVENT_TYPES = (NodeRegistered, NodeFailed, GpuHealthChanged)
 MAX_TEXT = 2000
-"""Longest sentence (and ``details`` victims list) an event carries."""
-PLAN_SEARCHES_PER_DECISION = 16
-"""Victim searches one decision may run (the first waiting jobs in fair order): a storm of releases
-over thousands of waiting jobs would otherwise search running jobs for each of them."""
+"""Longest sentence an event carries."""
 REVIEWS_PER_DECISION = 64
 """Jobs still waiting after a let-through whose reason is looked at again (the first in fair order);
 those further back keep the reason they were last told until they come this far forward."""
@@ -124,15 +120,6 @@ class Charge:
     gpu_type: str | None
     request: Mapping[Resource, int]
     limited: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Running jobs whose release would let a waiting job fit, and why they may be taken."""
-
-    constraint: str
-    gpu_type: str | None
-    victims: tuple[JobId, ...]
 
 
 @dataclass
@@ -232,8 +219,6 @@ class QuotaJob:
     owed: int = 1
     finished: bool = False
     released: set[AllocationId] = field(default_factory=set)
-    live: dict[AllocationId, datetime] = field(default_factory=dict)
-    """Allocations granted and not released: when each was granted."""
     admitted_at: datetime | None = None
     """The job.admitted event's time: with the priority, fair share and job id, the order waiting jobs
     are let through. Read from the log, so it does not depend on how a restore interleaved partitions."""
@@ -259,14 +244,6 @@ class QuotaJob:
         """Waiting, and its previous attempt's allocation is released: it may be let through."""
         return self.waiting and not self.due
 
-    @property
-    def running(self) -> bool:
-        return self.charge is not None and bool(self.live) and not self.finished
-
-    @property
-    def granted_at(self) -> datetime:
-        return max(self.live.values())
-
 
 @dataclass
 class QuotaState:
@@ -279,12 +256,6 @@ class QuotaState:
     """Finished jobs, dropped from ``jobs``: nothing read about them any more changes the state."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
-    running: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
-    """Charged jobs with a live allocation, per quota tree: the candidates of preemption plans."""
-    plans: dict[JobId, Plan] = field(default_factory=dict)
-    """Waiting job → its plan in flight (victims not released yet)."""
-    planned: dict[JobId, JobId] = field(default_factory=dict)
-    """Victim → the waiting job it is planned for."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
@@ -303,7 +274,7 @@ class QuotaState:
     # -- the fold ------------------------------------------------------------------------------
 
     def restore(self, envelope: Envelope) -> None:
-        """Fold a fact read from the log at start; quota's own pending reasons restore its plans too."""
+        """Fold a fact read from the log at start; quota's own pending reasons say what it last told."""
         if isinstance(envelope.data, JobPending) and envelope.source == SOURCE:
             self._restore_pending(envelope.data)
             return
@@ -347,12 +318,9 @@ class QuotaState:
         elif isinstance(data, JobCompleted | JobFailed):
             job.finished = True
         elif isinstance(data, AllocationGranted):
-            if data.allocation_id not in job.released:
-                job.live.setdefault(data.allocation_id, envelope.time)
+            return job  # placed: nothing changes here (it was charged from its job.queued)
         elif data.allocation_id not in job.released:
             job.released.add(data.allocation_id)
-            job.live.pop(data.allocation_id, None)
-            self._unplan_victim(job.job_id)
             if data.reason in FINAL_RELEASES:
                 job.finished = True
         return job
@@ -373,13 +341,9 @@ class QuotaState:
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)
-            _index(self.running, tree, job, job.running)
-        if not job.eligible:
-            self._drop_plan(job.job_id)
         if not job.waiting:
             self.last_pending.pop(job.job_id, None)
         if job.finished:
-            self._unplan_victim(job.job_id)
             del self.jobs[job.job_id]
             self.retired.add(job.job_id)
         return dropped
@@ -414,56 +378,8 @@ class QuotaState:
         if job is None or not job.eligible:
             return
         reason = pending.reasons[0]
-        if reason.constraint == HARDWARE:  # no node could hold it: no plan rides on that reason
+        if reason.constraint == HARDWARE or reason.code == "quota":
             self.last_pending[job.job_id] = pending_key(reason)
-            self._drop_plan(job.job_id)
-            return
-        if reason.code != "quota":
-            return
-        self.last_pending[job.job_id] = pending_key(reason)
-        self._drop_plan(job.job_id)  # a later pending replaces the plan of an earlier one
-        named = reason.details.get("victims")
-        if not isinstance(named, str) or not named:
-            return
-        victims = tuple(
-            JobId(v) for v in named.split(",") if v and v not in self.retired and v not in self.planned
-        )
-        victims = tuple(v for v in victims if not self._released_since_granted(v))
-        if victims:
-            model = reason.details.get("gpu_type")
-            self._add_plan(job.job_id, Plan(reason.constraint, str(model) if model else None, victims))
-
-    def _released_since_granted(self, job_id: JobId) -> bool:
-        victim = self.jobs.get(job_id)
-        return victim is not None and bool(victim.released) and not victim.live
-
-    # -- plans ---------------------------------------------------------------------------------
-
-    def _add_plan(self, waiter: JobId, plan: Plan) -> None:
-        self.plans[waiter] = plan
-        for victim in plan.victims:
-            self.planned[victim] = waiter
-
-    def _drop_plan(self, waiter: JobId) -> None:
-        plan = self.plans.pop(waiter, None)
-        if plan is not None:
-            for victim in plan.victims:
-                if self.planned.get(victim) == waiter:
-                    del self.planned[victim]
-
-    def _unplan_victim(self, victim: JobId) -> None:
-        """The victim released its allocation (or finished): its waiter's plan no longer waits for it."""
-        waiter = self.planned.pop(victim, None)
-        if waiter is None:
-            return
-        plan = self.plans.get(waiter)
-        if plan is None:
-            return
-        left = tuple(v for v in plan.victims if v != victim)
-        if left:
-            self.plans[waiter] = Plan(plan.constraint, plan.gpu_type, left)
-        else:
-            del self.plans[waiter]
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -525,7 +441,7 @@ class QuotaState:
                 and single[1] >= too_big.get((queue, single[0]), 1 << 62)
             ):
                 continue
-            if _fits(self.ledger, queue, request):
+            if self.ledger.fits(queue, request):
                 return (model, request)
             if single is not None and too_big is not None:
                 too_big[(queue, single[0])] = single[1]
@@ -545,91 +461,6 @@ class QuotaState:
             history=history,
         )
 
-    def preemptible_running(self, tree: TreeKey) -> list[QuotaJob]:
-        """The tree's running preemptible jobs in the order victims are taken: lowest priority, then
-        the most recently granted (least work lost), then job id."""
-        found = [
-            c
-            for c in self.running.get(tree, {}).values()
-            if c.spec is not None and c.spec.preemptible and c.charge is not None and c.charge.limited
-        ]
-        found.sort(key=lambda c: (_priority(c), -c.granted_at.timestamp(), c.job_id))
-        return found
-
-    def find_plan(self, job: QuotaJob, running: list[QuotaJob] | None = None) -> Plan | None:
-        """Running preemptible jobs whose release would let ``job`` fit (see the module docstring).
-
-        ``running``: :meth:`preemptible_running` of the job's tree, when already at hand.
-        """
-        spec = job.spec
-        assert spec is not None
-        queue = Queue(spec.queue)
-        if running is None:
-            running = self.preemptible_running(self.tree_of(spec.queue))
-        candidates = [c for c in running if c.job_id not in self.planned and c.running]
-        for model, request in self.held_options(job)[0]:
-            reclaim = self.ledger.within_nominal(queue, request)
-            what = [r for r, n in request.items() if n > 0]
-            eligible = [
-                c
-                for c in candidates
-                if c.charge is not None
-                and any(c.charge.request.get(r, 0) for r in what)
-                and (
-                    c.charge.queue != spec.queue
-                    if reclaim
-                    else c.charge.queue == spec.queue and _priority(c) < spec.priority
-                )
-            ]
-            found = self._victims(queue, request, eligible, reclaim=reclaim) if eligible else None
-            if found is None:
-                continue
-            victims = tuple(v.job_id for v in found)
-            if len(",".join(victims)) > MAX_TEXT:
-                continue
-            return Plan("reclaim" if reclaim else "priority", model, victims)
-        return None
-
-    def _victims(
-        self, queue: Queue, request: Mapping[Resource, int], candidates: list[QuotaJob], *, reclaim: bool
-    ) -> list[QuotaJob] | None:
-        """A minimal set, taken greedily in candidate order on a copy of the ledger; None if none suffices.
-
-        A reclaim takes a job only while its queue borrows a resource the waiting job needs.
-        """
-        trial = self.ledger.copy()
-        taken: list[QuotaJob] = []
-        for c in candidates:
-            if _fits(trial, queue, request):
-                break
-            assert c.charge is not None
-            held = Queue(c.charge.queue)
-            if reclaim and not any(
-                trial.borrowed(held, r) > 0 for r, n in c.charge.request.items() if n and request.get(r, 0)
-            ):
-                continue
-            trial.release(held, c.charge.request)
-            taken.append(c)
-        if not taken or not _fits(trial, queue, request):
-            return None
-        for k in reversed(range(len(taken))):
-            fewer = taken[:k] + taken[k + 1 :]
-            if fewer and self._fits_without(queue, request, fewer):
-                taken = fewer
-        return taken
-
-    def _fits_without(self, queue: Queue, request: Mapping[Resource, int], victims: list[QuotaJob]) -> bool:
-        trial = self.ledger.copy()
-        for v in victims:
-            assert v.charge is not None
-            trial.release(Queue(v.charge.queue), v.charge.request)
-        return _fits(trial, queue, request)
-
-
-def _fits(ledger: QuotaLedger, queue: Queue, request: Mapping[Resource, int]) -> bool:
-    """``ledger.check(queue, request).fits`` without writing the reasons (victim searches ask it often)."""
-    return all(n <= ledger.available(queue, r) for r, n in request.items() if n > 0)
-
 
 def _ask(spec: JobSpec) -> WorkerAsk:
     """What one worker of ``spec`` needs of a GPU model, and how many workers at least."""
@@ -643,10 +474,6 @@ def _ask(spec: JobSpec) -> WorkerAsk:
         if spec.topology is not None and spec.topology.mode == "required"
         else None,
     )
-
-
-def _priority(job: QuotaJob) -> int:
-    return job.spec.priority if job.spec is not None else 0
 
 
 def _index(index: dict[TreeKey, dict[JobId, QuotaJob]], tree: TreeKey, job: QuotaJob, member: bool) -> None:
@@ -693,7 +520,7 @@ def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datet
     if fit is not None:
         return [_queue(state, job, fit[0], cause, now)]
     fair = state.fair_share(state.tree_of(spec.queue), cause.time)
-    return _hold(state, job, fair, cause, now, search=True)
+    return _hold(state, job, fair, cause, now)
 
 
 def _reconsider(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgoing]:
@@ -723,10 +550,8 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
             continue
         order.admitted(fit[1])
         out.append(_queue(state, job, fit[0], cause, now))
-    running = state.preemptible_running(tree) if still else []
-    for k, job in enumerate(still[:REVIEWS_PER_DECISION]):
-        search = k < PLAN_SEARCHES_PER_DECISION
-        out += _hold(state, job, fair, cause, now, search=search, running=running)
+    for job in still[:REVIEWS_PER_DECISION]:
+        out += _hold(state, job, fair, cause, now)
     return out
 
 
@@ -758,27 +583,13 @@ def _fail(
 
 
 def _hold(
-    state: QuotaState,
-    job: QuotaJob,
-    fair: FairShare,
-    cause: Envelope,
-    now: datetime,
-    *,
-    search: bool,
-    running: list[QuotaJob] | None = None,
+    state: QuotaState, job: QuotaJob, fair: FairShare, cause: Envelope, now: datetime
 ) -> list[Outgoing]:
-    """``job.pending`` for a job that does not fit, when its reason changed; with a plan when one is found."""
-    if job.job_id in state.plans:
-        return []  # its victims are being freed: no new plan, no new word until they are
+    """``job.pending`` for a job that does not fit, when its reason changed (see :func:`pending_key`)."""
     reason = _reason(state, job, fair)
-    plan = state.find_plan(job, running) if search else None
-    if plan is not None:
-        reason = _with_plan(reason, plan)
     key = pending_key(reason)
     if state.last_pending.get(job.job_id) == key:
         return []
-    if plan is not None:
-        state._add_plan(job.job_id, plan)
     state.last_pending[job.job_id] = key
     event = JobPending(job_id=job.job_id, reasons=(reason,))
     return [(state.topics.events, _envelope(event, cause.id, "pending", now))]
@@ -789,10 +600,10 @@ def pending_key(reason: PendingReason) -> str:
 
     Every release changes some figure ("uses 12 of its 16"), and each waiting job would be told again
     on every release; it is told when what blocks it changes (another resource, the cohort rather
-    than its own quota, a preemption plan), and the figures it gets then are the current ones.
+    than its own quota, whether it is owed its nominal quota), and the figures it gets then are the
+    current ones.
     """
-    victims = reason.details.get("victims", "")  # job ids: their digits are names, not figures
-    return f"{reason.code}/{reason.constraint}/{victims}: {_FIGURES.sub('#', reason.message)}"
+    return f"{reason.code}/{reason.constraint}: {_FIGURES.sub('#', reason.message)}"
 
 
 def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
@@ -829,12 +640,36 @@ def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
         "cohort_can_lend": ledger.cohort_lendable(queue, short),
         "fair_share": _sentence(fair.describe(queue)),
     }
+    message = message or f"queue {spec.queue} cannot hold this job now"
+    owed = (
+        next((m for m, r in options if ledger.within_nominal(queue, r)), None)
+        if state.queues.limited(spec.queue)
+        else None
+    )
+    details["within_nominal"] = owed is not None
+    if owed is None:
+        return PendingReason(
+            code="quota",
+            constraint="quota",
+            message=_sentence(message),
+            details=details,
+            unblock=_sentence(
+                f"wait until {missing} more {short} is free to queue {spec.queue} or its cohort, or "
+                "lower-priority preemptible work of the queue gives it back (the preemption service asks)"
+            ),
+        )
+    # Within its nominal quota: what it is owed is lent to other queues of the cohort.
+    details["gpu_type"] = owed
+    on = f" on {owed}" if owed != model else ""
     return PendingReason(
         code="quota",
-        constraint="quota",
-        message=_sentence(message or f"queue {spec.queue} cannot hold this job now"),
+        constraint="reclaim",
+        message=_sentence(
+            f"{message}; queue {spec.queue} is owed this within its nominal quota{on}: the cohort lent it "
+            "to other queues, and the preemption service reclaims it from their preemptible jobs"
+        ),
         details=details,
-        unblock=_sentence(f"wait until {missing} more {short} is free to queue {spec.queue} or its cohort"),
+        unblock=_sentence("jobs borrowing the cohort's quota checkpoint and release their GPUs"),
     )
 
 
@@ -856,28 +691,6 @@ def _hardware_reason(spec: JobSpec, misfits: list[Reason]) -> PendingReason:
             f"a {models} node that can hold its workers registers, or its GPUs recover; "
             "or ask for fewer GPUs per worker"
         ),
-    )
-
-
-def _with_plan(reason: PendingReason, plan: Plan) -> PendingReason:
-    names = ", ".join(plan.victims)
-    if plan.constraint == "reclaim":
-        how = f"reclaiming quota lent to running preemptible job(s) {names}"
-    else:
-        how = f"preempting lower-priority job(s) {names} of its queue"
-    on = f" on {plan.gpu_type}" if plan.gpu_type else ""
-    details = {**reason.details, "victims": ",".join(plan.victims)}
-    if plan.gpu_type:
-        details["gpu_type"] = plan.gpu_type
-    return reason.model_copy(
-        update={
-            "constraint": plan.constraint,
-            "message": _sentence(f"{reason.message}; {how} would make room{on}"),
-            "details": details,
-            "unblock": _sentence(
-                f"job(s) {names} checkpoint and release their GPUs (the preemption service asks)"
-            ),
-        }
     )
 
 

@@ -13,10 +13,10 @@ guarantees here:
 
 * every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote is re-decided from the same
   events in the same order as the live run handled them, and compared field by field (the GPU model
-  chosen, the usage figures, fair-share position and victims of a pending reason included); ``now``
+  chosen, the usage figures, fair-share position and whether it is owed its nominal quota included); ``now``
   only stamps the envelopes and is taken from them; the usage history is advanced with event times;
 * a restart is replayed as the service restarts: a fresh state restored from the log (quota's own
-  pending reasons included, which carry its plans in flight);
+  pending reasons included, which say what it last told each waiting job);
 * what happened between two recorded transactions (batches that decided nothing) is folded in
   record-time order. The charges do not depend on that order (per job, queued attempts are counted
   against the attempts owed and the allocations released; the ledger is a sum; waiting jobs are let

@@ -29,7 +29,7 @@ QUOTA_EVENTS = (
 NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed")
 """What the node inventory is a fold of: which GPU models can hold a job's workers at all."""
 RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending")
-"""The restore also reads pending reasons: quota's own carry its preemption plans in flight."""
+"""The restore also reads pending reasons: quota's own say what it last told each waiting job."""
 
 
 def job_topics(topics: TopicNames) -> tuple[str, ...]:

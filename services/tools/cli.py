@@ -14,8 +14,11 @@ from functools import partial
 from typing import cast
 
 from gangline.client import commands as client
+from gangline.cluster_spec import ClusterSpec
 from gangline.replay import cli as replay_cli
 from gangline.sim import cli as sim_cli
+from gangline.sim.metrics import RunResult
+from gangline.sim.trace import TraceJob
 from services.agent import main as fake_nodes
 
 
@@ -48,8 +51,32 @@ DECIDERS: replay_cli.Deciders = {
 """``gangline replay --decider``: each service's own decisions re-run (imported only when chosen)."""
 
 
+def _configure_simulate(p: argparse.ArgumentParser) -> None:
+    sim_cli.configure(p)
+    p.add_argument(
+        "--services",
+        action="store_true",
+        help="also run the trace through the services' own handlers (admission, quota, placement, "
+        "preemption, node_health on an in-memory bus, virtual clock) under the first profile",
+    )
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if not args.services:
+        return sim_cli.run(args)
+    from services.tools.simulate.trace_run import SimulateOptions, simulate_services
+
+    profile = args.profile[0] if args.profile else None
+
+    def through_services(jobs: Sequence[TraceJob], spec: ClusterSpec) -> RunResult:
+        options = SimulateOptions(sample_s=args.sample_s)
+        return simulate_services(jobs, spec, queues=args.queues, profile_path=profile, options=options).result
+
+    return sim_cli.run(args, extra=[through_services])
+
+
 COMMANDS: tuple[Command, ...] = (
-    Command("simulate", sim_cli.HELP, sim_cli.configure, sim_cli.run),
+    Command("simulate", sim_cli.HELP, _configure_simulate, _simulate),
     Command(
         "replay",
         replay_cli.REPLAY_HELP,

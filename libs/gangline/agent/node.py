@@ -17,7 +17,8 @@ What it does:
   ``heartbeat_interval_s`` (``node.heartbeat`` v2 on nodes.heartbeats) and turns NVML findings
   (XID / ECC events from the watcher, counters from ``sample()``, folded by ``GpuHealthMonitor``)
   into ``gpu.health_changed`` on nodes.health whenever a GPU's state (healthy / degraded / failed)
-  changes.
+  changes, and reports each countable error as ``gpu.error_reported``: the drain policy is the core's
+  (:mod:`gangline.core.health`), the agent judges single events, node_health the repeated ones.
 - **Runs grants**: an ``allocation.granted`` with placements on this node launches them through the
   :class:`~gangline.agent.runner.Runner`, with the job's spec (command, env, duration) taken from
   ``job.admitted`` on jobs.events. A grant is handled once per allocation id, however often it is
@@ -69,6 +70,7 @@ from gangline.agent.settings import NodeAgentSettings
 from gangline.agent.simulated import SimulatedGang, SimulatedRunner
 from gangline.bus.consumer import EventConsumer
 from gangline.bus.producer import EventProducer
+from gangline.core.health import GpuError, health_of
 from gangline.events.allocations import AllocationGranted, AllocationReleased, MigSlice
 from gangline.events.allocations import Placement as GrantPlacement
 from gangline.events.base import Envelope, Event, make_envelope
@@ -106,8 +108,6 @@ from gangline.nvml.health import (
 from gangline.nvml.reader import NvmlApi, NvmlEventWatcher, NvmlReader
 from gangline.nvml.standin import NvmlStandIn
 from gangline.nvml.types import (
-    GpuEvent,
-    GpuEventKind,
     GpuHealthSample,
     GpuState,
     GpuUuid,
@@ -242,12 +242,19 @@ def _slice_name(mig: MigSlice) -> str:
     return mig.profile
 
 
-HEALTH_OF: dict[Action, HealthState] = {Action.CORDON: "failed", Action.DRAIN: "degraded"}
-
-
 def health_state(verdict: Action | None) -> HealthState:
-    """cordon -> failed, drain -> degraded; anything milder leaves the GPU healthy."""
-    return HEALTH_OF.get(verdict, "healthy") if verdict is not None else "healthy"
+    """cordon -> failed, drain -> degraded; anything milder leaves the GPU healthy (the core's rule)."""
+    return health_of(verdict)
+
+
+def error_cause(error: GpuError) -> HealthCause:
+    """The ``cause`` of a ``gpu.error_reported``: node_health counts it by the core's rate rule."""
+    if error.xid is not None:
+        rule = classify_xid(error.xid)
+        return HealthCause(kind="xid", message=f"xid.{rule.xid}: {rule.meaning}", xid=rule.xid)
+    n = error.count
+    what = "error" if n == 1 else f"errors ({n} since the last sample)"
+    return HealthCause(kind="ecc", message=f"ecc.sbe: correctable (single-bit) ECC {what}")
 
 
 def health_cause(finding: HealthFinding | None) -> HealthCause:
@@ -873,6 +880,7 @@ class NodeAgent:
                     if gid is not None:
                         self._last_sample[gid] = sample
                     self._apply(self._monitor.observe_sample(sample, now))
+                    self._report_errors()
                 if self._heartbeats_on:
                     self._enqueue(s.topics.heartbeats, self._envelope(self._heartbeat(), self._new_id()))
                     self._seq += 1
@@ -910,10 +918,8 @@ class NodeAgent:
                 now = self._clock()
                 for event in result.events:
                     findings = self._monitor.observe_event(event, now)
-                    before = dict(self._health)
                     self._apply(findings)
-                    if s.report_repeated_errors:
-                        self._report_error(event, before)
+                    self._report_errors()
                     self._fail_jobs_on(findings)
             except Exception:
                 log.exception("agent %s: XID watcher failed", s.node)
@@ -939,23 +945,21 @@ class NodeAgent:
             log.warning("agent %s: %s %s -> %s (%s)", self.node, gid, previous, state, cause.message)
             self._enqueue(self.settings.topics.health, self._envelope(changed, self._new_id()))
 
-    def _report_error(self, event: GpuEvent, before: dict[GpuId, HealthState]) -> None:
-        """One job-fault / warning XID or correctable ECC error that did not change the GPU's state."""
-        gid = self._id_of.get(event.uuid) if event.uuid is not None else None
-        if gid is None or self._health.get(gid) != before.get(gid):
-            return  # no GPU, or _apply already published the change with this cause
-        if event.kind is GpuEventKind.SINGLE_BIT_ECC:
-            cause = HealthCause(kind="ecc", message="ecc.sbe: correctable (single-bit) ECC error")
-        elif event.kind is GpuEventKind.XID and event.xid is not None:
-            rule = classify_xid(event.xid)
-            if rule.action not in (Action.FAIL_JOB, Action.WATCH):
-                return
-            cause = HealthCause(kind="xid", message=f"xid.{rule.xid}: {rule.meaning}", xid=rule.xid)
-        else:
+    def _report_errors(self) -> None:
+        """Each countable error (job-fault / warning XID, correctable ECC: none changes the GPU's state by
+        itself) for node_health's rates (``report_repeated_errors``; off, none is drained for them)."""
+        errors = self._monitor.take_errors()
+        if not self.settings.report_repeated_errors:
             return
-        state = self._health.get(gid, "healthy")
-        report = GpuErrorReported(node=NodeId(self.node), gpu=gid, state=state, cause=cause)
-        self._enqueue(self.settings.topics.health, self._envelope(report, self._new_id()))
+        for uuid_, error in errors:
+            gid = self._id_of.get(uuid_)
+            if gid is None:
+                continue
+            state = self._health.get(gid, "healthy")
+            report = GpuErrorReported(
+                node=NodeId(self.node), gpu=gid, state=state, cause=error_cause(error), count=error.count
+            )
+            self._enqueue(self.settings.topics.health, self._envelope(report, self._new_id()))
 
     def _fail_jobs_on(self, findings: list[HealthFinding]) -> None:
         """A simulated rank on a GPU whose fault kills the job dies, as its process would."""

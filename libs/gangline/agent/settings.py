@@ -97,10 +97,11 @@ class NodeAgentSettings(BaseModel):
     """Cap on the checkpoint grace taken from job.preempting's deadline."""
     stop_grace_s: Annotated[float, Field(ge=0)] = 10.0
     """Grace for ranks stopped by allocation.released or by the agent's own graceful stop."""
-    report_repeated_errors: bool = False
-    """Also publish each job-fault XID and correctable ECC error that leaves the GPU's state as it was,
-    as ``gpu.error_reported`` (a report, not a change of state): node_health keeps
-    rolling error rates over them and drains a GPU whose errors repeat before it fails."""
+    report_repeated_errors: bool = True
+    """Publish each job-fault or warning XID and correctable ECC error that leaves the GPU's state as it
+    was, as ``gpu.error_reported`` (a report, not a change of state). The agent judges single events
+    only; node_health applies the drain policy's rates (:mod:`gangline.core.health`) over these
+    reports, so with this off no GPU of this node is drained for repeated errors."""
     restart_policy: Literal["never", "on_failure"] = "on_failure"
     max_restarts: Annotated[int, Field(ge=0)] = 3
     restart_backoff_s: Annotated[float, Field(ge=0)] = 1.0

@@ -383,6 +383,13 @@ class QuotaLedger:
             return 0
         return max(0, self._get(node, resource) - node.subtree_quota.get(resource, 0))
 
+    def fits(self, queue: QueueName, request: ResourceVector) -> bool:
+        """``check(queue, request).fits`` without writing the reasons (orders and searches ask it often)."""
+        node = self._tree._queues.get(queue)
+        if node is None:
+            return False
+        return all(n <= self._available(node, r) for r, n in request.items() if n > 0)
+
     def check(self, queue: QueueName, request: ResourceVector) -> QuotaCheck:
         """May ``request`` be admitted to ``queue`` now? A "no" is a value with one sentence per resource."""
         if queue not in self._tree._queues:

@@ -201,6 +201,9 @@ class GpuErrorReported(Event):
     state: HealthState
     """The GPU's state when the error was seen (unchanged by it)."""
     cause: HealthCause
+    count: Annotated[int, Field(ge=1)] = 1
+    """How many errors of this cause: a jump of the correctable ECC counter between two samples is one
+    report of that many."""
 
     def subject(self) -> str:
         return self.node

@@ -213,11 +213,12 @@ class NvmlStandIn:
     def xid(self, gpu: int, code: int) -> None:
         self._emit_xid(gpu, code)
 
-    def correctable_ecc(self, gpu: int, count: int = 1) -> None:
+    def correctable_ecc(self, gpu: int, count: int = 1, *, announced: bool = True) -> None:
+        """``announced=False``: only the counters move, no event is delivered (as many drivers do)."""
         s = self._gpus[gpu]
         s.ecc_corrected_volatile += count
         s.ecc_corrected_aggregate += count
-        for _ in range(count):
+        for _ in range(count if announced else 0):
             self._queue(gpu, pynvml.nvmlEventTypeSingleBitEccError, 0)
 
     def set_temperature(self, gpu: int, celsius: int, throttle_reasons: int | None = None) -> None:

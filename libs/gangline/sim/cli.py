@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gangline.cluster_spec import load_cluster_spec
+from gangline.cluster_spec import ClusterSpec, load_cluster_spec
 from gangline.core.defaults import profile_path
 from gangline.queues_file import load_queues_file, queues_of
+from gangline.sim.metrics import RunResult
 from gangline.sim.policies import BASELINES, DEFAULT_TIME_LIMIT_S
 from gangline.sim.report import build_report, queue_diff, table, write_report
 from gangline.sim.run import default_runs, load_profiles, run_campaign
 from gangline.sim.simulator import SimOptions
-from gangline.sim.trace import load_trace
+from gangline.sim.trace import TraceJob, load_trace
 
 HELP = "simulate a trace on a cluster: Gangline's profiles against the baselines"
 
@@ -66,8 +68,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the campaign; 0 on success, 2 when an input is unusable."""
+ExtraRun = Callable[[Sequence[TraceJob], ClusterSpec], RunResult]
+"""Another engine's run of the same jobs on the same cluster, put in the same table (the ``gangline``
+command passes the services' own handlers on the simulator's bus: ``--services``)."""
+
+
+def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
+    """Run the campaign (and ``extra``); 0 on success, 2 when an input is unusable."""
     try:
         jobs = load_trace(args.trace, fmt=args.format, time_scale=args.time_scale, limit=args.limit)
         spec = load_cluster_spec(args.cluster)
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         default_time_limit_s=args.time_limit_s,
     )
+    results += [run_extra(jobs, spec) for run_extra in extra]
     report = build_report(
         results,
         trace=str(args.trace),

@@ -211,6 +211,9 @@ class CorePolicy:
     _held: float = field(init=False, default=0.0)
     _cycle: int = field(init=False, default=0)
     _ledger: QuotaLedger | None = field(init=False, default=None)
+    _preemptible_seen: bool = field(init=False, default=False)
+    _holders: tuple[JobId, ...] = field(init=False, default=())
+    """The jobs that held reservations after the last cycle."""
 
     def __post_init__(self) -> None:
         self.snapshot = Snapshot(self.nodes)
@@ -219,6 +222,7 @@ class CorePolicy:
 
     def submit(self, job: Job, now: float) -> None:
         self._submitted.setdefault(job.id, now)
+        self._preemptible_seen = self._preemptible_seen or job.preemptible
         self._wait(job)
 
     def _wait(self, job: Job) -> None:
@@ -271,28 +275,36 @@ class CorePolicy:
     def _monotone(self, new: Sequence[JobId]) -> bool:
         """Whether trying only `new` decides exactly what a full cycle would (see `Policy.cycle`).
 
-        True for allocate-only profiles: earlier pending jobs failed on a state with at least as
-        much free, so they fail again and change nothing. With queues, fair order also depends on
-        them, so only a single new job is certain to be decided the same way.
+        True for profiles that only take GPUs (allocate, reserve, backfill): earlier pending jobs
+        failed on a state with at least as much free, so they fail again and change nothing; the
+        jobs holding reservations are tried with the new ones (`_holders`). With queues, fair order
+        also depends on the others (it decides who holds the reservation too), so only a single new
+        job of an allocate-only profile is certain to be decided the same way.
         """
-        return self._allocate_only() and (self.queues is None or len(new) == 1)
+        if self.queues is not None:
+            return self._allocate_only() and len(new) == 1
+        # Reserve and backfill only take GPUs too; the cycle then also sees the reservation holders,
+        # so the new jobs are measured against the same held GPUs a full cycle would hold.
+        return self._allocate_only() or not self._evicts()
 
     def _allocate_only(self) -> bool:
         """Whether cycles only take GPUs (no action evicts), which pruning and `new` rely on."""
         return all(a.name == "allocate" for a in self.profile.actions)
 
     def _evicts(self) -> bool:
-        """Whether an action may free GPUs inside a cycle (then every waiting job is a candidate)."""
-        return any(a.name not in NON_EVICTING_ACTIONS for a in self.profile.actions) or any(
-            j.preemptible for j in self._pending.values()
-        )
+        """Whether an action may free GPUs inside a cycle (then every waiting job is a candidate):
+        an evicting action, or reserve with preemptible work about (it checkpoints that for a gang)."""
+        return self._preemptible_seen or any(a.name not in NON_EVICTING_ACTIONS for a in self.profile.actions)
 
     def _front_and_fits(self) -> list[Job]:
-        """The first `FRONT` waiting jobs in line, then every later one the free GPUs could hold."""
+        """The first `FRONT` waiting jobs in line, then every later one the free GPUs could hold or,
+        with queues, quota could charge (fair order charges those; see `gangline.core.waiting`)."""
         front = list(islice(self._pending.values(), FRONT))
         seen = {j.id for j in front}
         lined = [(self._waiting.line_of(j.id), j) for j in front]
-        lined += [e for e in self._waiting.candidates(self.snapshot) if e[1].id not in seen]
+        self._admits.clear()
+        admit = self._admit_limit if self._ledger is not None else None
+        lined += [e for e in self._waiting.candidates(self.snapshot, admit) if e[1].id not in seen]
         lined.sort(key=lambda e: e[0])
         return [j for _, j in lined]
 
@@ -312,16 +324,16 @@ class CorePolicy:
     def _admissible(self, queue: QueueName, req: Mapping[Resource, int], most: int) -> int:
         """The most copies of `req` (up to `most`) the quota ledger admits to `queue` at once."""
         assert self._ledger is not None
-        fits = self._ledger.check
-        if not fits(queue, req).fits:
+        fits = self._ledger.fits
+        if not fits(queue, req):
             return 0
         lo, hi = 1, 2
-        while hi <= most and fits(queue, {r: n * hi for r, n in req.items()}).fits:
+        while hi <= most and fits(queue, {r: n * hi for r, n in req.items()}):
             lo, hi = hi, hi * 2
         hi = min(hi, most + 1)
         while hi - lo > 1:  # lo fits, hi does not (or is past `most`)
             mid = (lo + hi) // 2
-            if fits(queue, {r: n * mid for r, n in req.items()}).fits:
+            if fits(queue, {r: n * mid for r, n in req.items()}):
                 lo = mid
             else:
                 hi = mid
@@ -330,14 +342,17 @@ class CorePolicy:
     def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:
         """The waiting jobs to hand the core this cycle (all, or those that could change it)."""
         if new is not None and self._monotone(new):
-            return [self._pending[j] for j in new if j in self._pending]
+            ids = [j for j in new if j in self._pending]
+            ids += [h for h in self._holders if h in self._pending and h not in ids]
+            ids.sort(key=self._waiting.line_of)
+            return [self._pending[j] for j in ids]
         if self.prune and self._allocate_only():
             self._admits.clear()
             admit = self._admit_limit if self._ledger is not None else None
             lined = self._waiting.candidates(self.snapshot, admit)
             lined.sort(key=lambda e: e[0])
             return [j for _, j in lined]
-        if self.prune and self.queues is None and not self._evicts():
+        if self.prune and not self._evicts():
             return self._front_and_fits()
         return list(self._pending.values())
 
@@ -351,7 +366,8 @@ class CorePolicy:
             ctx = open_context(
                 self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts
             )
-            plan, _ = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            plan, decisions = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            self._holders = tuple(r.job_id for r in decisions.reservations)
         elif self.queues is not None and self._ledger is not None:
             fair = FairShare(
                 capacity=self.queues.capacity,
@@ -365,7 +381,8 @@ class CorePolicy:
                 submit_time=self._submitted,
                 run_facts=self._facts,
             )
-            plan, _ = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            plan, decisions = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            self._holders = tuple(r.job_id for r in decisions.reservations)
         else:
             plan = run_cycle(self.snapshot, jobs, self.profile, cycle=self._cycle)
         evicted: list[JobId] = []

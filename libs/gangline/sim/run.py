@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
@@ -21,7 +21,7 @@ from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.core.framework.registry import Registry
 from gangline.core.model import JobId, Node, QueueName
 from gangline.core.queue_profile import queue_registry
-from gangline.core.queues import QuotaTree
+from gangline.core.queues import QueueSpec, QuotaTree
 from gangline.queues_file import QueuesFile, quota_specs
 from gangline.sim.metrics import RunResult
 from gangline.sim.policies import (
@@ -59,11 +59,9 @@ class PolicyRun:
     profile: Profile | None = None
 
 
-def entitlement_weights(queues: QueuesFile | None, jobs: Sequence[TraceJob]) -> dict[QueueName, float]:
+def entitlement_weights(queues: Iterable[QueueSpec], jobs: Sequence[TraceJob]) -> dict[QueueName, float]:
     """Jain's entitlement weight per queue: its nominal GPUs (at least 1), or equal without quotas."""
-    quota = {
-        q.name: float(sum(r.nominal for r in q.quotas.values())) for q in (queues.queues if queues else ())
-    }
+    quota = {q.name: float(sum(r.nominal for r in q.quotas.values())) for q in queues}
     if not any(quota.values()):
         return {}
     return {q: max(1.0, quota.get(q, 0.0)) for q in {j.queue for j in jobs}}
@@ -131,7 +129,7 @@ def run_campaign(
     """
     opts = options or SimOptions()
     if not opts.entitlement:
-        opts = replace(opts, entitlement=entitlement_weights(queues, jobs))
+        opts = replace(opts, entitlement=entitlement_weights(quota_specs(queues)[0] if queues else (), jobs))
     pod_workers = {JobId(j.id): j.pod_workers for j in jobs if j.pod_workers != 1}
     core_jobs = [j.to_job() for j in jobs]
     time_limits = {JobId(j.id): j.time_limit_s for j in jobs if j.time_limit_s is not None}

@@ -8,7 +8,7 @@ from agent_node_fakes import FakeBus, settings, wait_for
 
 from gangline.agent.node import NodeAgent
 from gangline.agent.simulated import SimulatedRunner
-from gangline.events.nodes import GpuErrorReported, GpuHealthChanged
+from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, NodeHeartbeat
 from gangline.events.types import GpuId
 from gangline.nvml.spec import load_builtin_spec
 from gangline.nvml.standin import NvmlStandIn
@@ -65,5 +65,23 @@ async def test_without_the_setting_only_changes_are_published(tmp_path: Path) ->
         await agent.flush()
         assert [(c.gpu, c.state) for c in bus.of(GpuHealthChanged)] == [("gpu0", "failed")]
         assert bus.of(GpuErrorReported) == []
+    finally:
+        await agent.stop()
+
+
+async def test_a_correctable_ecc_counter_jump_is_one_report_with_its_count(tmp_path: Path) -> None:
+    bus = FakeBus()
+    api = NvmlStandIn(load_builtin_spec("sim-2gpu", node="n0"))
+    agent = agent_on(tmp_path, bus, api, report=True)
+    await agent.start()
+    try:
+        await wait_for(lambda: len(bus.of(NodeHeartbeat)) >= 2, "a baseline sample")
+        api.correctable_ecc(1, 40, announced=False)  # the counter moved, no event announced it
+        await wait_for(lambda: bus.of(GpuErrorReported), "the jump reported")
+        await agent.flush()
+        [jump] = bus.of(GpuErrorReported)
+        assert (jump.gpu, jump.state, jump.count, jump.cause.kind) == ("gpu1", "healthy", 40, "ecc")
+        assert jump.cause.message.startswith("ecc.sbe") and "40 since the last sample" in jump.cause.message
+        assert bus.of(GpuHealthChanged) == []  # counted by node_health, not judged by the agent
     finally:
         await agent.stop()

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pynvml
 import pytest
 
+from gangline.core.health import GpuErrorWindows
 from gangline.nvml.health import Action, GpuHealthMonitor, HealthFinding
 from gangline.nvml.reader import NvmlEventWatcher, NvmlReader
 from gangline.nvml.spec import load_builtin_spec
@@ -17,7 +18,8 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 class Node:
-    """A stand-in node with the agent's read loop: events, then a sample, into one monitor."""
+    """A stand-in node with the agent's read loop: events, then a sample, into one monitor; the
+    countable errors it hands on go into the core's drain windows, as node_health folds them."""
 
     def __init__(self, spec: str = "dgx-h100") -> None:
         self.nvml = NvmlStandIn(load_builtin_spec(spec))
@@ -26,6 +28,7 @@ class Node:
         self.watcher: NvmlEventWatcher = self.reader.event_watcher()
         assert self.watcher.start() == ()
         self.monitor = GpuHealthMonitor()
+        self.rates = GpuErrorWindows()
 
     def uuid(self, index: int) -> GpuUuid:
         return self.inv.gpus[index].uuid
@@ -37,6 +40,8 @@ class Node:
         samples, _ = self.reader.sample()
         for sample in samples:
             found += self.monitor.observe_sample(sample, now)
+        for gpu, error in self.monitor.take_errors():
+            self.rates.record(gpu, error)
         return found
 
 
@@ -121,26 +126,31 @@ def test_xid_45_after_a_kill_is_ignored() -> None:
     assert node.tick() == []
 
 
-def test_repeated_job_faults_on_one_gpu_mark_it_degraded() -> None:
+def test_repeated_job_faults_on_one_gpu_are_drained_by_the_rate_rule_not_the_agent() -> None:
     node = Node()
-    for minute in range(5):
+    for minute in range(3):
+        assert node.rates.verdict(node.uuid(3), T0 + timedelta(minutes=minute)) is None
         node.nvml.app_fault(3, 31)
         found = node.tick(T0 + timedelta(minutes=minute))
-    assert ("xid.repeated_job_faults", Action.DRAIN) in codes(found)
-    assert node.monitor.degraded() == [node.uuid(3)]
+        assert codes(found) == {("xid.31", Action.FAIL_JOB)}  # each one only fails the job
+    verdict = node.rates.verdict(node.uuid(3), T0 + timedelta(minutes=2))
+    assert verdict is not None and (verdict.kind, verdict.count, verdict.last_xid) == ("job_fault", 3, 31)
+    assert node.monitor.degraded() == []  # the agent applies no rate: node_health drains it
 
 
 def test_rising_correctable_ecc_rate_drains_before_failure() -> None:
     node = Node()
     node.tick(T0)
     node.nvml.correctable_ecc(5, 30)
-    assert codes(node.tick(T0 + timedelta(minutes=10))) == {("ecc.sbe", Action.WATCH)}
+    assert node.tick(T0 + timedelta(minutes=10)) == []  # counted, not a finding
+    assert node.rates.count("correctable_ecc", node.uuid(5), T0 + timedelta(minutes=10)) == 30
     node.nvml.correctable_ecc(5, 80)
 
-    found = node.tick(T0 + timedelta(minutes=20))
+    node.tick(T0 + timedelta(minutes=20))
 
-    assert ("ecc.sbe_rate", Action.DRAIN) in codes(found)
-    assert node.monitor.degraded() == [node.uuid(5)]
+    verdict = node.rates.verdict(node.uuid(5), T0 + timedelta(minutes=20))
+    assert verdict is not None and (verdict.kind, verdict.count) == ("correctable_ecc", 110)
+    assert node.monitor.degraded() == []
 
 
 def test_hot_and_throttled_gpu_is_watched_not_drained() -> None:

@@ -9,12 +9,19 @@ import pytest
 from gangline.nvml.health import (
     Action,
     GpuHealthMonitor,
-    HealthPolicy,
     RollingCounter,
     classify_xid,
     worst,
 )
-from gangline.nvml.types import EccCounts, GpuHealthSample, GpuState, GpuUuid, RetiredPages
+from gangline.nvml.types import (
+    EccCounts,
+    GpuEvent,
+    GpuEventKind,
+    GpuHealthSample,
+    GpuState,
+    GpuUuid,
+    RetiredPages,
+)
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 G = GpuUuid("GPU-a")
@@ -76,25 +83,43 @@ def ecc(corrected: int) -> EccCounts:
     )
 
 
+def correctable(m: GpuHealthMonitor) -> list[int]:
+    return [e.count for _, e in m.take_errors() if e.kind == "correctable_ecc"]
+
+
 def test_counter_reset_is_not_a_negative_rate() -> None:
-    m = GpuHealthMonitor(HealthPolicy(sbe_per_short_window=10))
+    m = GpuHealthMonitor()
     m.observe_sample(sample(ecc=ecc(50)), T0)  # the first sample is a baseline, not a burst
-    assert m.active() == []
+    assert correctable(m) == [] and m.active() == []
     m.observe_sample(sample(ecc=ecc(2)), T0 + timedelta(minutes=1))  # driver reload reset the counter
-    assert [f.code for f in m.active()] == ["ecc.sbe"]
-    found = m.observe_sample(sample(ecc=ecc(12)), T0 + timedelta(minutes=2))
-    assert [f.code for f in found] == ["ecc.sbe_rate"]
+    assert correctable(m) == [2]
+    m.observe_sample(sample(ecc=ecc(12)), T0 + timedelta(minutes=2))
+    assert correctable(m) == [10]
+    assert m.active() == [] and m.degraded() == []  # counted for node_health's rate, not judged here
 
 
-def test_sbe_rate_clears_once_the_burst_leaves_the_windows() -> None:
-    m = GpuHealthMonitor(HealthPolicy(sbe_per_short_window=10, long_window=timedelta(hours=2)))
+def test_correctable_errors_announced_by_events_are_not_counted_twice_by_the_counter() -> None:
+    m = GpuHealthMonitor()
     m.observe_sample(sample(ecc=ecc(0)), T0)
-    m.observe_sample(sample(ecc=ecc(20)), T0 + timedelta(minutes=1))
-    assert m.degraded() == [G]
-    m.observe_sample(sample(ecc=ecc(20)), T0 + timedelta(hours=1, minutes=2))
-    assert m.degraded() == [] and [f.code for f in m.active()] == ["ecc.sbe"]
-    m.observe_sample(sample(ecc=ecc(20)), T0 + timedelta(hours=3))
-    assert m.active() == []
+    sbe = GpuEvent(kind=GpuEventKind.SINGLE_BIT_ECC, uuid=G, event_type=2, xid=None)
+    m.observe_event(sbe, T0 + timedelta(seconds=1))
+    m.observe_event(sbe, T0 + timedelta(seconds=2))
+    assert correctable(m) == [1, 1]
+    m.observe_sample(sample(ecc=ecc(5)), T0 + timedelta(seconds=3))  # 2 announced, 3 not
+    assert correctable(m) == [3]
+    assert m.take_errors() == []
+
+
+def test_countable_xids_are_handed_on_with_their_kind() -> None:
+    m = GpuHealthMonitor()
+    for xid in (13, 32, 92, 45, 79):
+        m.observe_event(GpuEvent(kind=GpuEventKind.XID, uuid=G, event_type=8, xid=xid), T0)
+    assert [(e.kind, e.xid) for _, e in m.take_errors()] == [
+        ("job_fault", 13),
+        ("warning_xid", 32),
+        ("correctable_ecc", 92),
+    ]
+    assert m.verdict(G) is Action.CORDON  # the 79, at once
 
 
 def test_retired_pages_near_the_limit_cordon() -> None:

@@ -104,3 +104,20 @@ def test_restore_counts_silence_from_the_service_start() -> None:
     state = new_state()
     state.restore(beat("a-0", 7, -3600))  # type: ignore[arg-type]
     assert decide(beat("a-1", 1, 1), state, now=T0 + timedelta(seconds=1)) == []  # type: ignore[arg-type]
+
+
+def test_a_registration_read_again_neither_rewinds_heartbeats_nor_revives_a_failed_node() -> None:
+    state = new_state()
+    registrations = list(cluster(("a", 3, 8)).registrations())
+    for k, node in enumerate(("a-0", "a-1", "a-2")):
+        decide(beat(node, 1, 8), state, now=T0 + timedelta(seconds=8 + k / 10))  # type: ignore[arg-type]
+    # The live poll reads the registrations (of t=0) again after the restore did.
+    for node in registrations:
+        assert decide(env(node), state, now=T0 + timedelta(seconds=9)) == []
+    # At t=12 every node spoke 4 s ago: none is silent for 10 s (the old registration did not count).
+    assert decide(beat("a-1", 2, 12), state, now=T0 + timedelta(seconds=12)) == []  # type: ignore[arg-type]
+    # a-0 fails for silence; its registration read again does not bring it back.
+    out = decide(beat("a-1", 3, 19), state, now=T0 + timedelta(seconds=19))  # type: ignore[arg-type]
+    assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-0", "a-2"]
+    decide(env(registrations[0]), state, now=T0 + timedelta(seconds=20))
+    assert "a-0" in state.failed

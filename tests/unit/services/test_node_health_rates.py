@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from svc_helpers import T0, cluster, env
 
+from gangline.core.health import DrainPolicy
 from gangline.events.allocations import AllocationGranted, Placement
 from gangline.events.base import Envelope
 from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, HealthCause, HealthState
@@ -13,6 +14,8 @@ from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
 from services.common.topics import TopicNames
 from services.node_health.handlers import NodeHealthState, decide
 from services.node_health.rates import GpuErrorRates, error_kind
+from services.node_health.settings import NodeHealthSettings
+from services.node_health.wiring import new_state as new_node_health_state
 
 TOPICS = TopicNames(prefix="t.")
 WINDOW = timedelta(seconds=3600)
@@ -24,7 +27,7 @@ def new_state(*, job_faults: int = 3, sbe: int = 5) -> NodeHealthState:
         silence=timedelta(seconds=10),
         check_every=timedelta(seconds=1),
         started=T0,
-        rates=GpuErrorRates(WINDOW, job_fault_limit=job_faults, correctable_ecc_limit=sbe),
+        rates=GpuErrorRates(DrainPolicy(window=WINDOW, job_fault_xids=job_faults, correctable_ecc=sbe)),
     )
     for node in cluster(("a", 2, 8)).registrations():
         state.restore(env(node))
@@ -173,7 +176,7 @@ def test_restoring_from_the_log_rebuilds_windows_and_verdicts() -> None:
 
 
 def test_rolling_windows_accept_out_of_order_times() -> None:
-    rates = GpuErrorRates(WINDOW, job_fault_limit=2, correctable_ecc_limit=10)
+    rates = GpuErrorRates(DrainPolicy(window=WINDOW, job_fault_xids=2, correctable_ecc=10))
     r = report("a-0", "gpu0", xid=13)
     rates.record(r, T0 + timedelta(seconds=3000))
     rates.record(r, T0 + timedelta(seconds=100))
@@ -182,3 +185,36 @@ def test_rolling_windows_accept_out_of_order_times() -> None:
     assert rates.over_limit(node, gpu, T0 + timedelta(seconds=3500)) is not None
     assert rates.count("job_fault", node, gpu, T0 + timedelta(seconds=3800)) == 1
     assert rates.over_limit(node, gpu, T0 + timedelta(seconds=3800)) is None
+
+
+def test_warning_xids_have_their_own_limit() -> None:
+    state = new_state(job_faults=3, sbe=5)
+    assert error_kind(report("a-0", "gpu0", xid=32)) == "warning_xid"
+    assert feed(state, [env(report("a-0", "gpu4", xid=32), at=t) for t in (1, 2)]) == []
+    [(_, changed)] = degraded_in(feed(state, [env(report("a-0", "gpu4", xid=999), at=3)]))
+    assert changed.cause.kind == "xid" and changed.cause.xid == 999
+    assert "3 warning XIDs on a-0/gpu4" in changed.cause.message
+
+
+def test_a_report_counts_as_many_errors_as_it_carries() -> None:
+    state = new_state(sbe=100)
+    jump = report("a-1", "gpu2", sbe=True).model_copy(update={"count": 99})
+    assert feed(state, [env(jump, at=1)]) == []
+    [(_, changed)] = degraded_in(feed(state, [env(report("a-1", "gpu2", sbe=True), at=2)]))
+    assert "100 correctable ECC errors" in changed.cause.message
+
+
+def test_the_settings_are_the_core_policys_numbers_read_from_the_environment() -> None:
+    assert NodeHealthSettings.from_env({}).drain_policy() == DrainPolicy()
+    policy = NodeHealthSettings.from_env(
+        {
+            "GANGLINE_ERROR_WINDOW_S": "600",
+            "GANGLINE_JOB_FAULT_XIDS_LIMIT": "2",
+            "GANGLINE_WARNING_XIDS_LIMIT": "4",
+            "GANGLINE_CORRECTABLE_ECC_LIMIT": "50",
+        }
+    ).drain_policy()
+    assert policy == DrainPolicy(
+        window=timedelta(minutes=10), job_fault_xids=2, warning_xids=4, correctable_ecc=50
+    )
+    assert new_node_health_state(NodeHealthSettings.from_env({}), now=T0).rates.policy == DrainPolicy()

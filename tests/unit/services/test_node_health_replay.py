@@ -65,7 +65,7 @@ def beats(log: Log, run: ServiceRun, nodes: list[str], seconds: int, seq: dict[s
 
 
 def recorded_log() -> Log:
-    """a-1 goes silent and is declared failed; a restart; a-2 goes silent too; a GPU's XIDs repeat."""
+    """a-1 goes silent and is declared failed; a restart; a-2 goes silent too; three GPUs' errors repeat."""
     log = Log()
     for node in cluster(("a", 4, 8)).registrations():
         log.produce(TOPICS.inventory, env(node, at=now_s(log)))
@@ -83,6 +83,18 @@ def recorded_log() -> Log:
         cause = HealthCause(kind="xid", message="xid 13", xid=13)
         report = GpuErrorReported(node=NodeId("a-3"), gpu=GpuId("gpu1"), state="healthy", cause=cause)
         log.produce(TOPICS.health, env(report, at=now_s(log) + k))
+    for k, xid in enumerate((32, 999, 32)):  # warning XIDs on another: drained by their own limit
+        cause = HealthCause(kind="xid", message=f"xid.{xid}: warning", xid=xid)
+        report = GpuErrorReported(node=NodeId("a-0"), gpu=GpuId("gpu2"), state="healthy", cause=cause)
+        log.produce(TOPICS.health, env(report, at=now_s(log) + k))
+    jump = GpuErrorReported(  # a correctable ECC counter jump, one report of 100
+        node=NodeId("a-0"),
+        gpu=GpuId("gpu3"),
+        state="healthy",
+        cause=HealthCause(kind="ecc", message="ecc.sbe: correctable (single-bit) ECC errors"),
+        count=100,
+    )
+    log.produce(TOPICS.health, env(jump, at=now_s(log)))
     beats(log, run, ["a-0", "a-3"], 1, seq)
     return log
 
@@ -92,7 +104,12 @@ def test_an_untouched_log_replays_identical_across_a_restart() -> None:
     outputs = outputs_of(log.records, SOURCE)
     failed = [r.envelope["data"]["node"] for r in outputs if r.type == FAILED]
     assert failed == ["a-1", "a-2"]
-    assert any(r.type == "gangline.gpu.health_changed.v1" for r in outputs)
+    drained = [
+        (r.envelope["data"]["node"], r.envelope["data"]["gpu"])
+        for r in outputs
+        if r.type == "gangline.gpu.health_changed.v1"
+    ]
+    assert drained == [("a-3", "gpu1"), ("a-0", "gpu2"), ("a-0", "gpu3")]
 
     result = replay_node_health(log.records, SETTINGS)
 

@@ -4,6 +4,7 @@ dropped checkpoint are named."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from replay_recorder import TOPICS, Log, ServiceRun, Wiring, outputs_of, tampered
@@ -11,7 +12,7 @@ from svc_helpers import cluster, env
 
 from gangline.core.defaults import default_profile
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobSpec
+from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobPending, JobSpec, PendingReason
 from gangline.events.nodes import NodeHeartbeat
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.cluster import FOLDED_EVENTS
@@ -27,7 +28,7 @@ SETTINGS = PreemptionSettings(gated=False)
 PREEMPTING = "gangline.job.preempting.v1"
 
 
-def wiring() -> Wiring:
+def wiring(settings: PreemptionSettings = SETTINGS) -> Wiring:
     def decider(state: PreemptionState, clock: Any) -> Any:
         return lambda envelope, meta: fold_event(envelope, state, now=clock())
 
@@ -47,7 +48,7 @@ def wiring() -> Wiring:
     return Wiring(
         live_topics=(*inputs, TOPICS.heartbeats),
         restore_topics=inputs,
-        new_state=lambda now: new_state(SETTINGS),
+        new_state=lambda now: new_state(settings),
         restore=lambda state, envelope: state.restore(envelope),
         decide=decider,
         end_batch=search,
@@ -141,3 +142,57 @@ def test_a_dropped_checkpoint_is_named_as_the_finish_it_caused() -> None:
 
     named = {(d.where, d.replayed) for d in result.differences}
     assert {(r.where, "not decided by the replay") for r in finished} <= named
+
+
+LAB = """
+cohorts: [{name: lab}]
+queues:
+  - {name: team-a, cohort: lab, quotas: {H100-SXM5-80GB: {nominal: 8, borrowing_limit: 0}}}
+  - {name: team-b, cohort: lab, quotas: {H100-SXM5-80GB: {nominal: 8}}}
+"""
+
+
+def quota_hold(job: str, constraint: str) -> Envelope:
+    reason = PendingReason(
+        code="quota",
+        constraint=constraint,
+        message="team-a uses 0 of its 8 H100-SXM5-80GB; cohort has 0 to lend; needs 8",
+        details={"queue": "team-a", "gpu_type": "H100-SXM5-80GB"},
+    )
+    return env(JobPending(job_id=JobId(job), reasons=(reason,)))
+
+
+def test_a_reclaim_for_a_job_quota_holds_replays_identical_across_a_restart(tmp_path: Path) -> None:
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(LAB, encoding="utf-8")
+    settings = PreemptionSettings(gated=False, queues_file=queues)
+    log = Log()
+    placement = Placement(log)
+    for node in cluster(("a", 2, 8)).registrations():
+        placement.feed(env(node))
+        log.produce(TOPICS.inventory, env(node))
+    run = ServiceRun(log, wiring(settings))
+    for k in range(2):
+        spec = JobSpec(queue="team-b", workers=1, gpus_per_worker=8, preemptible=True, checkpoint_grace_s=2)
+        admitted = env(JobAdmitted(job_id=JobId(f"b-{k}"), spec=spec), at=k)
+        log.produce(TOPICS.events, admitted)
+        placement.feed(admitted)
+    run.drain()
+    owed = JobSpec(queue="team-a", workers=1, gpus_per_worker=8)
+    log.produce(TOPICS.events, env(JobAdmitted(job_id=JobId("a-1"), spec=owed), at=5))
+    log.tick(60_000)
+    log.produce(TOPICS.events, quota_hold("a-1", "reclaim"))  # as quota says it: owed its nominal quota
+    run.drain()
+    [asking] = [r for r in log.records if r.type == PREEMPTING]
+    assert asking.envelope["data"]["preemptor_job_id"] == "a-1"
+    run.start()  # restored: the victim still asked is in flight again, the hold is not planned twice
+    log.tick(3000)  # past the victim's deadline: the next heartbeat finishes it
+    log.produce(TOPICS.heartbeats, env(NodeHeartbeat(node=NodeId("a-1"), seq=1)))
+    run.drain()
+    outputs = outputs_of(log.records, SOURCE)
+    assert [r.type for r in outputs].count(PREEMPTING) == 1 and len(outputs) == 4
+
+    result = replay_preemption(log.records, settings)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.incarnations == 2 and result.compared == len(outputs)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from svc_helpers import T0, admitted, cluster, env
 
-from gangline.core.actions.victims import find_victims
+from gangline.core.actions.queueing import run_queue_cycle
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
@@ -108,15 +108,15 @@ def test_one_search_per_batch_asks_the_same_victims_as_one_search_per_event() ->
     assert batched.asked == per_event.asked and batched.in_flight.keys() == per_event.in_flight.keys()
 
 
-def test_a_batch_searches_once_per_pending_job(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_plans_once_for_its_pending_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    search = find_victims
+    cycle = run_queue_cycle
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append("search")
-        return search(*args, **kwargs)
+        return cycle(*args, **kwargs)
 
-    monkeypatch.setattr(handlers, "find_victims", counting)
+    monkeypatch.setattr(handlers, "run_queue_cycle", counting)
     _, state = full_cluster()
     now = T0 + timedelta(seconds=1000)
     for _ in range(10):

@@ -232,7 +232,7 @@ def test_a_queue_that_used_a_lot_recently_goes_after_one_that_did_not() -> None:
     assert _fair_scenario(LAB, half_life_s=3600) == ["b1"]  # team-a's last hour counts against it
 
 
-def test_reclaim_names_the_borrowers_latest_preemptible_job_and_the_waiter_goes_once_it_is_released() -> None:
+def test_a_job_owed_its_nominal_quota_says_reclaim_is_due_and_goes_once_a_borrower_is_released() -> None:
     state = quota(LAB)
     run(state, "b-keep", queue="team-b", gpus_per_worker=8, at=0)  # within team-b's nominal, not preemptible
     run(state, "b-old", queue="team-b", gpus_per_worker=4, preemptible=True, at=1)
@@ -241,45 +241,28 @@ def test_reclaim_names_the_borrowers_latest_preemptible_job_and_the_waiter_goes_
     [held] = feed(state, admit("a1", gpus_per_worker=4, at=10))
 
     reason = reason_of(held)
+    # Quota says it is owed (within team-a's nominal 8): who gives it back is the preemption service's call.
     assert (reason.code, reason.constraint) == ("quota", "reclaim")
-    assert reason.details["victims"] == "b-new"
-    assert "b-new" in reason.message and "b-old" not in reason.message
-    assert state.plans[JobId("a1")].victims == ("b-new",)
-    # Another waiter of team-a is not given the same victim: it gets the next one.
-    [other] = feed(state, admit("a2", gpus_per_worker=4, at=11))
-    assert reason_of(other).details["victims"] == "b-old"
-    # The preemption service releases the victim and requeues it: team-a's job goes, the victim waits.
+    assert reason.details["within_nominal"] is True and reason.details["gpu_type"] == H100
+    assert "victims" not in reason.details and "reclaims it" in reason.message
+    # The preemption service releases a borrower and requeues it: team-a's job goes, the victim waits.
     [through] = feed(state, release("b-new", "preempted", at=20))
-    assert queued_ids([through]) == ["a1"] and JobId("a1") not in state.plans
-    assert "b-new" not in state.planned
+    assert queued_ids([through]) == ["a1"]
     [again] = feed(state, requeue("b-new", at=21))
     assert reason_of(again).code == "quota" and usage(state, "team-b") == 12
+    # team-b is over its nominal: the victim is not owed anything back.
+    assert reason_of(again).constraint == "quota" and reason_of(again).details["within_nominal"] is False
 
 
-def test_reclaim_takes_as_few_borrowing_jobs_as_needed() -> None:
-    state = quota(LAB)
-    run(state, "b-small", queue="team-b", gpus_per_worker=2, preemptible=True, at=0)
-    run(state, "b-big", queue="team-b", gpus_per_worker=8, preemptible=True, at=1)
-    run(state, "b-last", queue="team-b", gpus_per_worker=6, preemptible=True, at=2)
-    # team-a needs 8: greedily b-last (6), then b-big (8) are taken; b-big alone is enough.
-    [held] = feed(state, admit("a1", gpus_per_worker=8, at=10))
-    assert reason_of(held).details["victims"] == "b-big"
-
-
-def test_a_high_priority_job_in_a_full_queue_names_only_lower_priority_preemptible_victims() -> None:
+def test_a_job_over_its_nominal_quota_waits_for_quota_and_names_no_victims() -> None:
     doc = {"queues": [{"name": "team-a", "quotas": {H100: {"nominal": 8}}}]}
     state = quota(doc)
-    run(state, "fixed", gpus_per_worker=4, priority=0, at=0)  # not preemptible
-    run(state, "peer", gpus_per_worker=2, priority=10, preemptible=True, at=1)  # same priority as the waiter
-    run(state, "low", gpus_per_worker=2, priority=1, preemptible=True, at=2)
-
+    run(state, "fixed", gpus_per_worker=4, priority=0, at=0)
+    run(state, "low", gpus_per_worker=4, priority=1, preemptible=True, at=2)
     [big] = feed(state, admit("big", gpus_per_worker=4, priority=10, at=10))
-    [small] = feed(state, admit("small", gpus_per_worker=2, priority=10, at=11))
-
-    assert reason_of(big).constraint == "quota" and "victims" not in reason_of(big).details  # 2 is not enough
-    assert (reason_of(small).constraint, reason_of(small).details["victims"]) == ("priority", "low")
-    [low] = feed(state, admit("low-waiter", gpus_per_worker=2, priority=0, at=12))
-    assert "victims" not in reason_of(low).details  # nothing of lower priority than 0 to take
+    reason = reason_of(big)
+    assert (reason.constraint, reason.details["within_nominal"]) == ("quota", False)
+    assert "victims" not in reason.details and "preemption service" in (reason.unblock or "")
 
 
 def test_a_preempted_job_is_uncharged_waits_and_is_queued_again_when_room_returns() -> None:
@@ -323,10 +306,7 @@ def test_pending_reasons_are_sent_only_when_what_blocks_the_job_changes() -> Non
     assert reason_of(first).message == f"team-a uses 8 of its 8 {H100}; no cohort to borrow from; needs 4"
     assert feed(state, admit_big) == []  # delivered again: same reason, not repeated
     assert feed(state, release("d", at=5)) == []  # 7 of 8 used: only a figure changed
-    # 6 of 8 used: now preempting b would make room, which is news.
-    [plan] = feed(state, release("c", at=6))
-    assert (reason_of(plan).constraint, reason_of(plan).details["victims"]) == ("priority", "b")
-    assert f"team-a uses 6 of its 8 {H100}" in reason_of(plan).message  # with the figures of now
+    assert feed(state, release("c", at=6)) == []  # 6 of 8: still over its nominal, only figures changed
     [through] = feed(state, release("b", "preempted", at=7))
     assert queued_ids([through]) == ["big"] and JobId("big") not in state.last_pending
 
@@ -366,9 +346,8 @@ def _summary(state: QuotaState) -> dict[str, Any]:
         "usage": {q: state.ledger.usage_vector(q) for q in state.queues.tree.queue_names()},
         "charges": {j: job.charge for j, job in state.jobs.items()},
         "waiting": {t: sorted(js) for t, js in state.waiting.items()},
-        "running": {t: sorted(js) for t, js in state.running.items()},
         "retired": sorted(state.retired),
-        "plans": dict(state.plans),
+        "last_pending": dict(state.last_pending),
     }
 
 
@@ -399,7 +378,7 @@ def test_a_restore_in_topic_order_gives_the_live_state() -> None:
         assert _summary(restored) == _summary(live)
 
 
-def test_a_restore_keeps_the_plans_in_flight_from_quotas_own_pending_reasons() -> None:
+def test_a_restore_keeps_what_quota_last_told_from_its_own_pending_reasons() -> None:
     live = quota(LAB)
     log: list[Envelope] = []
     steps = [
@@ -411,15 +390,13 @@ def test_a_restore_keeps_the_plans_in_flight_from_quotas_own_pending_reasons() -
     ]
     for envelope in steps:
         log += [envelope, *feed(live, envelope)]
-    assert live.plans[JobId("a1")].victims == ("b2",)
+    assert reason_of(log[-1]).constraint == "reclaim"
     restored = quota(LAB)
     for envelope in log:
         restored.restore(envelope)
-    assert restored.plans == live.plans and restored.planned == live.planned
     assert restored.last_pending == live.last_pending
-    # The waiter's plan is in flight: a second admission of another team-a job plans b1, never b2 again.
-    [other] = feed(restored, admit("a2", gpus_per_worker=4, at=5))
-    assert reason_of(other).details["victims"] == "b1"
+    # The same admission read again tells nothing new.
+    assert feed(restored, steps[-1]) == []
 
 
 def test_finished_jobs_are_dropped_and_nothing_read_about_them_again_changes_the_state() -> None:
@@ -439,7 +416,7 @@ def test_finished_jobs_are_dropped_and_nothing_read_about_them_again_changes_the
     assert state.jobs == {} and len(state.retired) == 50 and usage(state, "default") == 0
     for envelope in [*reversed(history), *history]:
         assert feed(state, envelope) == []
-    assert state.jobs == {} and state.waiting == {} and state.running == {} and usage(state, "default") == 0
+    assert state.jobs == {} and state.waiting == {} and usage(state, "default") == 0
 
 
 def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
@@ -474,17 +451,14 @@ def test_records_about_retired_jobs_are_skipped_before_decoding() -> None:
     assert decoded == [b"a1", None]
 
 
-def test_a_new_plan_is_news_even_when_only_the_digits_of_its_victims_differ() -> None:
+def test_being_owed_nominal_quota_is_news_but_a_figure_is_not() -> None:
     from gangline.events.jobs import PendingReason
     from services.quota.handlers import pending_key
 
-    def reason(used: int, victims: str) -> PendingReason:
+    def reason(used: int, constraint: str) -> PendingReason:
         return PendingReason(
-            code="quota",
-            constraint="reclaim",
-            message=f"team-a uses {used} of its 8 H100; reclaiming quota lent to {victims} would make room",
-            details={"victims": victims},
+            code="quota", constraint=constraint, message=f"team-a uses {used} of its 8 H100; needs 4"
         )
 
-    assert pending_key(reason(4, "b-1")) == pending_key(reason(6, "b-1"))  # only a figure changed
-    assert pending_key(reason(4, "b-1")) != pending_key(reason(4, "b-2"))
+    assert pending_key(reason(4, "quota")) == pending_key(reason(6, "quota"))  # only a figure changed
+    assert pending_key(reason(4, "quota")) != pending_key(reason(4, "reclaim"))

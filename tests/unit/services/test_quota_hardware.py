@@ -188,7 +188,7 @@ def test_without_any_node_registered_quota_charges_as_before() -> None:
     assert isinstance(queued.data, JobQueued) and queued.data.gpu_type == H100
 
 
-def test_no_reclaim_is_planned_on_a_model_whose_nodes_cannot_hold_the_waiting_job() -> None:
+def test_no_reclaim_is_due_on_a_model_whose_nodes_cannot_hold_the_waiting_job() -> None:
     doc = {
         "cohorts": [{"name": "everyone"}],
         "queues": [
@@ -216,7 +216,7 @@ def test_no_reclaim_is_planned_on_a_model_whose_nodes_cannot_hold_the_waiting_jo
     reason = reason_of(held)
     assert reason.constraint == "quota" and "victims" not in reason.details
     assert reason.details["gpu_type"] == H100
-    # The same job in 4-GPU workers is one GB200 can hold: reclaiming a borrower makes room there.
+    # The same job in 4-GPU workers is one GB200 can hold: it is owed GB200 quota lent to team-b there.
     [split] = feed(state, admit("split", workers=2, gpus_per_worker=4))
     planned = reason_of(split)
     assert planned.constraint == "reclaim" and planned.details["gpu_type"] == GB200

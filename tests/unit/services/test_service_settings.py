@@ -1,4 +1,5 @@
-"""Batch waits: short on the request-to-grant path, longer where a service mostly folds events."""
+"""Batch waits: short on the request-to-grant path, longer where a service mostly folds events; the
+preemption service's minimum runtime."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ def test_services_that_mostly_fold_wait_longer_unless_told(cls: type[ServiceSett
     assert LAZY_LINGER_MS > 10
     assert processor_settings(cls.from_env({}), "s", ["t"]).linger_ms == LAZY_LINGER_MS
     assert cls.from_env({"GANGLINE_LINGER_MS": "5"}).linger_ms == 5
+
+
+def test_preemption_reads_the_minimum_runtime_of_a_victim_and_hands_it_to_the_core() -> None:
+    from services.preemption.wiring import new_state
+
+    settings = PreemptionSettings.from_env({"GANGLINE_MIN_RUNTIME_S": "90"})
+    assert settings.min_runtime_s == 90 and PreemptionSettings.from_env({}).min_runtime_s == 0
+    assert new_state(settings).policy.min_runtime_s == 90
+    with pytest.raises(ValueError):
+        PreemptionSettings.from_env({"GANGLINE_MIN_RUNTIME_S": "-1"})

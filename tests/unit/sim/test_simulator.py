@@ -11,7 +11,7 @@ from gangline.cluster_spec import load_cluster_spec
 from gangline.core.defaults import default_profile
 from gangline.core.model import QueueName
 from gangline.core.queues import gpu_resource
-from gangline.queues_file import QueuesFile, load_queues_file
+from gangline.queues_file import QueuesFile, load_queues_file, quota_specs
 from gangline.sim.metrics import RunResult, summarize
 from gangline.sim.run import PolicyRun, entitlement_weights, queue_setup, run_campaign
 from gangline.sim.trace import load_trace
@@ -84,8 +84,8 @@ def test_a_queues_file_limits_the_queues_it_lists_and_no_other() -> None:
     assert setup.tree.nominal(a, gpu) == 8 and setup.tree.spec(a).cohort == "c"
     assert setup.tree.spec(b).cohort is None and setup.tree.nominal(b, gpu) >= spec.total_gpus  # not listed
     assert setup.capacity == {gpu: 16}
-    assert entitlement_weights(doc, jobs) == {a: 8.0, b: 1.0}
-    assert entitlement_weights(None, jobs) == {}
+    assert entitlement_weights(quota_specs(doc)[0], jobs) == {a: 8.0, b: 1.0}
+    assert entitlement_weights((), jobs) == {}
 
 
 def test_simulate_names_a_bad_queues_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

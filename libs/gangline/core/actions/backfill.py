@@ -174,7 +174,7 @@ class Reserve:
                 continue
             if job.id in ctx.in_flight or not ctx.ledger.tree.has_queue(job.queue):
                 continue
-            if not ctx.ledger.check(job.queue, request_for_order(job, session.snapshot)).fits:
+            if not ctx.ledger.fits(job.queue, request_for_order(job, session.snapshot)):
                 continue
             if place(job) is not None:
                 if self.start_ahead:

@@ -123,7 +123,7 @@ class Elastic:
             for jid in sorted(ids):
                 r = running[jid]
                 ledger.release(r.job.queue, _dropped(session, r))
-            return ledger.check(job.queue, job_request(job, snap.models[c.model], len(c.slots))).fits
+            return ledger.fits(job.queue, job_request(job, snap.models[c.model], len(c.slots)))
 
         found = find_victims(snap, job, candidates, placement_oracle(session), admissible=admits)
         if found is None:
@@ -194,9 +194,7 @@ class Elastic:
             ledger.release(r.job.queue, held)
             model = _model_of(session, r)
             most = current
-            while (
-                most < r.job.workers and ledger.check(r.job.queue, job_request(r.job, model, most + 1)).fits
-            ):
+            while most < r.job.workers and ledger.fits(r.job.queue, job_request(r.job, model, most + 1)):
                 most += 1
             if most <= current:
                 continue
@@ -207,7 +205,7 @@ class Elastic:
             if got is None or len(got.slots) <= current:
                 continue
             new = job_request(r.job, snap.models[got.model], len(got.slots))
-            if not ledger.check(r.job.queue, new).fits:
+            if not ledger.fits(r.job.queue, new):
                 continue
             ctx.ledger.release(r.job.queue, held)
             ctx.ledger.admit(r.job.queue, new)

@@ -31,7 +31,7 @@ from gangline.core.actions.victims import NodeGpus, Place, VictimPool, VictimSet
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import Job, JobId
+from gangline.core.model import FULL_GPU_MILLI, Job, JobId, WorkerPlacement
 from gangline.core.placement import search
 from gangline.core.snapshot import RunningJob, Snapshot
 
@@ -65,12 +65,28 @@ def placement_oracle(session: Session) -> Place:
     return place
 
 
+def gpu_share(snapshot: Snapshot, placement: WorkerPlacement) -> float:
+    """How much of its GPUs one worker holds: all of them when whole, the compute slices of its MIG
+    instance out of the GPU's, or its milli share. Lost GPU-hours are counted by this share."""
+    if placement.milli is not None:
+        return placement.milli / FULL_GPU_MILLI
+    if placement.mig is not None:
+        g = snapshot.gpu_pos.get(placement.gpus[0]) if placement.gpus else None
+        geo = snapshot.g_geometry[g] if g is not None else None
+        prof = geo.profile(placement.mig.profile) if geo is not None else None
+        if geo is not None and prof is not None:
+            return prof.compute / geo.compute_slices
+    return float(len(placement.gpus))
+
+
 def candidate_rows(snapshot: Snapshot, eligible: Sequence[RunningJob], ctx: QueueContext) -> list[WholeJob]:
     """Running jobs as victim candidates (`VictimPool` rows, in the order given): their cost and
     where their whole GPUs are.
 
-    Ties on cost go to the lower priority, then to the job that has run longest. This runs for
-    every eligible job of every search, hence one tuple per job and no helper calls.
+    The cost is the hours since the last checkpoint (or start) times the GPUs held, a MIG instance
+    or a milli share counted by its share of its GPU (`gpu_share`). Ties on cost go to the lower
+    priority, then to the job that has run longest. This runs for every eligible job of every
+    search, hence one tuple per job and no helper calls on the whole-GPU path.
     """
     now, facts, node_pos = ctx.now, ctx.run_facts, snapshot.node_pos
     rows: list[WholeJob] = []
@@ -83,18 +99,21 @@ def candidate_rows(snapshot: Snapshot, eligible: Sequence[RunningJob], ctx: Queu
             since = f.last_checkpoint_at if f.last_checkpoint_at is not None else f.started_at
             lost_hours, started = (now - since) / 3600.0 if now > since else 0.0, f.started_at
         placements = r.allocation.placements
-        if len(placements) == 1:
+        if len(placements) == 1 and placements[0].mig is None and placements[0].milli is None:
             p = placements[0]
-            gpus = len(p.gpus)
-            by_node: NodeGpus = () if p.mig or p.milli else ((node_pos[p.node], gpus),)
-            freed = gpus if by_node else 0
+            gpus: float = len(p.gpus)
+            by_node: NodeGpus = ((node_pos[p.node], len(p.gpus)),)
+            freed = len(p.gpus)
         else:
             per_node: dict[int, int] = {}
+            gpus = 0.0
             for p in placements:
                 if p.mig is None and p.milli is None:
                     i = node_pos[p.node]
                     per_node[i] = per_node.get(i, 0) + len(p.gpus)
-            gpus = sum(len(p.gpus) for p in placements)
+                    gpus += len(p.gpus)
+                else:
+                    gpus += gpu_share(snapshot, p)
             by_node = tuple(sorted(per_node.items()))
             freed = sum(n for _, n in by_node)
         lost = lost_hours * gpus
@@ -129,7 +148,7 @@ def quota_admits(
             r = running[jid]
             ledger.release(r.job.queue, held_request(snap, r))
         req = job_request(job, snap.models[candidate.model], len(candidate.slots))
-        return ledger.check(job.queue, req).fits
+        return ledger.fits(job.queue, req)
 
     return admits
 

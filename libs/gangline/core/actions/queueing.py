@@ -346,7 +346,7 @@ def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> li
     while (p := order.next()) is not None:
         out.append(p.item)
         req = request_for_order(p.item, snapshot)
-        if order_ledger.check(p.item.queue, req).fits:
+        if order_ledger.fits(p.item.queue, req):
             order_ledger.admit(p.item.queue, req)
             order.admitted(req)
         else:

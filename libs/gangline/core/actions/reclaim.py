@@ -106,6 +106,12 @@ class Reclaim:
                 continue
             if not may_be_victim(r, ctx, session):
                 continue
-            if any(ctx.ledger.is_borrowing(q, res) for res in held_request(session.snapshot, r)):
+            held = held_request(session.snapshot, r)
+            # Only a job within what its queue borrows: one whose release alone takes the queue below
+            # its nominal quota is in no admissible set (more victims only lower the usage), and
+            # left in, the search's cost order would add it before the borrowers that do qualify.
+            if any(ctx.ledger.is_borrowing(q, res) for res in held) and all(
+                ctx.ledger.usage(q, res) - n >= tree.nominal(q, res) for res, n in held.items()
+            ):
                 out.append(r)
         return out
