@@ -5,11 +5,11 @@ a moment ago may be unknown to GET for a moment (202 Accepted says so).
 """
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import asyncpg
 from aiokafka.errors import KafkaError
@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import ErrorDetails
 
 from gangline.bus import EventProducer
-from gangline.core.fairshare import dominant_share
 from gangline.core.queues import QueueName
 from gangline.events import topics
 from gangline.events.base import Event, make_envelope
@@ -319,51 +318,42 @@ def create_app(
         async with res().pool.acquire() as conn:
             return {"items": await queries.nodes(conn)}
 
-    @app.get("/v1/queues", tags=["queues"])
+    @app.get("/v1/queues", tags=["queues"], response_model=QueueList)
     async def list_queues(caller: Caller) -> dict[str, Any]:
-        """Per queue: quota (from the queues file), usage now, jobs per state, fair share and DRF share.
+        """Per queue: quota (from the queues file), usage now, jobs per state, and the quota service's
+        fair-share figures.
 
-        An unlimited queue has ``quota`` "unlimited": it is outside the quota tree, never held back,
-        and has no fair share. For the others: ``borrowed`` is what the queue holds beyond its nominal
-        quota (lent by its cohort); ``fair_share`` is the queue's weighted part of the cluster's
-        capacity among the limited queues with work (running or waiting) plus itself. For every queue,
-        ``dominant_share`` is DRF's usage/capacity over resources, divided by the weight. A queue the
-        file no longer names but that still has jobs is listed with ``configured`` false.
+        ``usage`` (GPUs held by running allocations) and ``jobs`` (jobs per state) are facts the ledger
+        holds. The fair-share figures are quota's own, from its latest ``queue.status`` (topic
+        queues.status), the figure quota orders waiting work by: ``dominant_share`` (DRF across GPU
+        models over usage decayed with GANGLINE_FAIR_SHARE_HALF_LIFE_S, divided by the weight) with its
+        ``dominant_resource``, the queue's fair-share ``position`` among the ``of`` queues of its quota
+        tree (1 = lowest share, served first at equal priority), and per resource what quota has
+        charged (``charged``: queued and running jobs), ``borrowed`` beyond the nominal quota and what
+        the cohort could still ``lendable`` it; ``as_of`` is the event time they hold after (quota
+        publishes at most every GANGLINE_STATUS_INTERVAL_S of event time, after usage moved).
 
-        These figures are a snapshot against the nodes' capacity. The quota service's fair order, the
-        one that decides which waiting job goes first and is quoted in its pending reasons, uses usage
-        decayed over GANGLINE_FAIR_SHARE_HALF_LIFE_S against the tree's nominal quota: the two can differ.
+        ``reported`` says where they come from: "quota"; "not_reported_yet" (a limited queue quota
+        has published nothing for: the figures are null); "unlimited" (outside the quota tree, never
+        held back, no fair share: null). The API computes no figure of its own. A queue the file no
+        longer names but that still has jobs is listed with ``configured`` false.
         """
         async with res().pool.acquire() as conn:
             node_rows = await queries.nodes(conn)
             usage, counts = await queries.queue_usage(conn, queries.gpu_models(node_rows))
-        cap = queries.capacity(node_rows)
+            reported = await queries.queue_statuses(conn)
         names = sorted(set(configured.names()) | set(usage) | set(counts))
         visible = caller.visible_queues()
         if visible is not None:
             names = [n for n in names if n in visible]
-
-        def weight(name: str) -> float:
-            return configured.weight(QueueName(name))
-
-        def unlimited(name: str) -> bool:
-            return name in configured.unlimited
-
-        active = {
-            n
-            for n in set(usage) | set(counts)
-            if (usage.get(n) or _waiting(counts.get(n, {}))) and not unlimited(n)
-        }
         items = []
         for name in names:
-            held = usage.get(name, {})
-            dominant, resource = dominant_share({r: float(v) for r, v in held.items()}, cap, weight(name))
             spec = quota_tree.spec(QueueName(name)) if quota_tree.has_queue(name) else None
-            if unlimited(name):
-                quota: dict[str, Any] | str = "unlimited"
-                fair_share: dict[str, float] = {}
-            else:
-                quota = {
+            unlimited = name in configured.unlimited
+            quota: dict[str, Any] | str = (
+                "unlimited"
+                if unlimited
+                else {
                     r: {
                         "nominal": q.nominal,
                         "borrowing_limit": q.borrowing_limit,
@@ -371,36 +361,71 @@ def create_app(
                     }
                     for r, q in (spec.quotas.items() if spec else [])
                 }
-                share_of = weight(name) / sum(weight(n) for n in active | {name})
-                fair_share = {r: round(c * share_of, 3) for r, c in cap.items()}
+            )
+            status = None if unlimited else reported.get(name)
             items.append(
                 {
                     "queue": name,
                     "configured": configured.known(name),
                     "cohort": spec.cohort if spec else None,
-                    "weight": weight(name),
+                    "weight": configured.weight(QueueName(name)),
                     "quota": quota,
-                    "usage": held,
-                    "borrowed": {
-                        r: used - spec.quotas[r].nominal
-                        for r, used in held.items()
-                        if spec is not None and r in spec.quotas and used > spec.quotas[r].nominal
-                    },
+                    "usage": usage.get(name, {}),
                     "jobs": counts.get(name, {}),
-                    "fair_share": fair_share,
-                    "dominant_share": round(dominant, 6),
-                    "dominant_resource": resource,
+                    "reported": "unlimited" if unlimited else "quota" if status else "not_reported_yet",
+                    **_quota_figures(status),
                 }
             )
-        return {"capacity": cap, "items": items}
+        return {"items": items}
 
     return app
 
 
-def _waiting(states: dict[str, int]) -> bool:
-    return any(
-        states.get(s) for s in ("requested", "admitted", "queued", "pending", "requeued", "placed", "running")
+class QueueFigures(BaseModel):
+    """Quota's fair-share figures of a queue (null while quota has not reported the queue)."""
+
+    as_of: datetime | None = Field(description="event time quota's figures hold after")
+    dominant_share: float | None = Field(description="quota's DRF share over decayed usage, over the weight")
+    dominant_resource: str | None
+    position: int | None = Field(description="fair-share rank in its quota tree, 1 = lowest share")
+    of: int | None = Field(description="how many queues of its quota tree the rank is among")
+    charged: dict[str, int] | None = Field(description="per resource: what quota charges the queue now")
+    borrowed: dict[str, int] | None = Field(description="per resource: held beyond its nominal quota")
+    lendable: dict[str, int] | None = Field(description="per resource: what its cohort could still lend it")
+
+
+class QueueItem(QueueFigures):
+    queue: str
+    configured: bool
+    cohort: str | None
+    weight: float
+    quota: dict[str, dict[str, int | None]] | Literal["unlimited"]
+    usage: dict[str, int] = Field(description="GPUs (or MIG slices) held by running allocations")
+    jobs: dict[str, int] = Field(description="jobs per state")
+    reported: Literal["quota", "not_reported_yet", "unlimited"] = Field(
+        description="where the fair-share figures come from; null figures unless quota"
     )
+
+
+class QueueList(BaseModel):
+    items: list[QueueItem]
+
+
+def _quota_figures(status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A ``queue_status`` row as the API reports it; every figure null without one."""
+    if status is None:
+        return dict.fromkeys(QueueFigures.model_fields)
+    resources: Mapping[str, Mapping[str, int]] = status["resources"]
+    return {
+        "as_of": status["as_of"],
+        "dominant_share": status["dominant_share"],
+        "dominant_resource": status["dominant_resource"],
+        "position": status["position"],
+        "of": status["ranked_among"],
+        "charged": {r: v["used"] for r, v in resources.items()},
+        "borrowed": {r: v["borrowed"] for r, v in resources.items() if v["borrowed"]},
+        "lendable": {r: v["lendable"] for r, v in resources.items()},
+    }
 
 
 def _cursor(cursor: str | None, kinds: tuple[type, ...]) -> list[Any] | None:

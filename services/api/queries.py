@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -178,19 +178,6 @@ def gpu_models(node_rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], 
     return {(n["node"], g["id"]): g["model"] for n in node_rows for g in n["gpus"]}
 
 
-def capacity(node_rows: Sequence[Mapping[str, Any]]) -> dict[Resource, int]:
-    """Whole GPUs per model on nodes that can take work (not lost, not cordoned)."""
-    total: Counter[Resource] = Counter()
-    for n in node_rows:
-        if n["state"] in ("lost", "unregistered"):
-            continue
-        cordoned = set(n["cordoned_gpus"])
-        for g in n["gpus"]:
-            if g["id"] not in cordoned:
-                total[gpu_resource(g["model"])] += 1
-    return dict(total)
-
-
 async def queue_usage(
     conn: asyncpg.Connection, models: Mapping[tuple[str, str], str]
 ) -> tuple[dict[str, dict[Resource, int]], dict[str, dict[str, int]]]:
@@ -215,3 +202,15 @@ async def queue_usage(
     for r in states:
         counts[r["queue"]][r["state"]] = int(r["n"])
     return {q: dict(u) for q, u in usage.items()}, dict(counts)
+
+
+async def queue_statuses(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
+    """Quota's latest ``queue.status`` per queue (the ``queue_status`` projection), by queue name."""
+    rows = await conn.fetch(
+        """
+        SELECT queue, cohort, weight, dominant_share, dominant_resource, position, ranked_among, resources,
+               as_of
+        FROM queue_status
+        """
+    )
+    return {r["queue"]: {**dict(r), "resources": _loaded(r["resources"])} for r in rows}

@@ -5,6 +5,8 @@
   its request; folding the job's whole history each time makes the row independent of that order.
 - A node's row is updated one event at a time: heartbeats are many, and each node event carries
   everything its change needs. A state change older than the one already applied is ignored.
+- A queue's status row is quota's latest ``queue.status`` (by ``as_of``): quota's fair-share figure,
+  copied, never computed here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Event
 from gangline.events.registry import JOB_EVENT_TYPES
 
@@ -254,6 +256,51 @@ def apply_node_event(row: NodeRow | None, node: str, event: StoredEvent) -> Node
     elif isinstance(data, nodes.NodeFailed) and newer:
         row = replace(row, state="lost", health_reason=data.reason, state_changed_at=event.time)
     return row
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatusRow:
+    """The `queue_status` projection row of one queue: quota's latest figures for it."""
+
+    queue: str
+    cohort: str
+    weight: float
+    dominant_share: float
+    dominant_resource: str | None
+    position: int
+    ranked_among: int
+    resources: Mapping[str, Mapping[str, int]]
+    as_of: datetime
+    event_id: str
+    updated_at: datetime
+
+
+def queue_status_row(event: StoredEvent) -> QueueStatusRow | None:
+    """The row a ``queue.status`` implies; None for any other event."""
+    data = event.data
+    if not isinstance(data, queues.QueueStatus):
+        return None
+    return QueueStatusRow(
+        queue=data.queue,
+        cohort=data.cohort,
+        weight=data.weight,
+        dominant_share=data.dominant_share,
+        dominant_resource=data.dominant_resource,
+        position=data.position,
+        ranked_among=data.of,
+        resources={r: v.model_dump(mode="json") for r, v in sorted(data.resources.items())},
+        as_of=data.as_of,
+        event_id=event.event_id,
+        updated_at=event.time,
+    )
+
+
+def newer_status(row: QueueStatusRow | None, candidate: QueueStatusRow) -> bool:
+    """Whether ``candidate`` replaces ``row``: the latest ``as_of`` wins (a tie: the one read later)."""
+    return row is None or candidate.as_of >= row.as_of
 
 
 def job_subjects(events: Sequence[tuple[str, str]]) -> list[str]:

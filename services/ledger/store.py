@@ -14,17 +14,19 @@ from typing import Any
 import asyncpg
 
 from gangline.bus import Delivery
-from gangline.events import allocations, nodes
+from gangline.events import allocations, nodes, queues
 from gangline.events.base import Envelope, Event, parse_wire_type
 from gangline.events.registry import JOB_EVENT_TYPES, NODE_EVENT_TYPES, Registry
 from gangline.store.ledger import LedgerEntry, record_events
 from services.ledger.projections import (
     JobRow,
     NodeRow,
+    QueueStatusRow,
     StoredEvent,
     apply_node_event,
     fold_job,
     job_subjects,
+    queue_status_row,
 )
 
 
@@ -100,6 +102,8 @@ async def project_batch(
             await _project_node(conn, envelope)
         elif isinstance(envelope.data, allocations.AllocationGranted | allocations.AllocationReleased):
             await _project_allocation(conn, envelope)
+        elif isinstance(envelope.data, queues.QueueStatus):
+            await _project_queue_status(conn, envelope)
     for job_id in job_subjects([(e.type, e.subject) for e in fresh]):
         await _refold_job(conn, job_id, registry)
     return len(fresh)
@@ -279,4 +283,41 @@ async def upsert_node(conn: asyncpg.Connection, row: NodeRow) -> None:
         _as_json(dict(row.gpu_health)),
         row.last_seq,
         row.state_changed_at,
+    )
+
+
+# -- queues -----------------------------------------------------------------------------------
+
+
+async def _project_queue_status(conn: asyncpg.Connection, envelope: Envelope) -> None:
+    row = queue_status_row(StoredEvent(envelope.id, envelope.time, envelope.data))
+    if row is not None:
+        await upsert_queue_status(conn, row)
+
+
+async def upsert_queue_status(conn: asyncpg.Connection, row: QueueStatusRow) -> None:
+    """Insert the queue's row, or replace it when ``row`` is not older (:func:`newer_status`, in SQL)."""
+    await conn.execute(
+        """
+        INSERT INTO queue_status (queue, cohort, weight, dominant_share, dominant_resource, position,
+                                  ranked_among, resources, as_of, event_id, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb, $9, $10, $11)
+        ON CONFLICT (queue) DO UPDATE SET
+            cohort = EXCLUDED.cohort, weight = EXCLUDED.weight, dominant_share = EXCLUDED.dominant_share,
+            dominant_resource = EXCLUDED.dominant_resource, position = EXCLUDED.position,
+            ranked_among = EXCLUDED.ranked_among, resources = EXCLUDED.resources, as_of = EXCLUDED.as_of,
+            event_id = EXCLUDED.event_id, updated_at = EXCLUDED.updated_at
+        WHERE queue_status.as_of <= EXCLUDED.as_of
+        """,
+        row.queue,
+        row.cohort,
+        row.weight,
+        row.dominant_share,
+        row.dominant_resource,
+        row.position,
+        row.ranked_among,
+        _as_json({r: dict(v) for r, v in row.resources.items()}),
+        row.as_of,
+        row.event_id,
+        row.updated_at,
     )

@@ -88,6 +88,7 @@ from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, QueueName
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
+from services.quota.status import StatusBoard, queue_statuses
 
 SOURCE = "gangline/quota"
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
@@ -260,6 +261,8 @@ class QuotaState:
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
     inventory: Inventory = field(default_factory=Inventory)
+    status: StatusBoard = field(default_factory=StatusBoard)
+    """What quota last published on queues.status (services/quota/status.py)."""
     ledger: QuotaLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +280,8 @@ class QuotaState:
         """Fold a fact read from the log at start; quota's own pending reasons say what it last told."""
         if isinstance(envelope.data, JobPending) and envelope.source == SOURCE:
             self._restore_pending(envelope.data)
+            return
+        if self.status.restore(envelope):
             return
         self.fold(envelope)
 
@@ -494,7 +499,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
     """Fold one event and decide what it allows: queue or hold the job it admits, let others through."""
     data = envelope.data
     if isinstance(data, NODE_EVENT_TYPES):
-        return _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
+        reconsidered = _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
+        return reconsidered + queue_statuses(state, envelope, now)
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
     if isinstance(data, JobAdmitted | JobRequeued):
@@ -503,7 +509,7 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
             out += _admit_or_hold(state, job, envelope, now)
     if dropped is not None:
         out += _let_through(state, dropped, envelope, now)
-    return out
+    return out + queue_statuses(state, envelope, now)
 
 
 def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datetime) -> list[Outgoing]:

@@ -11,12 +11,16 @@ Quota decides per event (:func:`~services.quota.handlers.decide`), so it is repl
 :class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
 guarantees here:
 
-* every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote is re-decided from the same
-  events in the same order as the live run handled them, and compared field by field (the GPU model
-  chosen, the usage figures, fair-share position and whether it is owed its nominal quota included); ``now``
-  only stamps the envelopes and is taken from them; the usage history is advanced with event times;
+* every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote, and every ``queue.status``
+  (services/quota/status.py: throttled by event time, so as deterministic as the rest), is re-decided
+  from the same events in the same order as the live run handled them, and compared field by field
+  (the GPU model chosen, the usage figures, fair-share position and whether it is owed its nominal
+  quota included); ``now`` only stamps the envelopes and is taken from them; the usage history is
+  advanced with event times;
 * a restart is replayed as the service restarts: a fresh state restored from the log (quota's own
-  pending reasons included, which say what it last told each waiting job);
+  pending reasons included, which say what it last told each waiting job, and its latest queue
+  statuses). Older statuses that compaction removed from queues.status are missing from the log: a
+  replay over a compacted topic reports them as decisions the log does not hold;
 * what happened between two recorded transactions (batches that decided nothing) is folded in
   record-time order. The charges do not depend on that order (per job, queued attempts are counted
   against the attempts owed and the allocations released; the ledger is a sum; waiting jobs are let
@@ -50,6 +54,8 @@ from services.quota.wiring import (
     input_topics,
     new_state,
     node_topics,
+    output_topics,
+    restore_topics,
 )
 
 NAME = "quota"
@@ -67,7 +73,7 @@ class QuotaModel(ServiceModel[QuotaState]):
 
     @property
     def output_topics(self) -> tuple[str, ...]:
-        return (self.topics.events,)
+        return output_topics(self.topics)
 
     @property
     def live_topics(self) -> tuple[str, ...]:
@@ -75,7 +81,7 @@ class QuotaModel(ServiceModel[QuotaState]):
 
     @property
     def restore_topics(self) -> tuple[str, ...]:
-        return input_topics(self.topics)
+        return restore_topics(self.topics)
 
     def new_state(self, started: datetime | None) -> QuotaState:
         return new_state(self.settings, self.queues)
@@ -102,9 +108,9 @@ def replay_quota(records: Sequence[LogRecord], settings: QuotaSettings) -> Repla
 
 
 def decider_topics(prefix: str) -> list[str]:
-    """Quota's inputs under ``prefix`` (its outputs are on one of them)."""
+    """Quota's inputs and outputs under ``prefix``."""
     model = QuotaModel(QuotaSettings(topic_prefix=prefix))
-    return list(dict.fromkeys([*model.live_topics, *model.restore_topics]))
+    return list(dict.fromkeys([*model.live_topics, *model.restore_topics, *model.output_topics]))
 
 
 def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> ReplayReport:

@@ -5,11 +5,15 @@ from __future__ import annotations
 from pydantic import Field
 
 from services.common.env import ServiceSettings
+from services.quota.status import STATUS_INTERVAL_S
 
 
 class QuotaSettings(ServiceSettings):
     """The queues and their quotas come from ``queues_file`` (GANGLINE_QUEUES_FILE, shared with admission
     and the API). ``fair_share_half_life_s`` (GANGLINE_FAIR_SHARE_HALF_LIFE_S): how fast past usage is
-    forgotten when waiting jobs are ordered by fair share; 0 is plain DRF on what is charged now."""
+    forgotten when waiting jobs are ordered by fair share; 0 is plain DRF on what is charged now.
+    ``status_interval_s`` (GANGLINE_STATUS_INTERVAL_S): the least event time between two publications of
+    one quota tree's ``queue.status`` (services/quota/status.py)."""
 
     fair_share_half_life_s: float = Field(default=3600.0, ge=0)
+    status_interval_s: float = Field(default=STATUS_INTERVAL_S, ge=0)

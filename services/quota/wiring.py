@@ -15,6 +15,7 @@ from services.common.shell import restore_and_process
 from services.common.topics import TopicNames
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
+from services.quota.status import StatusBoard
 
 SERVICE = "quota"
 QUOTA_EVENTS = (
@@ -28,8 +29,11 @@ QUOTA_EVENTS = (
 )
 NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed")
 """What the node inventory is a fold of: which GPU models can hold a job's workers at all."""
-RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending")
-"""The restore also reads pending reasons: quota's own say what it last told each waiting job."""
+STATUS_EVENTS = ("queue.status",)
+"""Quota's own output on queues.status, read back at start: what it last published (the throttle)."""
+RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending", *STATUS_EVENTS)
+"""The restore also reads pending reasons (quota's own say what it last told each waiting job) and its
+latest queue statuses."""
 
 
 def job_topics(topics: TopicNames) -> tuple[str, ...]:
@@ -43,8 +47,18 @@ def node_topics(topics: TopicNames) -> tuple[str, ...]:
 
 
 def input_topics(topics: TopicNames) -> tuple[str, ...]:
-    """What quota consumes, and restores its state from, in that order."""
+    """What quota consumes."""
     return (*job_topics(topics), *node_topics(topics))
+
+
+def output_topics(topics: TopicNames) -> tuple[str, ...]:
+    """What quota writes: its decisions about jobs, and the queues' status."""
+    return (topics.events, topics.queue_status)
+
+
+def restore_topics(topics: TopicNames) -> tuple[str, ...]:
+    """What quota restores its state from, in that order: its inputs, then its latest queue statuses."""
+    return (*input_topics(topics), topics.queue_status)
 
 
 def quota_select(
@@ -52,9 +66,10 @@ def quota_select(
 ) -> Callable[[KafkaRecord], bool]:
     """Decode the ``wanted`` types; on the job topics skip retired jobs' records undecoded (most of what
     quota reads is about finished jobs or jobs of unlimited queues). The node topics are keyed by node
-    and dead-lettered by placement, so quota skips what it cannot read there."""
+    and dead-lettered by placement, so quota skips what it cannot read there; so it does on queues.status
+    (keyed by queue), which only its restore reads."""
     kinds = dict.fromkeys(wanted, True)
-    nodes = frozenset(node_topics(topics))
+    nodes = frozenset((*node_topics(topics), topics.queue_status))
     of_jobs = unless_keyed_by(retired, select_types(kinds))
     of_nodes = select_types(kinds, not_ours=nodes)
 
@@ -70,6 +85,7 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
         topics=topic_names(settings),
         queues=queues if queues is not None else load_queues(settings.queues_file),
         half_life_s=settings.fair_share_half_life_s,
+        status=StatusBoard(interval_s=settings.status_interval_s),
     )
 
 
@@ -85,7 +101,7 @@ async def main(settings: QuotaSettings) -> None:
         processor_settings(settings, SERVICE, inputs),
         state,
         handle,
-        restore_topics=inputs,
+        restore_topics=list(restore_topics(topics)),
         select=quota_select(topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
         restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
         lock_topic=topics.inventory,

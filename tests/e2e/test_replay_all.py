@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from pathlib import Path
 
@@ -146,6 +147,11 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
         r.type for r in records if r.envelope.get("source") in ("gangline/preemption", "gangline/node-health")
     }
     assert {"gangline.job.preempting.v1", "gangline.node.failed.v1", "gangline.job.requeued.v1"} <= kinds
+    statuses = [r for r in records if r.type == "gangline.queue.status.v1"]
+    assert statuses and {r.topic for r in statuses} == {names.queue_status}  # compared with quota's outputs
+    # Quota restarted in between: none of its statuses repeats the figures of the one before it.
+    figures = [{k: v for k, v in r.envelope["data"].items() if k != "as_of"} for r in statuses]
+    assert all(a != b for a, b in itertools.pairwise(figures)), figures
 
     # The same log from a file, through `gangline replay --decider all` (settings from the environment).
     path = tmp_path / "log.jsonl"

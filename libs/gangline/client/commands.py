@@ -144,16 +144,22 @@ def _quota(quota: dict[str, Any] | str) -> str:
     return _resources({r: v["nominal"] for r, v in quota.items()}) if isinstance(quota, dict) else quota
 
 
-def _resources(values: dict[str, Any]) -> str:
-    return ",".join(f"{r}={v}" for r, v in sorted(values.items())) or "-"
+def _resources(values: dict[str, Any] | None) -> str:
+    return ",".join(f"{r}={v}" for r, v in sorted((values or {}).items())) or "-"
+
+
+NOT_REPORTED = {"not_reported_yet": "not-reported", "unlimited": "unlimited"}
+"""What the fair-share columns say when quota has no figure for a queue."""
 
 
 def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
+    """The queues with the quota service's fair-share figures (the figure it orders waiting work by)."""
     body = client.queues()
     rows = []
     for q in body["items"]:
         jobs = q["jobs"]
         waiting = sum(jobs.get(s, 0) for s in ("requested", "admitted", "queued", "pending", "requeued"))
+        reported = q.get("reported") == "quota"
         rows.append(
             [
                 q["queue"],
@@ -161,11 +167,13 @@ def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
                 q["weight"],
                 _quota(q["quota"]),
                 _resources(q["usage"]),
-                _resources(q.get("borrowed", {})),
-                _resources(q["fair_share"]),
-                f"{q['dominant_share']:.3f}",
+                _resources(q["borrowed"]) if reported else "-",
+                _resources(q["lendable"]) if reported else "-",
+                f"{q['dominant_share']:.3f}" if reported else "-",
+                f"{q['position']}/{q['of']}" if reported else NOT_REPORTED.get(q.get("reported", ""), "-"),
                 waiting,
                 jobs.get("running", 0) + jobs.get("placed", 0),
+                q["as_of"] if reported else "-",
             ]
         )
     print(
@@ -177,16 +185,20 @@ def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
                 "QUOTA",
                 "USED",
                 "BORROWED",
-                "FAIR SHARE",
+                "LENDABLE",
                 "DRF SHARE",
+                "FAIR POSITION",
                 "WAITING",
                 "RUNNING",
+                "AS OF",
             ],
             rows,
         ),
         file=out,
     )
-    print(f"\ncapacity: {_resources(body['capacity'])}", file=out)
+    print(
+        "\nfair-share figures: the quota service's (DRF over decayed usage), as of the time shown", file=out
+    )
 
 
 def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -218,7 +230,7 @@ SUBMIT_HELP = "submit a job described in a YAML file"
 STATUS_HELP = "a job's state, placement and history"
 WHY_HELP = "why a job is pending, and what would unblock it"
 CANCEL_HELP = "ask to stop a job, queued or running"
-QUEUES_HELP = "queues: quota, usage, borrowing, fair share"
+QUEUES_HELP = "queues: quota, usage, and the quota service's borrowing and fair-share figures"
 NODES_HELP = "nodes: GPUs, health, what is held"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Envelope, Event, make_envelope
 
 EPOCH = datetime(2025, 3, 1, 9, 0, 0, tzinfo=UTC)
@@ -28,6 +28,7 @@ _SOURCES = {
     "allocation.released": "gangline/preemption",
     "node.failed": "gangline/node_health",
     "node.rejected": "gangline/placement",
+    "queue.status": "gangline/quota",
 }
 
 
@@ -203,6 +204,20 @@ def example_events() -> list[Event]:
             code="unsupported_hardware",
             reason="GPU gpu0: MIG is on, but model 'A30' has no known MIG geometry",
             registration_id="5d0c2a4e-1f6b-4c3a-9e2d-7b8a6f4e3c21",
+        ),
+        queues.QueueStatus(
+            queue="team-nlp",
+            cohort="research",
+            weight=2.0,
+            dominant_share=0.1875,
+            dominant_resource="H100-SXM5-80GB",
+            position=2,
+            of=3,
+            resources={
+                "H100-SXM5-80GB": queues.QueueResource(used=24, nominal=16, borrowed=8, lendable=8),
+                "A100-SXM4-80GB": queues.QueueResource(used=0, nominal=8, borrowed=0, lendable=16),
+            },
+            as_of=EPOCH + timedelta(seconds=20),
         ),
     ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import EVENT_TYPE_RE, Event, JsonObject, Upcaster
 
 __all__ = ["Registry", "Upcaster", "default_registry"]
@@ -81,7 +81,7 @@ class Registry:
 def default_registry() -> Registry:
     """Every public Gangline event type and the upcasters between their versions."""
     return Registry(
-        [*jobs.EVENTS, *allocations.EVENTS, *nodes.EVENTS],
+        [*jobs.EVENTS, *allocations.EVENTS, *nodes.EVENTS, *queues.EVENTS],
         upcasters={**nodes.UPCASTERS},
     )
 
@@ -91,3 +91,6 @@ JOB_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in (*jobs.EV
 
 NODE_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in nodes.EVENTS)
 """Wire types whose subject is a node id."""
+
+QUEUE_EVENT_TYPES: frozenset[str] = frozenset(cls.wire_type() for cls in queues.EVENTS)
+"""Wire types whose subject is a queue name."""

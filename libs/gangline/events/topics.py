@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Event
 
 JOBS_REQUESTS = "jobs.requests"
@@ -18,8 +18,17 @@ ALLOCATIONS_LOG = "allocations.log"
 NODES_INVENTORY = "nodes.inventory"
 NODES_HEARTBEATS = "nodes.heartbeats"
 NODES_HEALTH = "nodes.health"
+QUEUES_STATUS = "queues.status"
 
-PUBLIC_TOPICS = (JOBS_REQUESTS, JOBS_EVENTS, ALLOCATIONS_LOG, NODES_INVENTORY, NODES_HEARTBEATS, NODES_HEALTH)
+PUBLIC_TOPICS = (
+    JOBS_REQUESTS,
+    JOBS_EVENTS,
+    ALLOCATIONS_LOG,
+    NODES_INVENTORY,
+    NODES_HEARTBEATS,
+    NODES_HEALTH,
+    QUEUES_STATUS,
+)
 
 DLQ_SUFFIX = ".dlq"
 FOREVER = -1
@@ -37,7 +46,7 @@ class TopicSpec:
     """One topic as infra creates it. ``retention_ms`` is -1 for "keep forever", None when compacted."""
 
     name: str
-    key: Literal["job_id", "node"]
+    key: Literal["job_id", "node", "queue"]
     partitions: int
     cleanup_policy: Literal["delete", "compact"]
     retention_ms: int | None
@@ -122,6 +131,17 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed, nodes.NodeRejected),
         dead_letter_topic(NODES_HEALTH),
+    ),
+    # A table, not a log: the latest status of each queue is all anyone reads (quota restores its
+    # throttle from it, the ledger projects it). Quota's replay reads what compaction left.
+    TopicSpec(
+        QUEUES_STATUS,
+        "queue",
+        1,
+        "compact",
+        None,
+        (queues.QueueStatus,),
+        dead_letter_topic(QUEUES_STATUS),
     ),
 )
 

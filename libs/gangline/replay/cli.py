@@ -15,7 +15,9 @@ offsets found when reading starts (`gangline.replay.kafka.KafkaSource`); `--boot
 `GANGLINE_KAFKA_BOOTSTRAP` or 127.0.0.1:9092, the topics to the decision topics (a decider's input
 topics with `--decider`). Records that are not JSON (dead-lettered garbage) are skipped and counted.
 
-`--decider` picks what re-runs the decisions: `model` (default), the library's `PlacementModel`,
+`--decider` picks what re-runs the decisions: `auto` (default: `all` when the records carry the
+services' input headers, as every log the services wrote does, else `headerless-model`), the
+library's simplified `PlacementModel` (`headerless-model`: only for logs without those headers),
 or a service's own handlers fed from the headers its outputs carry (`admission`, `quota`,
 `placement-service`, `preemption`, `node-health`: `services.<name>.replay`), or `all` of those
 present in the log (`services.common.replay`), each reported on its own. Those live in the services,
@@ -38,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from gangline.bus.positions import INPUTS_HEADER
 from gangline.core.framework.profile import load_profile_file
 from gangline.events.chain import CHAINED_TOPICS
 from gangline.replay.chain import verify_chain
@@ -48,7 +51,12 @@ from gangline.sim.report import queue_diff
 REPLAY_HELP = "verify the recorded log (hash chain, every decision) or re-run it under another profile"
 EXPORT_HELP = "write the recorded log to JSONL for offline analysis"
 KAFKA = "kafka"
-MODEL = "model"
+MODEL = "headerless-model"
+"""The simplified placement model (:class:`~gangline.replay.decide.PlacementModel`): only for logs
+whose records carry no service input headers (written by something else than the services)."""
+AUTO = "auto"
+"""Each service's own decisions (``all``) when the log carries the services' input headers, else
+the headerless model."""
 
 
 class Decider(Protocol):
@@ -101,9 +109,10 @@ def configure_replay(p: argparse.ArgumentParser, deciders: Deciders) -> None:
     p.add_argument("--max-problems", type=int, default=20, help="problems to print")
     p.add_argument(
         "--decider",
-        choices=[MODEL, *sorted(deciders)],
-        default=MODEL,
-        help="with --verify: what re-runs the decisions (default: the library's placement model)",
+        choices=[AUTO, MODEL, *sorted(deciders)],
+        default=AUTO,
+        help="with --verify: what re-runs the decisions (default auto: every service's own when the log "
+        "carries their input headers, else the headerless placement model)",
     )
     p.add_argument("--prefix", default="", help="the topic name prefix the services ran with")
     p.add_argument(
@@ -119,7 +128,10 @@ def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
     if args.queues is not None and args.profile is None:
         print("gangline replay: --queues goes with --profile (what-if)", file=sys.stderr)
         return 2
-    decider = deciders[args.decider]() if args.verify and args.decider != MODEL else None
+    name = args.decider
+    if name == AUTO and args.source == KAFKA:
+        name = "all"  # the services write the log on the broker: their own decisions re-run
+    decider = deciders[name]() if args.verify and name not in (MODEL, AUTO) else None
     topics = decider.decider_topics(args.prefix) if decider is not None and args.source == KAFKA else None
     source = _source(args.source, args.bootstrap)
     try:
@@ -127,6 +139,13 @@ def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
     except (OSError, LogFormatError, LookupError, TimeoutError) as e:
         print(f"gangline replay: {e}", file=sys.stderr)
         return 2
+    if (
+        args.verify
+        and name == AUTO
+        and "all" in deciders
+        and any(INPUTS_HEADER in r.headers for r in records)
+    ):
+        decider = deciders["all"]()
     skipped: dict[str, int] = getattr(source, "skipped", {})
     for topic, n in sorted(skipped.items()):
         print(f"skipped {n} record(s) of {topic} that are not JSON (dead-lettered input)")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 from aiokafka import AIOKafkaConsumer
-from api_helpers import World, envelopes, seed
+from api_helpers import T0, World, envelopes, seed
 
 from gangline.bus import EventProducer
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
+from gangline.events.base import make_envelope
 from gangline.events.codec import decode
 from services.api.app import Resources, create_app
 from services.api.auth import Authenticator, TokenConfig
@@ -213,6 +215,59 @@ async def test_jobs_page_newest_first_without_gaps_or_repeats_and_filter_by_stat
     assert not {j["job_id"] for j in other.json()["items"]} & set(ids)
 
 
+FIGURES = (
+    "as_of",
+    "dominant_share",
+    "dominant_resource",
+    "position",
+    "of",
+    "charged",
+    "borrowed",
+    "lendable",
+)
+"""Quota's figures in a /v1/queues item."""
+
+
+def quota_status(queue: str, *, as_of: int, share: float, used: int, position: int) -> queues.QueueStatus:
+    return queues.QueueStatus(
+        queue=queue,
+        cohort="lab",
+        weight=2.0,
+        dominant_share=share,
+        dominant_resource="H100",
+        position=position,
+        of=2,
+        resources={"H100": queues.QueueResource(used=used, nominal=8, borrowed=max(0, used - 8), lendable=4)},
+        as_of=T0 + timedelta(seconds=as_of),
+    )
+
+
+async def test_queues_report_quotas_latest_figure(world: World, pg_pool: asyncpg.Pool) -> None:
+    older = quota_status(world.research, as_of=10, share=0.4, used=6, position=2)
+    latest = quota_status(world.research, as_of=20, share=0.375, used=12, position=1)
+    sent = [
+        make_envelope(status, event_id=str(uuid.uuid4()), source="gangline/quota", time=status.as_of)
+        for status in (latest, older)  # the older read last changes nothing
+    ]
+    await seed(pg_pool, sent)
+
+    listed = (await world.client.get("/v1/queues", headers=world.auth(world.research_token))).json()
+    research = {q["queue"]: q for q in listed["items"]}[world.research]
+
+    assert research["reported"] == "quota"
+    assert {k: research[k] for k in FIGURES} == {
+        "as_of": "2026-03-01T12:00:20Z",
+        "dominant_share": 0.375,
+        "dominant_resource": "H100",
+        "position": 1,
+        "of": 2,
+        "charged": {"H100": 12},
+        "borrowed": {"H100": 4},
+        "lendable": {"H100": 4},
+    }
+    assert research["usage"] == {} and research["jobs"] == {}  # the ledger's facts: nothing runs here
+
+
 async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncpg.Pool) -> None:
     run = uuid.uuid4().hex[:6]
     node_names = [f"node-{run}-{i}" for i in range(2)]
@@ -275,19 +330,19 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
     assert set(by_name) == {world.research, "default"}  # the vision queue is not this tenant's to see
     research = by_name[world.research]
     assert research["usage"] == {"H100": 4} and research["jobs"] == {"running": 1}
-    assert research["borrowed"] == {}  # 4 of a nominal 8
     assert research["quota"] == {"H100": {"nominal": 8, "borrowing_limit": None, "lending_limit": None}}
-    assert research["weight"] == 2 and research["dominant_resource"] == "H100"
-    assert research["dominant_share"] == round(4 / queues["capacity"]["H100"] / 2, 6)
-    assert research["configured"] and research["cohort"].startswith("lab-")
-    assert 0 < research["fair_share"]["H100"] <= queues["capacity"]["H100"]
+    assert research["weight"] == 2 and research["configured"] and research["cohort"].startswith("lab-")
+    # Quota has published nothing for it: no figure, and the API computes none of its own.
+    assert research["reported"] == "not_reported_yet"
+    assert {k: research[k] for k in FIGURES} == dict.fromkeys(FIGURES)
     default = by_name["default"]  # unlimited: outside the quota tree, no fair share to be held to
-    assert (default["configured"], default["cohort"], default["quota"], default["fair_share"]) == (
+    assert (default["configured"], default["cohort"], default["quota"], default["reported"]) == (
         True,
         None,
         "unlimited",
-        {},
+        "unlimited",
     )
+    assert default["dominant_share"] is None and "capacity" not in queues
 
     log = []
     cursor = None
@@ -308,7 +363,12 @@ async def test_nodes_queues_and_the_allocation_log(world: World, pg_pool: asyncp
     ]
     everything = (await world.client.get("/v1/queues", headers=world.auth(world.admin_token))).json()
     vision = next(q for q in everything["items"] if q["queue"] == world.vision)
-    assert (vision["usage"], vision["borrowed"]) == ({"H100": 4}, {"H100": 2})  # nominal 2, holds 4
+    # Holds 4 of a nominal 2: what it borrows is quota's figure, not reported for it here.
+    assert (vision["usage"], vision["reported"], vision["borrowed"]) == (
+        {"H100": 4},
+        "not_reported_yet",
+        None,
+    )
     gone = next(q for q in everything["items"] if q["queue"] == f"retired-{run}")  # no longer in the file
     assert (gone["configured"], gone["quota"], gone["jobs"]) == (False, {}, {"admitted": 1})
     hidden = await world.client.get(

@@ -209,5 +209,7 @@ async def test_queues_and_nodes_print_tables(as_team: Stack, capsys: pytest.Capt
     assert lines[0].split()[:4] == ["QUEUE", "COHORT", "WEIGHT", "QUOTA"]
     mine = next(line.split() for line in lines if line.startswith(as_team.queue))
     assert mine[:4] == [as_team.queue, "-", "1.0", "H100=8"]
+    assert mine[8] == "not-reported"  # quota has published no figure for it; the CLI shows none of its own
     open_queue = next(line.split() for line in lines if line.startswith("default "))
     assert open_queue[:4] == ["default", "-", "1.0", "unlimited"]
+    assert open_queue[8] == "unlimited"

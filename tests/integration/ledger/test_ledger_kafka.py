@@ -16,7 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from gangline.bus import DLQ_CODE, DLQ_OFFSET, MAX_DEAD_LETTER_BYTES, Delivery, EventProducer, header
 from gangline.bus.admin import delete_topics, ensure_topics
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import decode, encode
 from gangline.events.registry import Registry
@@ -163,6 +163,57 @@ async def test_the_same_events_fed_twice_leave_one_row_each(
     assert await pg_pool.fetchval("SELECT count(*) FROM jobs WHERE job_id = $1", job_id) == 1
     assert await pg_pool.fetchval("SELECT count(*) FROM allocations WHERE job_id = $1", job_id) == 2
     assert await pg_pool.fetchval("SELECT last_seq FROM nodes WHERE node = $1", node) == 1
+
+
+def queue_status(queue: str, as_of: int, share: float) -> queues.QueueStatus:
+    return queues.QueueStatus(
+        queue=queue,
+        cohort="lab",
+        weight=1.0,
+        dominant_share=share,
+        dominant_resource="H100",
+        position=1,
+        of=2,
+        resources={"H100": queues.QueueResource(used=4, nominal=8, borrowed=0, lendable=4)},
+        as_of=T0 + timedelta(seconds=as_of),
+    )
+
+
+async def test_quotas_latest_queue_status_is_the_queues_row_whatever_order_and_repeats(
+    kafka_bootstrap: str, prefix: str, pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    first, latest, stale = (
+        envelope(queue_status(queue, 10, 0.1), 10),
+        envelope(queue_status(queue, 20, 0.25), 20),
+        envelope(queue_status(queue, 15, 0.9), 21),  # figures as of 15, read after those as of 20
+    )
+    sent = [first, latest, stale]
+    ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool)
+    task = await run_ledger(ledger)
+    try:
+        await publish(kafka_bootstrap, prefix, sent)
+        await publish(kafka_bootstrap, prefix, [first])  # redelivered: nothing moves back
+        await until(lambda: _seen(ledger, 4))
+    finally:
+        await stop(ledger, task)
+    assert await count_events(pg_pool, sent) == 3
+    row = await pg_pool.fetchrow("SELECT * FROM queue_status WHERE queue = $1", queue)
+    assert row is not None
+    assert (row["dominant_share"], row["as_of"], row["event_id"]) == (
+        0.25,
+        T0 + timedelta(seconds=20),
+        latest.id,
+    )
+    assert (row["position"], row["ranked_among"], row["cohort"], row["dominant_resource"]) == (
+        1,
+        2,
+        "lab",
+        "H100",
+    )
+    assert row["resources"] == {"H100": {"used": 4, "nominal": 8, "borrowed": 0, "lendable": 4}}
+    stored = await pg_pool.fetchrow("SELECT topic, subject FROM events WHERE event_id = $1", latest.id)
+    assert (stored["topic"], stored["subject"]) == (prefix + "queues.status", queue)
 
 
 async def test_a_crash_between_the_database_commit_and_the_offset_commit_loses_and_duplicates_nothing(

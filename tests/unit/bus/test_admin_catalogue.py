@@ -16,6 +16,7 @@ PUBLIC_TOPICS = {
     "nodes.inventory",
     "nodes.heartbeats",
     "nodes.health",
+    "queues.status",
 }
 
 

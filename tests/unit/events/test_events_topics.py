@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gangline.events import jobs, nodes, schemagen, topics
+from gangline.events import jobs, nodes, queues, schemagen, topics
 from gangline.events.registry import Registry, default_registry
 
 TOPICS_YAML = Path(__file__).resolve().parents[3] / "schemas" / "topics.yaml"
@@ -21,6 +21,7 @@ def test_public_topic_names_are_the_design_names() -> None:
         "nodes.inventory",
         "nodes.heartbeats",
         "nodes.health",
+        "queues.status",
     )
     assert topics.dead_letter_topic("jobs.requests") == "jobs.requests.dlq"
 
@@ -50,8 +51,19 @@ def test_events_route_to_their_topic_by_type() -> None:
         topics.topic_for(nodes.NodeFailed(node="n0", code="operator", reason="drained"))
         == topics.NODES_HEALTH
     )
+    assert topics.topic_for(queues.QueueStatus) == topics.QUEUES_STATUS
     with pytest.raises(KeyError):
         topics.topic_spec("jobs.unknown")
+
+
+def test_queue_status_is_a_table_keyed_by_queue() -> None:
+    spec = topics.topic_spec(topics.QUEUES_STATUS)
+    assert (spec.key, spec.cleanup_policy, spec.retention_ms, spec.partitions) == (
+        "queue",
+        "compact",
+        None,
+        1,
+    )
 
 
 def test_catalogue_is_consistent_with_the_default_registry() -> None:

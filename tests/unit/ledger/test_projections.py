@@ -7,9 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gangline.events import allocations, jobs, nodes
+from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Event
-from services.ledger.projections import NodeRow, StoredEvent, apply_node_event, fold_job
+from services.ledger.projections import (
+    NodeRow,
+    StoredEvent,
+    apply_node_event,
+    fold_job,
+    newer_status,
+    queue_status_row,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 JOB = "job-7"
@@ -185,3 +192,39 @@ def test_a_lost_node_stays_lost_until_it_registers_again_and_old_news_changes_no
     assert (row.state, row.health_reason) == ("lost", "no heartbeat for 30 s")
     assert fold_node(at(0, registered()), failed, at(5, registered())).state == "lost"
     assert fold_node(at(0, registered()), failed, at(20, registered())).state == "ready"
+
+
+def test_a_queue_status_row_is_quotas_figure_copied_and_the_latest_as_of_wins() -> None:
+    def status(as_of: int, share: float) -> queues.QueueStatus:
+        return queues.QueueStatus(
+            queue="research",
+            cohort="lab",
+            weight=2.0,
+            dominant_share=share,
+            dominant_resource="H100",
+            position=2,
+            of=3,
+            resources={"H100": queues.QueueResource(used=12, nominal=8, borrowed=4, lendable=0)},
+            as_of=T0 + timedelta(seconds=as_of),
+        )
+
+    row = queue_status_row(at(30, status(20, 0.375), "s1"))
+    assert row is not None
+    assert (row.queue, row.cohort, row.weight, row.dominant_share, row.position, row.ranked_among) == (
+        "research",
+        "lab",
+        2.0,
+        0.375,
+        2,
+        3,
+    )
+    assert row.resources == {"H100": {"used": 12, "nominal": 8, "borrowed": 4, "lendable": 0}}
+    assert (row.as_of, row.updated_at, row.event_id) == (
+        T0 + timedelta(seconds=20),
+        T0 + timedelta(seconds=30),
+        "s1",
+    )
+    older = queue_status_row(at(40, status(10, 0.5), "s0"))
+    assert older is not None
+    assert newer_status(None, row) and not newer_status(row, older) and newer_status(older, row)
+    assert queue_status_row(at(1, requested())) is None

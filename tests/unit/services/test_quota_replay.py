@@ -26,6 +26,7 @@ from services.quota.wiring import (
     input_topics,
     new_state,
     quota_select,
+    restore_topics,
 )
 
 H100 = "H100-SXM5-80GB"
@@ -41,7 +42,7 @@ def wiring(settings: QuotaSettings = SETTINGS) -> Wiring:
 
     return Wiring(
         live_topics=input_topics(TOPICS),
-        restore_topics=input_topics(TOPICS),
+        restore_topics=restore_topics(TOPICS),
         new_state=lambda now: new_state(settings),
         restore=lambda state, envelope: state.restore(envelope),
         decide=decider,
@@ -62,9 +63,9 @@ def group(name: str, model: str, count: int, gpus: int) -> list[NodeRegistered]:
     return ClusterSpec(groups=(spec,)).registrations()
 
 
-def release(log: Log, job: str, reason: str = "completed") -> None:
+def release(log: Log, job: str, reason: str = "completed", *, at: float = 0.0) -> None:
     event = AllocationReleased(job_id=JobId(job), allocation_id=AllocationId(f"{job}.1"), reason=reason)
-    log.produce(TOPICS.allocations, env(event))
+    log.produce(TOPICS.allocations, env(event, at=at))
 
 
 def recorded_log() -> Log:
@@ -102,6 +103,56 @@ def test_an_untouched_log_replays_identical_across_a_restart() -> None:
     assert result.incarnations == 2
     assert result.compared == len(outputs) >= 10
     assert result.transactions >= 4
+
+
+STATUS_EVERY_S = QuotaSettings(queues_file=QUEUES_FILE, status_interval_s=1.0, fair_share_half_life_s=60.0)
+"""Queue statuses at most once a second of event time (the log's events are a second apart)."""
+
+
+def status_log() -> Log:
+    """Usage in the team's tree moves, in event time, before and after a restart of quota."""
+    log = Log()
+    run = ServiceRun(log, wiring(STATUS_EVERY_S))
+    for k in range(4):
+        admit(log, f"j{k}", 4, priority=k % 2)
+    run.drain(max_per_partition=1)
+    release(log, "j0", at=len(log.records))
+    run.drain()
+    run.start()
+    admit(log, "j4", 2)
+    release(log, "j1", at=len(log.records))
+    run.drain(max_per_partition=1)
+    for job in ("j2", "j3"):
+        release(log, job, at=len(log.records))
+        run.drain()
+    return log
+
+
+def test_queue_statuses_replay_identical_across_a_restart() -> None:
+    log = status_log()
+    statuses = [r for r in outputs_of(log.records, SOURCE) if r.type == "gangline.queue.status.v1"]
+    assert {r.topic for r in statuses} == {TOPICS.queue_status}
+    runs = {r.headers.get("gangline-incarnation") for r in statuses}
+    assert len(runs) == 2  # published before and after the restart
+
+    result = replay_quota(log.records, STATUS_EVERY_S)
+
+    assert result.ok, [d.message for d in result.differences]
+    assert result.compared == len(outputs_of(log.records, SOURCE))
+
+
+def test_a_tampered_queue_status_is_named_with_its_field() -> None:
+    records = status_log().records
+    target = [r for r in outputs_of(records, SOURCE) if r.type == "gangline.queue.status.v1"][-1]
+
+    def forge(envelope: dict[str, Any]) -> None:
+        envelope["data"]["dominant_share"] = 0.5
+
+    result = replay_quota(tampered(records, target, forge), STATUS_EVERY_S)
+
+    first = result.first
+    assert first is not None
+    assert (first.where, first.field, first.recorded) == (target.where, "data.dominant_share", "0.5")
 
 
 def test_a_tampered_pending_reason_is_named_with_its_position_job_and_field() -> None:

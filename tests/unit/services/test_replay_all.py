@@ -4,6 +4,7 @@ replayed and reported; the absent ones are named; settings come from the environ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,19 @@ def test_a_tampered_output_fails_all_and_its_own_service_only(
     assert "all services: 2 replayed (admission, quota), " in out and "1 difference(s)" in out
     assert gangline_main([*argv, "admission"]) == 0
     assert gangline_main([*argv, "quota"]) == 1
+
+
+def test_verify_without_a_decider_re_runs_the_services_own_decisions_when_they_wrote_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    services_log, headerless = tmp_path / "services.jsonl", tmp_path / "headerless.jsonl"
+    records = pipeline_log()
+    write_jsonl(records, services_log)
+    write_jsonl([replace(r, headers={}) for r in records], headerless)
+
+    assert gangline_main(["replay", "--from", str(services_log), "--verify"]) == 0
+    assert "all services: 2 replayed (admission, quota)" in capsys.readouterr().out
+    # A log without the services' input headers can only be checked by the simplified model.
+    gangline_main(["replay", "--from", str(headerless), "--verify"])
+    out = capsys.readouterr().out
+    assert "all services" not in out and "decisions: " in out

@@ -1,0 +1,151 @@
+"""One fair-share figure, end to end: what `GET /v1/queues` reports is quota's own queue.status.
+
+Two queues of one cohort run jobs on simulated H100 nodes (team-b borrowing team-a's idle quota); quota
+publishes each queue's status on queues.status, the ledger projects it, and the API reports it. Once
+the jobs are done, every figure the API shows for a queue is the one in quota's latest status for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from pydantic import SecretStr
+
+from e2e.harness import (
+    LogReader,
+    Tasks,
+    fake_cluster,
+    private_topics,
+    request_bytes,
+    send_raw,
+    service_env,
+    start_pipeline,
+)
+from e2e.test_stories import h100_nodes
+from gangline.bus import EventProducer
+from gangline.events.allocations import AllocationReleased
+from gangline.events.queues import QueueStatus
+from services.api.app import Resources, create_app
+from services.api.auth import Authenticator, Tenant, TokenConfig
+from services.api.settings import ApiSettings
+from services.common.queues import load_queues
+from services.ledger.settings import LedgerSettings
+from services.ledger.wiring import Ledger
+
+H100 = "H100-SXM5-80GB"
+
+
+async def test_the_api_reports_quotas_latest_queue_status(
+    kafka_bootstrap: str, pg_dsn: str, pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:6]
+    team_a, team_b = f"team-a-{run}", f"team-b-{run}"
+    queues_file = tmp_path / "queues.yaml"
+    queues_file.write_text(
+        f"cohorts:\n  - name: lab-{run}\nqueues:\n"
+        f"  - name: {team_a}\n    cohort: lab-{run}\n    quotas: {{{H100}: {{nominal: 8}}}}\n"
+        f"  - name: {team_b}\n    cohort: lab-{run}\n    weight: 2\n    quotas: {{{H100}: {{nominal: 8}}}}\n",
+        encoding="utf-8",
+    )
+    token = f"tok-{uuid.uuid4().hex}"
+    auth = Authenticator(TokenConfig(tenants=(Tenant(name="ops", token=SecretStr(token), admin=True),)))
+    async with private_topics(kafka_bootstrap, "qstatus") as topics:
+        env = service_env(kafka_bootstrap, topics, queues_file=str(queues_file), status_interval_s="0.5")
+        cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(2))
+        ledger = Ledger(
+            LedgerSettings.from_env(
+                {},
+                kafka_bootstrap=kafka_bootstrap,
+                topic_prefix=topics.prefix,
+                group_prefix=topics.prefix + "ledger",
+                pg_dsn=pg_dsn,
+                poll_timeout_ms=100,
+            ),
+            pg_pool,
+        )
+        api_settings = ApiSettings.from_env(
+            {}, kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, pg_dsn=pg_dsn
+        )
+        tasks = Tasks()
+        try:
+            tasks.start("fake-nodes", cluster.run())
+            await cluster.ready.wait()
+            tasks.start("ledger", ledger.run())
+            start_pipeline(tasks, env)
+            jobs = [(f"a-{k}", team_a, 4) for k in range(2)] + [(f"b-{k}", team_b, 4) for k in range(3)]
+            await send_raw(
+                kafka_bootstrap,
+                topics.requests,
+                [
+                    (job, request_bytes(job, queue=q, workers=1, gpus_per_worker=g, duration_hint_s=1))
+                    for job, q, g in jobs
+                ],
+            )
+            async with (
+                EventProducer(kafka_bootstrap) as producer,
+                LogReader(kafka_bootstrap, [topics.allocations, topics.queue_status]) as log,
+            ):
+                app = create_app(
+                    api_settings,
+                    resources=Resources(pg_pool, producer),
+                    queues=load_queues(queues_file),
+                    authenticator=auth,
+                )
+                client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
+
+                def done() -> set[str]:
+                    return {
+                        r.job_id
+                        for r in log.of(topics.allocations, AllocationReleased)
+                        if r.reason == "completed"
+                    }
+
+                await log.until(lambda: done() >= {j for j, _, _ in jobs}, timeout_s=90, check=tasks.check)
+
+                def latest() -> dict[str, QueueStatus]:
+                    found: dict[str, QueueStatus] = {}
+                    for status in log.of(topics.queue_status, QueueStatus):
+                        found[status.queue] = status  # one partition: the log's order is quota's
+                    return found
+
+                async def listed() -> dict[str, Any]:
+                    response = await client.get("/v1/queues", headers={"Authorization": f"Bearer {token}"})
+                    return {q["queue"]: q for q in response.json()["items"]}
+
+                reported: dict[str, Any] = {}
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 60
+                while True:  # until the ledger has projected quota's latest status of both queues
+                    tasks.check()
+                    await log.poll()
+                    statuses, reported = latest(), await listed()
+                    if set(statuses) >= {team_a, team_b} and all(
+                        reported[q]["as_of"] == statuses[q].as_of.isoformat().replace("+00:00", "Z")
+                        for q in (team_a, team_b)
+                    ):
+                        break
+                    assert loop.time() < deadline, f"the API never showed quota's latest: {reported}"
+                await client.aclose()
+        finally:
+            await tasks.stop()
+            ledger.request_stop()
+
+    assert len(log.of(topics.queue_status, QueueStatus)) >= 2
+    for queue in (team_a, team_b):
+        status, item = statuses[queue], reported[queue]
+        assert item["reported"] == "quota"
+        assert (item["dominant_share"], item["dominant_resource"], item["position"], item["of"]) == (
+            status.dominant_share,
+            status.dominant_resource,
+            status.position,
+            status.of,
+        )
+        assert item["charged"] == {r: v.used for r, v in status.resources.items()}
+        assert item["lendable"] == {r: v.lendable for r, v in status.resources.items()}
+    # Quota ran work in both: a decayed share it ordered by, not zero.
+    assert statuses[team_a].dominant_share > 0 and statuses[team_b].dominant_share > 0
