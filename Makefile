@@ -94,15 +94,19 @@ PHILLY := $(TRACES)/pollux-philly/philly.csv
 # 4x-arrivals window of the first 12k jobs.
 simulate-philly: venv
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml \
+		--queues deploy/queues/philly.yaml \
 		--report docs/sim/philly-report.json --plots docs/sim/philly
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
+		--queues deploy/queues/philly-contended.yaml \
 		--report docs/sim/philly-contended-report.json --plots docs/sim/philly-contended
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-quarter.yaml \
+		--queues deploy/queues/philly-quarter.yaml \
 		--report docs/sim/philly-quarter-report.json --plots docs/sim/philly-quarter
-	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml --time-scale 4 \
-		--limit 12000 --cycle-s 60 --report docs/sim/philly-x4-12k-report.json --plots docs/sim/philly-x4-12k
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml \
+		--queues deploy/queues/philly.yaml --time-scale 4 --limit 12000 --cycle-s 60 \
+		--report docs/sim/philly-x4-12k-report.json --plots docs/sim/philly-x4-12k
 
 # Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
 bench-sim: venv
 	time $(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
-		--no-progress --report /tmp/gangline-bench-sim.json
+		--queues deploy/queues/philly-contended.yaml --no-progress --report /tmp/gangline-bench-sim.json

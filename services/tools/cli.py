@@ -11,13 +11,12 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import cast
 
 from gangline.client import commands as client
+from gangline.cluster_spec import ClusterSpec
 from gangline.replay import cli as replay_cli
 from gangline.sim import cli as sim_cli
-from gangline.sim.cluster import ClusterSpec
 from gangline.sim.metrics import RunResult
 from gangline.sim.trace import TraceJob
 from services.agent import main as fake_nodes
@@ -59,9 +58,6 @@ def _configure_simulate(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the trace through the services' own handlers (admission, quota, placement, "
         "preemption, node_health on an in-memory bus, virtual clock) under the first profile",
-    )
-    p.add_argument(
-        "--queues", type=Path, help="with --services: the services' queues file (default: the spec's)"
     )
 
 

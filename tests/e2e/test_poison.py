@@ -30,9 +30,9 @@ from gangline.bus import (
     MAX_DEAD_LETTER_BYTES,
     header,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobRejected
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 ONE_NODE = ClusterSpec(
     name="poison",

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scenarios.dsl import gpus
 
-from gangline.core.model import GpuModel, JobId, MiB, QueueName
+from gangline.core.model import GpuModel, JobId, Node, QueueName
 from gangline.core.queue_profile import fair_profile
 from gangline.core.queues import gpu_resource
 from gangline.queues_file import load_queues_file
 from gangline.replay.log import LogRecord, write_jsonl
 from gangline.replay.record import record_log
 from gangline.replay.whatif import what_if, what_if_queues, workload_from_log
-from gangline.sim.cluster import ClusterSpec, NodeGroup
 from gangline.sim.policies import UNLIMITED
 from gangline.sim.trace import TraceJob
 from services.tools.cli import main
@@ -22,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[3]
 A100 = GpuModel("A100")
 
 
-def _nodes() -> ClusterSpec:
-    return ClusterSpec("t", (NodeGroup("n", 3, 8, A100, MiB(81920)),), nodes_per_leaf=2)
+def _nodes() -> list[Node]:
+    # Core nodes with wire-safe GPU ids: record_log writes each core GPU id on the wire as it is.
+    return [
+        gpus(8, model="A100", memory_mib=81920, leaf=f"leaf-{i // 2}").build(f"n-{i:04d}") for i in range(3)
+    ]
 
 
 def _mixed() -> list[LogRecord]:
@@ -32,7 +35,7 @@ def _mixed() -> list[LogRecord]:
         TraceJob(JobId(f"j{k}"), 10.0 * k, 25.0 + 7 * k, QueueName(f"q{k % 2}"), w, g)
         for k, (w, g) in enumerate(shapes)
     ]
-    return record_log(_nodes().build_nodes(), jobs)
+    return record_log(_nodes(), jobs)
 
 
 def _urgent() -> list[LogRecord]:
@@ -41,7 +44,7 @@ def _urgent() -> list[LogRecord]:
         TraceJob(JobId(f"spot{k}"), 0.0, 3600.0, QueueName("q1"), 1, 8, preemptible=True) for k in range(3)
     ]
     jobs.append(TraceJob(JobId("urgent"), 60.0, 100.0, QueueName("q0"), 1, 8, priority=10))
-    return record_log(_nodes().build_nodes(), jobs)
+    return record_log(_nodes(), jobs)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

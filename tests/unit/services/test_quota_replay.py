@@ -10,12 +10,12 @@ from typing import Any
 from replay_recorder import TOPICS, Log, ServiceRun, Wiring, envelope_of, outputs_of, tampered
 from svc_helpers import T0, env
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationReleased
 from gangline.events.jobs import JobAdmitted, JobRequeued, JobSpec
 from gangline.events.nodes import NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId
 from gangline.replay.log import LogRecord
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
@@ -60,7 +60,7 @@ def admit(
 
 def group(name: str, model: str, count: int, gpus: int) -> list[NodeRegistered]:
     spec = NodeGroup(name=name, count=count, gpu_model=model, gpus_per_node=gpus, memory_mib=81920, leaf="l")
-    return ClusterSpec(groups=(spec,)).nodes()
+    return ClusterSpec(groups=(spec,)).registrations()
 
 
 def release(log: Log, job: str, reason: str = "completed", *, at: float = 0.0) -> None:
