@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from gangline.cluster_spec import ClusterSpec
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
-from gangline.core.model import GpuMode, Job, JobId
+from gangline.core.model import GpuMode, Job, JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.ids import derived_id
 from gangline.events.jobs import JobRejected, JobRequested, Topology
@@ -216,17 +216,43 @@ def simulate_services(
     ``profile_path``: placement's (and preemption's) profile; the services' default otherwise.
     ``failures``: (virtual time, node) at which a node goes silent for good.
     """
-    wall0 = time.perf_counter()
-    opts = options or SimulateOptions()
-    services = ServiceOptions(**{**_fields(opts.services), "profile_path": profile_path})
     if isinstance(queues, Path):
         queues = load_queues(queues)
     if queues is None:
         queues = unlimited_queues(j.queue for j in jobs)
-    sim = ServiceSimulation(
-        nodes=registrations(spec),
-        queues=queues,
+    return simulate_on(
+        jobs,
+        registrations(spec),
+        queues,
         cluster_name=spec.name,
+        profile_path=profile_path,
+        options=options,
+        failures=failures,
+        keep_log=keep_log,
+        entitlement=entitlement_weights([queues.tree.spec(q) for q in queues.tree.queue_names()], jobs),
+    )
+
+
+def simulate_on(
+    jobs: Sequence[TraceJob],
+    nodes: Sequence[NodeRegistered],
+    queues: Queues,
+    *,
+    cluster_name: str,
+    profile_path: Path | None = None,
+    options: SimulateOptions | None = None,
+    failures: Sequence[tuple[float, str]] = (),
+    keep_log: bool = False,
+    entitlement: Mapping[QueueName, float] | None = None,
+) -> ServiceRun:
+    """Run ``jobs`` through the services' handlers on the nodes these registrations describe."""
+    wall0 = time.perf_counter()
+    opts = options or SimulateOptions()
+    services = ServiceOptions(**{**_fields(opts.services), "profile_path": profile_path})
+    sim = ServiceSimulation(
+        nodes=list(nodes),
+        queues=queues,
+        cluster_name=cluster_name,
         options=services,
         node_options=opts.nodes,
         heartbeats=opts.heartbeats,
@@ -235,9 +261,9 @@ def simulate_services(
     rec = _ServiceRecorder(
         sim,
         policy=f"services:{profile_name(profile_path)}",
-        capacity_gpus=float(spec.total_gpus),
+        capacity_gpus=float(sum(len(n.gpus) for n in nodes)),
         sample_s=opts.sample_s,
-        entitlement=entitlement_weights([queues.tree.spec(q) for q in queues.tree.queue_names()], jobs),
+        entitlement=dict(entitlement or {}),
     )
     measure = _Measure(sim, jobs, rec)
     sim.observers.append(measure.observe)
