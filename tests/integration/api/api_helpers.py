@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 import pytest_asyncio
-from pydantic import SecretStr
 
 from gangline.bus import Delivery, EventProducer, RecordMeta
 from gangline.bus.admin import delete_topics, ensure_topics
@@ -64,9 +63,9 @@ async def world(
     auth = Authenticator(
         TokenConfig(
             tenants=(
-                Tenant(name="research", token=SecretStr(tokens["research"]), queues=(research,)),
-                Tenant(name="vision", token=SecretStr(tokens["vision"]), queues=(vision,)),
-                Tenant(name="ops", token=SecretStr(tokens["ops"]), admin=True),
+                Tenant.with_token("research", tokens["research"], queues=(research,)),
+                Tenant.with_token("vision", tokens["vision"], queues=(vision,)),
+                Tenant.with_token("ops", tokens["ops"], admin=True),
             )
         )
     )
