@@ -311,7 +311,9 @@ def create_app(
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         errors = list(error.errors())
         located = [{**e, "loc": tuple(p for p in e["loc"] if p not in ("body",))} for e in errors]
-        problems_ = render_errors(cast(list[ErrorDetails], located), prefix="")
+        problems_ = [
+            render_errors([cast(ErrorDetails, e)], prefix="" if e["loc"] else "body")[0] for e in located
+        ]
         detail = [
             {"field": ".".join(str(p) for p in e["loc"]) or "body", "message": m, "type": e["type"]}
             for e, m in zip(located, problems_, strict=True)
@@ -382,9 +384,9 @@ def create_app(
         openapi_extra=body_schema(JobSubmission),
     )
     async def submit(
+        caller: Caller,  # first: who calls is settled (401, 429) before the body is read
         submission: Annotated[JobSubmission, Depends(strict_body(JobSubmission))],
         request: Request,
-        caller: Caller,
     ) -> Submitted:
         """Ask for a job: published as job.requested on jobs.requests; admission answers on jobs.events.
 
@@ -442,9 +444,9 @@ def create_app(
         openapi_extra=body_schema(CancelRequest, required=False),
     )
     async def cancel(
+        caller: Caller,
         job_id: JobIdPath,
         request: Request,
-        caller: Caller,
         body: Annotated[CancelRequest | None, Depends(strict_body(CancelRequest, optional=True))],
     ) -> Cancelled:
         """Ask to stop a job, queued or running: published as job.cancel_requested."""
@@ -457,7 +459,7 @@ def create_app(
         return Cancelled(job_id=job_id, event_id=event_id)
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=problems(*READ, 403, 404))
-    async def get_job(job_id: JobIdPath, caller: Caller) -> dict[str, Any]:
+    async def get_job(caller: Caller, job_id: JobIdPath) -> dict[str, Any]:
         """The job, its events in order, its allocations, and why it is (not) pending."""
         async with res().pool.acquire() as conn:
             row, queue = await readable_job(conn, job_id, caller)
