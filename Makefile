@@ -88,11 +88,16 @@ bench-e2e: venv
 # schemathesis against the API's OpenAPI (every phase and check) on a real API process, on the
 # running Kafka and PostgreSQL (make infra-up); prints schemathesis' summary and report figures.
 # The bounded slice of it runs in make test (tests/integration/api/test_fuzz.py).
+# positive_data_acceptance is left out by default: it expects every schema-valid request to succeed,
+# and three of the API's refusals cannot be said in JSON Schema (min_workers <= workers <= max_workers,
+# the 256 KiB of command and env together, a page cursor the API did not hand out); FUZZ_API_EXCLUDE=
+# runs it too.
 FUZZ_API_EXAMPLES ?= 500
 FUZZ_API_CHECKS ?= all
+FUZZ_API_EXCLUDE ?= positive_data_acceptance
 fuzz-api: venv
 	PYTHONPATH=libs:. $(PY) tests/integration/api/fuzz_api.py --max-examples $(FUZZ_API_EXAMPLES) \
-		--checks $(FUZZ_API_CHECKS)
+		--checks $(FUZZ_API_CHECKS) --exclude-checks "$(FUZZ_API_EXCLUDE)"
 
 # --- trace-driven simulation (gangline.sim); traces live in ../shared/traces ---
 TRACES ?= ../shared/traces

@@ -107,6 +107,30 @@ class Resources:
     producer: EventProducer
 
 
+def _given(field: str, kind: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"type": kind}}}
+
+
+SLICE_RULE: dict[str, Any] = {
+    "allOf": [
+        {
+            "if": _given("mig_profile", "string"),
+            "then": {
+                "required": ["gpus_per_worker"],
+                "properties": {"gpus_per_worker": {"const": 0}, "gpu_fraction_milli": {"type": "null"}},
+            },
+            "else": {
+                "if": _given("gpu_fraction_milli", "integer"),
+                "then": {"required": ["gpus_per_worker"], "properties": {"gpus_per_worker": {"const": 0}}},
+                "else": {"properties": {"gpus_per_worker": {"minimum": 1}}},
+            },
+        }
+    ]
+}
+"""JobSpec's rule on slices, in the body's JSON Schema: a MIG profile or a GPU fraction takes
+``gpus_per_worker: 0`` (one slice per worker, not both); whole GPUs take ``gpus_per_worker >= 1``."""
+
+
 class JobSubmission(JobSpec):
     """A job request as the API takes it: the event's fields, the job id optional (the API makes one).
 
@@ -114,7 +138,7 @@ class JobSubmission(JobSpec):
     ``submitted_by`` is ignored: the API records the caller's tenant.
     """
 
-    model_config = ConfigDict(**{**MODEL_CONFIG, "strict": True})
+    model_config = ConfigDict(**{**MODEL_CONFIG, "strict": True, "json_schema_extra": SLICE_RULE})
 
     job_id: JobIdField | None = None
 

@@ -34,6 +34,17 @@ DESCRIPTIONS: dict[int, str] = {
     503: "a dependency (the event log, the database) is not available now",
 }
 
+HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "required": True, "schema": {"type": "string"}}},
+    429: {
+        "Retry-After": {
+            "description": "seconds until the tenant may call again",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+        }
+    },
+}
+
 
 class FieldError(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -102,9 +113,12 @@ def render(error: StarletteHTTPException) -> JSONResponse:
 
 def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     """``responses=`` of a route: each status documented as a problem document."""
-    return {
-        code: {"description": DESCRIPTIONS[code], "content": {MEDIA_TYPE: {"schema": _REF}}} for code in codes
-    }
+    documented: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        documented[code] = {"description": DESCRIPTIONS[code], "content": {MEDIA_TYPE: {"schema": _REF}}}
+        if code in HEADERS:
+            documented[code]["headers"] = HEADERS[code]
+    return documented
 
 
 def document(openapi: dict[str, Any]) -> dict[str, Any]:

@@ -8,13 +8,14 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from pydantic import SecretStr, ValidationError
 
 from gangline.client.tables import table
 from gangline.core.queues import QueueName, QuotaConfigError, Resource
-from services.api.app import why
+from services.api.app import JobSubmission, why
 from services.api.auth import Authenticator, Tenant, TokenConfig, hash_token, load_tokens
 from services.api.hash_token import main as hash_token_main
 from services.api.queries import BadCursor, decode_cursor, encode_cursor
@@ -157,3 +158,23 @@ def test_tables_align_columns_and_show_missing_values_as_dashes() -> None:
     assert table(["NODE", "STATE"], [["n0", "ready"], ["node-10", None]]) == (
         "NODE     STATE\nn0       ready\nnode-10  -"
     )
+
+
+def test_the_bodys_json_schema_states_the_slice_rule_the_model_checks() -> None:
+    schema = JobSubmission.model_json_schema()
+    for gpus in (0, 1, 2):
+        for mig in (None, "1g.10gb"):
+            for fraction in (None, 250):
+                body: dict[str, object] = {"queue": "q", "workers": 1, "gpus_per_worker": gpus}
+                if mig is not None:
+                    body["mig_profile"] = mig
+                if fraction is not None:
+                    body["gpu_fraction_milli"] = fraction
+                try:
+                    JobSubmission.model_validate_json(json.dumps(body))
+                    valid = True
+                except ValidationError:
+                    valid = False
+                assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid, body
+    with pytest.raises(ValidationError, match="Input should be a valid integer"):
+        JobSubmission.model_validate_json('{"queue": "q", "workers": "1", "gpus_per_worker": 1}')
