@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from fastapi import Depends, FastAPI, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -351,8 +352,18 @@ def create_app(
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            # Starlette names the methods of the first route on the path; Allow lists every route's.
+            error.headers = {**(error.headers or {}), "Allow": ", ".join(allowed(request.url.path))}
         return render(error)
+
+    def allowed(path: str) -> list[str]:
+        methods: set[str] = set()
+        for route in app.routes:
+            if isinstance(route, APIRoute) and route.path_regex.match(path):
+                methods |= route.methods or set()
+        return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
     @app.exception_handler(asyncpg.PostgresError)
     @app.exception_handler(asyncpg.InterfaceError)

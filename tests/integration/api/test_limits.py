@@ -225,7 +225,9 @@ async def test_every_error_is_a_problem_document_and_every_route_documents_its_p
 ) -> None:
     is_problem(await world.client.get("/v1/jobs"), 401, "unauthenticated")
     is_problem(await world.client.get("/v1/nope", headers=world.auth(world.research_token)), 404)
-    is_problem(await world.client.delete("/v1/jobs", headers=world.auth(world.research_token)), 405)
+    refused = await world.client.delete("/v1/jobs", headers=world.auth(world.research_token))
+    is_problem(refused, 405)
+    assert refused.headers["allow"] == "GET, HEAD, POST"  # every method of the path, not the first route's
     is_problem(
         await world.client.get("/v1/jobs", params={"limit": 0}, headers=world.auth(world.research_token)),
         422,
