@@ -252,8 +252,8 @@ def create_app(
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
     state: dict[str, Resources] = {}
-    # Submissions accepted here that the ledger may not have yet: job id -> (queue, tenant).
-    recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
+    # Submissions accepted here that the ledger may not have yet: job id -> the request's data.
+    recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -430,17 +430,13 @@ def create_app(
         require(caller, submission.queue)
         job_id = submission.job_id or job_ids()
         async with res().pool.acquire() as conn:
-            if (
-                job_id in recent
-                or await queries.job(conn, job_id)
-                or await queries.requested_owner(conn, job_id)
-            ):
+            if job_id in recent or await queries.job(conn, job_id) or await queries.requested(conn, job_id):
                 raise ApiProblem(status.HTTP_409_CONFLICT, f"job {job_id!r} already exists", kind="conflict")
         fields = submission.model_dump(exclude={"job_id", "submitted_by"}, exclude_unset=True)
         request_event = JobRequested.model_validate(
             {**fields, "job_id": job_id, "submitted_by": caller.tenant}
         )
-        recent[job_id] = (submission.queue, caller.tenant)  # held while publishing: a second POST is 409
+        recent[job_id] = request_event.model_dump(mode="json")  # held while publishing: a 2nd POST is 409
         try:
             event_id = await publish(request, "POST /v1/jobs", request_event)
         except BaseException:
@@ -452,24 +448,21 @@ def create_app(
             job_id=job_id, event_id=event_id, queue=submission.queue, status_url=f"/v1/jobs/{job_id}"
         )
 
-    async def readable_job(
-        conn: asyncpg.Connection, job_id: str, caller: Principal
-    ) -> tuple[dict[str, Any] | None, str]:
-        """The job's row (None while only its request is known) and queue; 404 unless the caller may see
-        it (a job another tenant submitted to ``default`` is not there for this one)."""
+    async def readable_job(conn: asyncpg.Connection, job_id: str, caller: Principal) -> dict[str, Any]:
+        """The job's row (shaped from its request while only that is known); 404 unless the caller may
+        see it (a job another tenant submitted to ``default`` is not there for this one)."""
         row = await queries.job(conn, job_id)
-        if row is not None:
-            queue, owner = row["queue"], row["submitted_by"]
-        else:
-            found = await queries.requested_owner(conn, job_id) or recent.get(job_id)
-            if found is None:
+        if row is None:
+            asked = await queries.requested(conn, job_id) or recent.get(job_id)
+            if asked is None:
                 raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}", kind="not-found")
-            queue, owner = found
+            row = queries.requested_job(asked)
+        queue, owner = row["queue"], row.get("submitted_by")
         if not caller.may_see(queue, owner):
             if caller.may_act_on(queue):  # default: another tenant's job, not to be confirmed to exist
                 raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}", kind="not-found")
             require(caller, queue)
-        return row, queue
+        return row
 
     @app.post(
         "/v1/jobs/{job_id}/cancel",
@@ -497,16 +490,11 @@ def create_app(
     async def get_job(caller: Caller, job_id: JobIdPath) -> dict[str, Any]:
         """The job, its events in order, its allocations, and why it is (not) pending."""
         async with res().pool.acquire() as conn:
-            row, queue = await readable_job(conn, job_id, caller)
+            job = await readable_job(conn, job_id, caller)
             events = await queries.job_events(conn, job_id)
             allocs, _ = await queries.allocations(
                 conn, seen=None, job_id=job_id, node=None, held=None, limit=MAX_PAGE, after=None
             )
-        job = (
-            row
-            if row is not None
-            else {"job_id": job_id, "queue": queue, "state": "requested", "reason": None}
-        )
         return {"job": job, "why": why(job), "events": events, "allocations": allocs}
 
     def seen_by(caller: Principal) -> queries.Visible | None:

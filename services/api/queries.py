@@ -78,17 +78,33 @@ async def job_events(conn: asyncpg.Connection, job_id: str) -> list[dict[str, An
     return [{**dict(r), "data": _loaded(r["data"])} for r in rows]
 
 
-async def requested_owner(conn: asyncpg.Connection, job_id: str) -> tuple[str, str | None] | None:
-    """The queue a job was asked for in and the tenant that asked, from its request in the ledger (before
-    any projection has it)."""
+async def requested(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | None:
+    """The job's request as the ledger recorded it (its ``data``), before any projection has the job."""
     row = await conn.fetchrow(
         """
-        SELECT data->>'queue' AS queue, data->>'submitted_by' AS submitted_by FROM events
+        SELECT data FROM events
         WHERE subject = $1 AND type = 'gangline.job.requested.v1' LIMIT 1
         """,
         job_id,
     )
-    return None if row is None or row["queue"] is None else (str(row["queue"]), row["submitted_by"])
+    data = None if row is None else _loaded(row["data"])
+    return data if isinstance(data, dict) and isinstance(data.get("queue"), str) else None
+
+
+def requested_job(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A job known only by its request, shaped like a job row (state ``requested``)."""
+    return {
+        "job_id": data["job_id"],
+        "queue": data["queue"],
+        "state": "requested",
+        "reason": None,
+        "priority": data.get("priority", 0),
+        "workers": data.get("workers"),
+        "gpus_per_worker": data.get("gpus_per_worker"),
+        "gpu_type": data.get("gpu_type"),
+        "submitted_by": data.get("submitted_by"),
+        "spec": dict(data),
+    }
 
 
 _VISIBLE = """($1::text[] IS NULL OR {q} = ANY($1::text[]) OR ({q} = 'default' AND {by} = $2))"""
