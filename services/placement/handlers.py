@@ -44,7 +44,7 @@ from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.waiting import cycle_jobs
+from gangline.core.waiting import FRONT_OF_LINE, cycle_jobs
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -78,7 +78,7 @@ class PlacementState(ClusterFold):
 
     topics: TopicNames = field(default_factory=TopicNames)
     profile: Profile = field(default_factory=default_profile)
-    max_jobs_per_cycle: int = 256
+    max_jobs_per_cycle: int = FRONT_OF_LINE
     cycle: int = 0
     needs_cycle: bool = True
     """Set until the first event after a (re)start: jobs restored as waiting get a cycle then."""

@@ -40,6 +40,7 @@ from datetime import datetime
 from gangline.bus.positions import format_positions
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
+from gangline.core.waiting import FRONT_OF_LINE
 from gangline.events.allocations import AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced
@@ -88,7 +89,7 @@ class PlacementReplayer:
         gated: bool = True,
         unlimited_queues: frozenset[str] = frozenset(),
         profile: Profile | None = None,
-        max_jobs_per_cycle: int = 256,
+        max_jobs_per_cycle: int = FRONT_OF_LINE,
     ) -> None:
         self.topics = topics
         self._gated = gated
@@ -228,7 +229,7 @@ def replay_placement(
     gated: bool = True,
     unlimited_queues: frozenset[str] | None = None,
     profile: Profile | None = None,
-    max_jobs_per_cycle: int = 256,
+    max_jobs_per_cycle: int = FRONT_OF_LINE,
 ) -> PlacementReplay:
     """Re-run placement's handlers over the recorded inputs; every difference in its outputs, in order.
 

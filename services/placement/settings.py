@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from gangline.core.waiting import FRONT_OF_LINE
 from services.common.env import ServiceSettings
 
 
@@ -13,5 +14,5 @@ class PlacementSettings(ServiceSettings):
     gated: bool = True
     profile_path: str | None = None
     """A scheduling profile YAML; the built-in default profile when unset."""
-    max_jobs_per_cycle: int = Field(default=256, ge=1)
+    max_jobs_per_cycle: int = Field(default=FRONT_OF_LINE, ge=1)
     """The most waiting jobs one cycle considers (highest priority first, then oldest)."""

@@ -33,6 +33,10 @@ from collections.abc import Callable, Sequence
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
 from gangline.core.snapshot import Snapshot
 
+FRONT_OF_LINE = 256
+"""How many waiting jobs at the front of the line every cycle looks at, placeable now or not (their
+reservations and explanations are decided there); the rest only when the free GPUs could hold them."""
+
 GroupKey = tuple[object, ...]
 LineKey = tuple[float, str]
 """A job's place in its group's line: (submit order or submit time, id)."""

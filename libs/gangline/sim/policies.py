@@ -70,12 +70,17 @@ from gangline.core.model import (
 from gangline.core.queue_profile import queue_registry
 from gangline.core.queues import CohortSpec, QueueSpec, QuotaLedger, QuotaTree, Resource, ResourceQuota
 from gangline.core.snapshot import Snapshot
-from gangline.core.waiting import GroupKey, LineKey, WaitingIndex, group_key, group_key_with_hint
+from gangline.core.waiting import (
+    FRONT_OF_LINE,
+    GroupKey,
+    LineKey,
+    WaitingIndex,
+    group_key,
+    group_key_with_hint,
+)
 
 NON_EVICTING_ACTIONS = frozenset({"allocate", "reserve", "backfill"})
 """Actions that only take GPUs (reserve evicts only preemptible work, checked separately)."""
-FRONT = 256
-"""Waiting jobs at the front of the line every cycle sees, placeable now or not (reservations)."""
 
 FIFO_GANG_BEST_FIT_YAML = """\
 name: fifo-gang-best-fit
@@ -297,9 +302,9 @@ class CorePolicy:
         return self._preemptible_seen or any(a.name not in NON_EVICTING_ACTIONS for a in self.profile.actions)
 
     def _front_and_fits(self) -> list[Job]:
-        """The first `FRONT` waiting jobs in line, then every later one the free GPUs could hold or,
+        """The first `FRONT_OF_LINE` waiting jobs in line, then every later one the free GPUs could hold or,
         with queues, quota could charge (fair order charges those; see `gangline.core.waiting`)."""
-        front = list(islice(self._pending.values(), FRONT))
+        front = list(islice(self._pending.values(), FRONT_OF_LINE))
         seen = {j.id for j in front}
         lined = [(self._waiting.line_of(j.id), j) for j in front]
         self._admits.clear()
