@@ -19,6 +19,7 @@ from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from gangline.bus.security import KafkaSecurity, client_options
 from gangline.bus.records import DeadLetter, KafkaRecord, RecordMeta, dead_letter
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
@@ -70,8 +71,10 @@ class EventConsumer:
         isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         self._topics = tuple(topics)
         self._service = service
         self._group_id = group_id
@@ -88,10 +91,12 @@ class EventConsumer:
         could not be read): decoding is deterministic, so a bad record at or before it is in the DLQ."""
 
     async def start(self) -> None:
-        dlq = AIOKafkaProducer(bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
+        options = client_options(self._security)
+        dlq = AIOKafkaProducer(**options, bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
         await dlq.start()
         consumer = AIOKafkaConsumer(
             *self._topics,
+            **options,
             bootstrap_servers=self._bootstrap_servers,
             group_id=self._group_id,
             enable_auto_commit=self._enable_auto_commit,

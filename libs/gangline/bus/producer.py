@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gangline.bus.chain import ChainStamper
+from gangline.bus.security import KafkaSecurity, client_options
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
 from gangline.telemetry import semconv
@@ -95,12 +96,15 @@ class EventProducer:
         linger_ms: int = 0,
         request_timeout_ms: int = 40_000,
         chained_topics: Iterable[str] = (),
+        security: KafkaSecurity | None = None,
     ) -> None:
-        """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`)."""
+        """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`);
+        ``security``: credentials (None: the ``GANGLINE_KAFKA_*`` environment)."""
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         chained = tuple(chained_topics)
         self._chain = (
-            ChainStamper(bootstrap_servers, chained, request_timeout_ms=request_timeout_ms)
+            ChainStamper(bootstrap_servers, chained, request_timeout_ms=request_timeout_ms, security=security)
             if chained
             else None
         )
@@ -112,6 +116,7 @@ class EventProducer:
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
+            **client_options(self._security),
             bootstrap_servers=self._bootstrap_servers,
             client_id=self._client_id,
             enable_idempotence=True,
