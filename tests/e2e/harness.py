@@ -17,6 +17,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.security import KafkaSecurity, client_options
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
@@ -123,6 +124,7 @@ class LogReader:
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=self.bootstrap,
+            **client_options(),
             group_id=None,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -176,7 +178,7 @@ class LogReader:
 
 
 async def end_offsets(bootstrap: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **client_options(), group_id=None)
     await consumer.start()
     try:
         parts = consumer.partitions_for_topic(topic) or set()
@@ -271,10 +273,13 @@ def request_bytes(job_id: str, **data: Any) -> bytes:
     ).encode()
 
 
-async def send_raw(bootstrap: str, topic: str, messages: list[tuple[str, bytes]]) -> None:
+async def send_raw(
+    bootstrap: str, topic: str, messages: list[tuple[str, bytes]], *, security: KafkaSecurity | None = None
+) -> None:
+    """Write raw records as ``security``'s principal (None: the test session's, the super user)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(security))
     await producer.start()
     try:
         for key, raw in messages:

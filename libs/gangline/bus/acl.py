@@ -67,7 +67,9 @@ class AclBinding:
 
     def __str__(self) -> str:
         pattern = "*" if self.pattern_type is PatternType.PREFIXED else ""
-        return f"{self.principal} {self.operation.name} {self.resource_type.name}:{self.resource_name}{pattern}"
+        return (
+            f"{self.principal} {self.operation.name} {self.resource_type.name}:{self.resource_name}{pattern}"
+        )
 
 
 class Grant(BaseModel):
@@ -110,7 +112,11 @@ def _expand(patterns: Iterable[str], specs: Sequence[TopicSpec], *, who: str) ->
     twins = {s.dead_letter for s in specs if s.dead_letter}
     found: dict[str, TopicSpec] = {}
     for pattern in patterns:
-        hits = [s for s in specs if fnmatch.fnmatchcase(s.name, pattern) and (s.name == pattern or s.name not in twins)]
+        hits = [
+            s
+            for s in specs
+            if fnmatch.fnmatchcase(s.name, pattern) and (s.name == pattern or s.name not in twins)
+        ]
         if not hits:
             raise CatalogueError(f"access for {who}: {pattern!r} names no topic of the catalogue")
         found.update({s.name: s for s in hits})
@@ -128,7 +134,9 @@ def acl_bindings(
 
         def topic(spec_name: str, operation: Operation, principal: str = principal) -> None:
             out.add(
-                AclBinding(principal, ResourceType.TOPIC, topic_prefix + spec_name, PatternType.LITERAL, operation)
+                AclBinding(
+                    principal, ResourceType.TOPIC, topic_prefix + spec_name, PatternType.LITERAL, operation
+                )
             )
 
         for spec in _expand(grant.read, specs, who=name):
@@ -139,25 +147,35 @@ def acl_bindings(
             topic(spec.name, Operation.WRITE)
         for group in grant.groups:
             full = f"{group_prefix}.{group}"
-            kinds = [(full, PatternType.PREFIXED)] if group.endswith(".") else [
-                (full, PatternType.LITERAL),
-                (full + ".", PatternType.PREFIXED),
-            ]
+            kinds = (
+                [(full, PatternType.PREFIXED)]
+                if group.endswith(".")
+                else [
+                    (full, PatternType.LITERAL),
+                    (full + ".", PatternType.PREFIXED),
+                ]
+            )
             for resource, pattern in kinds:
                 out.add(AclBinding(principal, ResourceType.GROUP, resource, pattern, Operation.READ))
             if grant.transactional:
                 resource = full if group.endswith(".") else full + "."
                 for operation in (Operation.WRITE, Operation.DESCRIBE):
                     out.add(
-                        AclBinding(principal, ResourceType.TRANSACTIONAL_ID, resource, PatternType.PREFIXED, operation)
+                        AclBinding(
+                            principal,
+                            ResourceType.TRANSACTIONAL_ID,
+                            resource,
+                            PatternType.PREFIXED,
+                            operation,
+                        )
                     )
     return sorted(out)
 
 
-class _CreateAcls(CreateAclsRequest):
+class _CreateAcls(CreateAclsRequest):  # type: ignore[misc]
     """CreateAcls with many creations in one request (aiokafka's builder takes one)."""
 
-    def __init__(self, bindings: Sequence[AclBinding]) -> None:  # noqa: D107
+    def __init__(self, bindings: Sequence[AclBinding]) -> None:
         self._bindings = list(bindings)
 
     def build(self, request_struct_class: type[Any]) -> Any:
@@ -172,7 +190,11 @@ class _CreateAcls(CreateAclsRequest):
 
 
 async def apply_acls(
-    bootstrap: str, bindings: Sequence[AclBinding], *, security: KafkaSecurity | None = None, timeout_s: float = 30
+    bootstrap: str,
+    bindings: Sequence[AclBinding],
+    *,
+    security: KafkaSecurity | None = None,
+    timeout_s: float = 30,
 ) -> None:
     """Create ``bindings`` on the broker (idempotent: an existing binding is kept as it is)."""
     if not bindings:
@@ -207,7 +229,9 @@ async def apply_access(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gangline.bus.acl", description="Write the broker's ACLs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m gangline.bus.acl", description="Write the broker's ACLs."
+    )
     parser.add_argument("command", choices=("apply", "show"))
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
     parser.add_argument("--catalogue", required=True, type=Path)

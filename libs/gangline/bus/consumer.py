@@ -19,8 +19,8 @@ from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from gangline.bus.security import KafkaSecurity, client_options
 from gangline.bus.records import DeadLetter, KafkaRecord, RecordMeta, dead_letter
+from gangline.bus.security import KafkaSecurity, client_options
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.registry import Registry

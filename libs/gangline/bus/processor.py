@@ -96,7 +96,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
-from gangline.bus.security import client_options
 from gangline.bus.positions import (
     BATCH_HEADER,
     INCARNATION_HEADER,
@@ -119,6 +118,7 @@ from gangline.bus.records import (
     RecordMeta,
     dead_letter,
 )
+from gangline.bus.security import client_options
 from gangline.bus.settings import ProcessorSettings
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry

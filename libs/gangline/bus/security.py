@@ -53,7 +53,9 @@ class KafkaSecurity(BaseModel):
         if self.sasl and self.username is None:
             raise ValueError(f"{self.protocol} needs a user name (GANGLINE_KAFKA_USERNAME)")
         if self.sasl and self.password is None and self.password_file is None:
-            raise ValueError("SASL needs a password (GANGLINE_KAFKA_PASSWORD or GANGLINE_KAFKA_PASSWORD_FILE)")
+            raise ValueError(
+                "SASL needs a password (GANGLINE_KAFKA_PASSWORD or GANGLINE_KAFKA_PASSWORD_FILE)"
+            )
         return self
 
     @classmethod
@@ -91,7 +93,7 @@ class KafkaSecurity(BaseModel):
         raise ValueError("no Kafka password configured")
 
     def ssl_context(self) -> ssl.SSLContext:
-        context = create_ssl_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+        context: ssl.SSLContext = create_ssl_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
         context.check_hostname = self.ssl_check_hostname
         return context
 

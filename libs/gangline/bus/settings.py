@@ -22,7 +22,7 @@ class ProcessorSettings(BaseModel):
 
     bootstrap_servers: str
     security: KafkaSecurity = Field(default_factory=KafkaSecurity.from_env)
-    """Credentials and transport (default: the ``GANGLINE_KAFKA_*`` environment, see :mod:`gangline.bus.security`)."""
+    """Credentials and transport (unset: the ``GANGLINE_KAFKA_*`` environment, gangline.bus.security)."""
     service: str = Field(min_length=1)
     instance_id: str = Field(min_length=1)
     group_id: str = Field(min_length=1)

@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from gangline.bus import DLQ_CODE, DLQ_OFFSET, MAX_DEAD_LETTER_BYTES, Delivery, EventProducer, header
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.security import client_options
 from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import decode, encode
@@ -269,7 +270,10 @@ async def test_an_undecodable_record_goes_to_the_dead_letter_topic_and_the_ledge
     finally:
         await stop(ledger, task)
     dlq = AIOKafkaConsumer(
-        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+        prefix + "jobs.events.dlq",
+        bootstrap_servers=kafka_bootstrap,
+        **client_options(),
+        auto_offset_reset="earliest",
     )
     await dlq.start()
     try:
@@ -320,6 +324,7 @@ async def test_an_event_the_database_keeps_refusing_is_dead_lettered_and_the_res
     dlq = AIOKafkaConsumer(
         prefix + topic_for(poison.data) + ".dlq",
         bootstrap_servers=kafka_bootstrap,
+        **client_options(),
         auto_offset_reset="earliest",
     )
     await dlq.start()
@@ -362,7 +367,7 @@ async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_
         return await real_project_batch(conn, deliveries, registry, **options)
 
     monkeypatch.setattr(wiring, "project_batch", flaky)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=2**21)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options(), max_request_size=2**21)
     await producer.start()
     try:
         # A small bad record among the job's events (in the batch that is refused and read again),
@@ -382,7 +387,10 @@ async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_
     finally:
         await stop(ledger, task)
     dlq = AIOKafkaConsumer(
-        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+        prefix + "jobs.events.dlq",
+        bootstrap_servers=kafka_bootstrap,
+        **client_options(),
+        auto_offset_reset="earliest",
     )
     await dlq.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
