@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import WriterSigner
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
@@ -274,17 +275,27 @@ def request_bytes(job_id: str, **data: Any) -> bytes:
 
 
 async def send_raw(
-    bootstrap: str, topic: str, messages: list[tuple[str, bytes]], *, security: KafkaSecurity | None = None
+    bootstrap: str,
+    topic: str,
+    messages: list[tuple[str, bytes]],
+    *,
+    security: KafkaSecurity | None = None,
+    signer: WriterSigner | None = None,
 ) -> None:
-    """Write raw records as ``security``'s principal (None: the test session's, the super user)."""
+    """Write raw records as ``security``'s principal (None: the test session's, the super user), signed
+    by ``signer`` when given (:mod:`gangline.bus.trust`)."""
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(security))
     await producer.start()
     try:
+        deliveries = []
         for key, raw in messages:
-            await producer.send(topic, value=raw, key=key.encode())
+            headers = signer.headers(topic, key.encode(), raw) if signer is not None else []
+            deliveries.append(await producer.send(topic, value=raw, key=key.encode(), headers=headers))
         await producer.flush()
+        for delivery in deliveries:
+            await delivery  # a write the broker refused raises here
     finally:
         await producer.stop()
 

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import fnmatch
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -27,7 +28,7 @@ from typing import Any
 
 import yaml
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.admin import CreateAclsRequest, CreateAclsRequest_v1
+from aiokafka.protocol.admin import CreateAclsRequest, CreateAclsRequest_v1, DescribeAclsRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gangline.bus.admin import CatalogueError, TopicSpec, load_catalogue, started_admin
@@ -88,6 +89,10 @@ class Grant(BaseModel):
     """For producers: the tenant of the API's token file whose queues this principal may submit to."""
     node: str | None = None
     """For agents: the one node this principal reports on (None: a fleet-wide agent principal)."""
+    events: tuple[str, ...] = ()
+    """Event types it may write on the topics readers check (:mod:`gangline.bus.trust`)."""
+    queues: tuple[str, ...] | None = None
+    """For producers without a tenant: the queues its job requests may name (None: any)."""
     dead_letters: bool = True
     """May write the dead-letter twin of each topic it reads (False: a read-only principal)."""
 
@@ -209,8 +214,32 @@ async def apply_acls(
         ]
         if failures:
             raise KafkaError("could not create ACLs: " + "; ".join(failures))
+        # The controller acknowledges before the broker's authorizer has the new ACLs: wait for it, so
+        # that a client started right after us is judged by them.
+        deadline = time.monotonic() + timeout_s
+        while missing := set(bindings) - await _described(admin):
+            if time.monotonic() > deadline:
+                raise KafkaError(f"{len(missing)} ACLs not in effect after {timeout_s}s, e.g. {min(missing)}")
+            await asyncio.sleep(0.05)
     finally:
         await admin.close()
+
+
+async def _described(admin: Any) -> set[AclBinding]:
+    """Every ALLOW binding the broker's authorizer holds now."""
+    any_ = 1
+    response = await admin._send_request(DescribeAclsRequest(any_, None, any_, None, None, any_, any_))
+    if response.error_code != 0:
+        raise KafkaError(f"DescribeAcls: error {response.error_code} {response.error_message or ''}".rstrip())
+    return {
+        AclBinding(principal, ResourceType(kind), name, PatternType(pattern), Operation(operation))
+        for kind, name, pattern, acls in response.resources
+        for principal, _host, operation, permission in acls
+        if permission == _ALLOW
+        and kind in set(ResourceType)
+        and operation in set(Operation)
+        and pattern in set(PatternType)
+    }
 
 
 async def apply_access(

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gangline.bus.records import DeadLetter, KafkaRecord, RecordMeta, dead_letter
 from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import UNTRUSTED_WRITER, active_policy
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.registry import Registry
@@ -37,7 +38,8 @@ class Delivery:
 def decode_or_dead_letter(
     record: KafkaRecord, *, registry: Registry | None, source_service: str
 ) -> Envelope | DeadLetter:
-    """The record's envelope, or its dead-letter copy when it cannot be read (an expected outcome)."""
+    """The record's envelope, or its dead-letter copy when it cannot be read or its writer may not have
+    written it (:mod:`gangline.bus.trust`; expected outcomes)."""
     if record.value is None:
         return dead_letter(
             record,
@@ -46,9 +48,15 @@ def decode_or_dead_letter(
             source_service=source_service,
         )
     try:
-        return decode(record.value, registry)
+        envelope = decode(record.value, registry)
     except DecodeError as error:
         return dead_letter(record, code=error.code, reason=error.reason, source_service=source_service)
+    policy = active_policy()
+    if policy is not None:
+        refused = policy.check(record.topic, record.key, record.value, record.headers, envelope)
+        if refused is not None:
+            return dead_letter(record, code=UNTRUSTED_WRITER, reason=refused, source_service=source_service)
+    return envelope
 
 
 class EventConsumer:

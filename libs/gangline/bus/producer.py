@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import default_signer
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
 from gangline.telemetry import semconv
@@ -61,7 +62,8 @@ async def send_envelope(
 
     Shared by :class:`EventProducer` and the transactional processor (whose producer is in a
     transaction when this is called). When ``chain`` chains ``topic`` the record gets its chain
-    headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`).
+    headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`). When the
+    environment gives this process a writer key, the record is signed (:mod:`gangline.bus.trust`).
     """
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes=send_span_attributes(topic, envelope)
@@ -69,6 +71,9 @@ async def send_envelope(
         envelope = stamped(envelope)
         record_key = (key if key is not None else envelope.subject).encode()
         value = encode(envelope)
+        signer = default_signer()
+        if signer is not None:
+            headers = [*headers, *signer.headers(topic, record_key, value)]
         if chain is None or not chain.chains(topic):
             return await producer.send(
                 topic, value=value, key=record_key, headers=with_trace_headers(headers)
