@@ -258,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--catalogue", required=True, type=Path)
     create.add_argument("--replication-factor", type=int, default=1)
     create.add_argument("--wait-s", type=float, default=0.0, help="first wait this long for the broker")
+    create.add_argument(
+        "--access", type=Path, default=None, help="then write the ACLs of this access file (gangline.bus.acl)"
+    )
     wait = sub.add_parser("wait", help="wait until the broker answers a metadata request")
     wait.add_argument("--bootstrap", required=True)
     wait.add_argument("--timeout-s", type=float, default=60.0)
@@ -273,10 +276,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         specs = load_catalogue(args.catalogue)
         created = asyncio.run(_create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s))
+        print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({', '.join(created) or 'none'})")
+        if args.access is not None:
+            from gangline.bus.acl import apply_access, load_access  # acl builds on this module
+
+            bindings = asyncio.run(apply_access(args.bootstrap, load_access(args.access), specs))
+            print(f"acls: {len(bindings)} bindings written")
     except (CatalogueError, KafkaError, TimeoutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({', '.join(created) or 'none'})")
     return 0
 
 
