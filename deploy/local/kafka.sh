@@ -225,7 +225,8 @@ cmd_up() {
 
     local deadline=$((SECONDS + READY_TIMEOUT_S))
     until port_open "$PORT"; do
-        if ! running_pid >/dev/null; then
+        # kill -0, not running_pid: until setsid has exec'd java, the pid's command line is still a shell's.
+        if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
             tail -n 30 "$LOGDIR/stdout.log" "$LOGDIR/server.log" >&2 2>/dev/null || true
             die "the broker exited during start-up (logs: $LOGDIR)"
         fi

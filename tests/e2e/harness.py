@@ -308,7 +308,7 @@ def fake_cluster(
         spec=spec or load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
         bootstrap=bootstrap,
         topics=topics,
-        group_id=f"g-{topics.prefix}fake",
+        group_id=f"g-{topics.prefix.rstrip('.')}.fake-nodes.{(spec.name if spec else 'default')}",
         **options,
     )
 

@@ -25,6 +25,7 @@ from aiokafka.errors import (
 from e2e.harness import (
     ROOT,
     LogReader,
+    Proc,
     Tasks,
     fake_cluster,
     private_topics,
@@ -39,7 +40,7 @@ from gangline.bus.admin import load_catalogue
 from gangline.bus.security import KafkaSecurity
 from gangline.bus.trust import UNTRUSTED_WRITER, WriterSigner, derive_key
 from gangline.events.allocations import AllocationGranted, AllocationReleased
-from gangline.events.jobs import JobAdmitted, JobFailed, JobRejected
+from gangline.events.jobs import JobAdmitted, JobCompleted, JobFailed, JobRejected
 from gangline.events.nodes import NodeFailed
 from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.topics import TopicNames
@@ -322,3 +323,62 @@ async def test_forged_records_are_refused_or_dead_lettered_and_change_nothing(
                 tasks.check()
         finally:
             await tasks.stop()
+
+
+DECIDERS = ("admission", "quota", "placement", "preemption", "node_health")
+
+
+async def test_the_pipeline_runs_with_each_service_as_its_own_principal(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ACLs of access.yaml are enough for every service to do its work, and nothing more is granted:
+    each decision service a subprocess under its own principal, the nodes as the `agent` principal."""
+    async with secured_topics(kafka_bootstrap, "principals") as topics:
+        env = service_env(kafka_bootstrap, topics, queues_file=str(QUEUES))
+        procs = {
+            name: Proc(
+                f"services.{name}",
+                {**env, "GANGLINE_KAFKA_USERNAME": name, "GANGLINE_KAFKA_PASSWORD": CREDENTIALS[name]},
+                tmp_path / f"{name}.log",
+            )
+            for name in DECIDERS
+        }
+        tasks = Tasks()
+        with monkeypatch.context() as agent:
+            # This process's own clients (the fake nodes, the log reader) are the nodes' principal.
+            agent.setenv("GANGLINE_KAFKA_USERNAME", "agent")
+            agent.setenv("GANGLINE_KAFKA_PASSWORD", CREDENTIALS["agent"])
+            cluster = fake_cluster(kafka_bootstrap, topics, ONE_NODE)
+            try:
+                tasks.start("fake-nodes", cluster.run())
+                await cluster.ready.wait()
+                for proc in procs.values():
+                    proc.start()
+                job = {"queue": "team-a", "workers": 1, "gpus_per_worker": 4, "duration_hint_s": 1}
+                await send_raw(
+                    kafka_bootstrap,
+                    topics.requests,
+                    [("ok", request_bytes("ok", **job))],
+                    security=principal("team-a"),
+                )
+                async with LogReader(kafka_bootstrap, [topics.events, topics.allocations]) as log:
+
+                    def done() -> bool:
+                        tasks.check()
+                        for name, proc in procs.items():
+                            assert proc.alive(), f"{name} exited; see {proc.log_path}"
+                        released = log.of(topics.allocations, AllocationReleased)
+                        return any(r.job_id == "ok" for r in released) and any(
+                            c.job_id == "ok" for c in log.of(topics.events, JobCompleted)
+                        )
+
+                    await log.until(done, timeout_s=120)
+                for name, proc in procs.items():
+                    assert proc.alive(), f"{name} exited; see {proc.log_path}"
+                    assert "AuthorizationFailed" not in proc.log_path.read_text(), (
+                        f"{name}: see {proc.log_path}"
+                    )
+            finally:
+                await tasks.stop()
+                for proc in procs.values():
+                    proc.terminate()

@@ -42,7 +42,7 @@ KAFKA_CLIENT_ENV = {
     "GANGLINE_LOG_LEVEL",
     "GANGLINE_OTLP_ENDPOINT",
 }
-"""What the admin one-shot reads: its credentials (gangline.bus.security) from the shared service environment."""
+"""What the admin one-shot reads: its credentials (gangline.bus.security), from the shared environment."""
 PLAIN_ENV = {"gangline.store.migrate": {DSN_ENV}, "gangline.bus.admin": KAFKA_CLIENT_ENV}
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

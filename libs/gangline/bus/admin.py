@@ -276,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         specs = load_catalogue(args.catalogue)
         created = asyncio.run(_create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s))
-        print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({', '.join(created) or 'none'})")
+        names = ", ".join(created) or "none"
+        print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({names})")
         if args.access is not None:
             from gangline.bus.acl import apply_access, load_access  # acl builds on this module
 

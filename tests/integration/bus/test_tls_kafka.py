@@ -116,8 +116,8 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         "GANGLINE_KAFKA_SSL_CAFILE": str(ca),
     }
     script = str(ROOT / "deploy" / "local" / "kafka.sh")
-    subprocess.run([script, "up"], cwd=ROOT, env=env, check=True)
     try:
+        subprocess.run([script, "up"], cwd=ROOT, env=env, check=True)
         yield f"127.0.0.1:{port}", ca
     finally:
         subprocess.run([script, "down"], cwd=ROOT, env=env, check=True)

@@ -381,29 +381,29 @@ async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_
         await producer.stop()
     ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool, retry_backoff_s=0.01)
     task = await run_ledger(ledger)
-    try:
-        await until(lambda: _equals(count_events(pg_pool, history), len(history)))
-        assert not task.done()  # never crashed
-    finally:
-        await stop(ledger, task)
     dlq = AIOKafkaConsumer(
         prefix + "jobs.events.dlq",
         bootstrap_servers=kafka_bootstrap,
         **client_options(),
         auto_offset_reset="earliest",
     )
-    await dlq.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
     try:
-        # One large record per fetch: read until the four are there (or 30 s have passed, and fail).
+        await until(lambda: _equals(count_events(pg_pool, history), len(history)))
+        assert not task.done()  # never crashed
+        # The large records come after the job's events: read the dead letters while the ledger still
+        # runs (it may reach them after the last event is written), until the four are there (or 30 s
+        # have passed, and fail); one large record per fetch.
+        await dlq.start()
         deadline = asyncio.get_running_loop().time() + 30
         while len(records) < 4 and asyncio.get_running_loop().time() < deadline:
             batch = await dlq.getmany(timeout_ms=1_000)
             records += [r for rs in batch.values() for r in rs]
-        batch = await dlq.getmany(timeout_ms=1_000)  # and no fourth one behind them
+        batch = await dlq.getmany(timeout_ms=1_000)  # and no fifth one behind them
         records += [r for rs in batch.values() for r in rs]
     finally:
         await dlq.stop()
+        await stop(ledger, task)
     offsets = [int(header(r.headers, DLQ_OFFSET) or b"-1") for r in records]
     assert len(offsets) == len(set(offsets)) == 4  # once each, though the first was read twice more
     for record in records:
