@@ -1,6 +1,6 @@
 """Simulated node agents: inventory, heartbeats, "running" placed jobs, checkpoint acknowledgements.
 
-One process runs every node of a :class:`~services.agent.cluster.ClusterSpec`. Like real agents it
+One process runs every node of a :class:`~gangline.cluster_spec.ClusterSpec`. Like real agents it
 publishes ``node.registered`` once per node and ``node.heartbeat`` every ``heartbeat_s``; it reads
 ``allocations.log`` and ``jobs.events`` and, for each grant on its nodes, publishes ``job.started``,
 then after the job's ``duration_hint_s`` (times ``time_scale``) ``job.completed`` with the
@@ -32,6 +32,7 @@ from gangline.bus import EventProducer
 from gangline.bus.producer import send_envelope
 from gangline.bus.records import KafkaRecord
 from gangline.bus.security import client_options
+from gangline.cluster_spec import ClusterSpec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import DecodeError, decode
@@ -40,7 +41,6 @@ from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobCompleted, Job
 from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, Seconds
 from gangline.telemetry.tracing import get_tracer
-from services.agent.cluster import ClusterSpec
 from services.common.select import wire_type_of
 from services.common.topics import TopicNames
 
@@ -91,7 +91,7 @@ class FakeCluster:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
-        self.nodes = {n.node: n for n in self.spec.nodes()}
+        self.nodes = {n.node: n for n in self.spec.registrations()}
         self._durations: dict[JobId, int | None] = {}
         self._running: dict[AllocationId, _Running] = {}
         self._running_jobs: dict[JobId, int] = {}

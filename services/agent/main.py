@@ -8,9 +8,9 @@ import logging
 from collections.abc import Sequence
 
 from gangline.bus import run_service
+from gangline.cluster_spec import load_cluster_spec, uniform_cluster
 from gangline.telemetry import setup_logging
 from services.agent import standin
-from services.agent.cluster import load_cluster, uniform_cluster
 from services.agent.fake import FakeCluster
 from services.common.env import ServiceSettings, topic_names
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def simulate(args: argparse.Namespace, settings: ServiceSettings) -> None:
     if args.spec:
-        spec = load_cluster(args.spec)
+        spec = load_cluster_spec(args.spec)
     elif args.nodes:
         spec = uniform_cluster(args.nodes)
     else:

@@ -24,11 +24,11 @@ from gangline.agent.settings import AgentTopics, NodeAgentSettings
 from gangline.agent.simulated import SimulatedRunner
 from gangline.bus.consumer import EventConsumer
 from gangline.bus.producer import EventProducer
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.nodes import NodeRegistered
 from gangline.events.types import NodeId
 from gangline.nvml.spec import GpuSpec, NodeSpec
 from gangline.nvml.standin import NvmlStandIn
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.env import ServiceSettings, topic_names
 from services.common.topics import TopicNames
 
@@ -65,12 +65,6 @@ def node_spec_for(group: NodeGroup, node: str) -> NodeSpec:
         nvswitches=(_NVSWITCH_BUS,) if switched else (),
         gpus=gpus,
     )
-
-
-def nodes_with_groups(spec: ClusterSpec) -> list[tuple[NodeGroup, NodeRegistered]]:
-    """Each node's group with the registration the lightweight fake would publish (its topology)."""
-    groups = [g for g in spec.groups for _ in range(g.count)]
-    return list(zip(groups, spec.nodes(), strict=True))
 
 
 @dataclass(frozen=True)
@@ -164,7 +158,7 @@ class StandInCluster:
             try:
                 # Positions are pinned before any node registers, so no grant can slip past.
                 await consumer.wait_for_assignment()
-                for group, registered in nodes_with_groups(self.spec):
+                for group, registered in self.spec.grouped_registrations():
                     api = NvmlStandIn(node_spec_for(group, registered.node))
                     runner = SimulatedRunner(
                         time_scale=self.time_scale,
@@ -234,7 +228,7 @@ async def simulate(spec: ClusterSpec, args: argparse.Namespace, settings: Servic
     )
     log.info(
         "stand-in cluster starting",
-        extra={"cluster": spec.name, "nodes": spec_node_count(spec), "gpus": spec.total_gpus},
+        extra={"cluster": spec.name, "nodes": spec.node_count, "gpus": spec.total_gpus},
     )
     injections = [asyncio.create_task(cluster.inject_later(x)) for x in args.xid]
     try:
@@ -242,7 +236,3 @@ async def simulate(spec: ClusterSpec, args: argparse.Namespace, settings: Servic
     finally:
         for task in injections:
             task.cancel()
-
-
-def spec_node_count(spec: ClusterSpec) -> int:
-    return sum(g.count for g in spec.groups)

@@ -1,44 +1,91 @@
 """The FastAPI application: submit/cancel jobs (published to jobs.requests), read the projections.
 
 Writes go to Kafka only; reads come from the ledger's projections in PostgreSQL, so a job submitted
-a moment ago may be unknown to GET for a moment (202 Accepted says so).
+a moment ago may be unknown to the ledger for a moment (202 Accepted says so); this replica remembers
+the jobs it accepted recently, so a GET right after a POST shows the job as ``requested``, not 404.
+
+What every request goes through, before any handler: a body-size cap and a NUL-byte check
+(:class:`services.api.limits.RequestGuard`), a bearer token (:mod:`services.api.auth`), and a rate
+limit per tenant (429 with ``Retry-After``). Request bodies are validated strictly (JSON types as
+they are: ``"1"`` is not a number). Every error is a problem document (:mod:`services.api.problems`).
 """
 
+import logging
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import asyncpg
-from aiokafka.errors import KafkaError
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from fastapi import Depends, FastAPI, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gangline.bus import EventProducer
 from gangline.core.queues import QueueName
 from gangline.events import topics
-from gangline.events.base import Event, make_envelope
+from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
-from gangline.events.jobs import JobCancelRequested, JobRequested, JobSpec
-from gangline.events.types import JobIdField, Sentence
+from gangline.events.jobs import NO_NUL, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.types import SAFE_ID_PATTERN, JobIdField
 from gangline.store.pool import create_pool
 from gangline.telemetry.propagation import extract_context
 from gangline.telemetry.tracing import get_tracer
 from services.api import queries
 from services.api.auth import Authenticator, Principal, load_tokens
+from services.api.limits import RateLimiter, RequestGuard, retry_after
+from services.api.problems import ApiProblem, document, problem, problems, render
 from services.api.settings import ApiSettings
 from services.common.queues import Queues, load_queues
 
 SOURCE = "gangline/api"
 MAX_PAGE = 500
+RECENT_JOBS = 10_000
+"""How many accepted submissions a replica remembers until the ledger has them (read-your-writes, 409)."""
+JobState = Literal[
+    "requested",
+    "admitted",
+    "rejected",
+    "queued",
+    "pending",
+    "placed",
+    "running",
+    "preempting",
+    "preempted",
+    "requeued",
+    "completed",
+    "failed",
+    "cancelled",
+]
+"""The states of the ledger's ``jobs`` projection, as ``GET /v1/jobs?state=`` filters them."""
+
+log = logging.getLogger(__name__)
+
+JobIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
+QueueQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SAFE_ID_PATTERN)]
+JobIdQuery = Annotated[str | None, Query(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
+NodeQuery = Annotated[str | None, Query(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
+CursorQuery = Annotated[
+    str | None,
+    Query(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_-]+$", description="a page's next_cursor"),
+]
+Reason = Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]
+
+READ = (400, 401, 413, 422, 429, 503)
+"""What any authenticated route may answer besides its own success."""
+WRITE = (*READ, 415)
 
 
 def new_job_id() -> str:
@@ -61,8 +108,38 @@ class Resources:
     producer: EventProducer
 
 
+def _given(field: str, kind: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"type": kind}}}
+
+
+SLICE_RULE: dict[str, Any] = {
+    "allOf": [
+        {
+            "if": _given("mig_profile", "string"),
+            "then": {
+                "required": ["gpus_per_worker"],
+                "properties": {"gpus_per_worker": {"const": 0}, "gpu_fraction_milli": {"type": "null"}},
+            },
+            "else": {
+                "if": _given("gpu_fraction_milli", "integer"),
+                "then": {"required": ["gpus_per_worker"], "properties": {"gpus_per_worker": {"const": 0}}},
+                "else": {"properties": {"gpus_per_worker": {"minimum": 1}}},
+            },
+        }
+    ]
+}
+"""JobSpec's rule on slices, in the body's JSON Schema: a MIG profile or a GPU fraction takes
+``gpus_per_worker: 0`` (one slice per worker, not both); whole GPUs take ``gpus_per_worker >= 1``."""
+
+
 class JobSubmission(JobSpec):
-    """A job request as the API takes it: the event's fields, the job id optional (the API makes one)."""
+    """A job request as the API takes it: the event's fields, the job id optional (the API makes one).
+
+    Validated strictly: every field has its JSON type (``"workers": "1"`` is refused, not coerced).
+    ``submitted_by`` is ignored: the API records the caller's tenant.
+    """
+
+    model_config = ConfigDict(**{**MODEL_CONFIG, "strict": True, "json_schema_extra": SLICE_RULE})
 
     job_id: JobIdField | None = None
 
@@ -77,14 +154,61 @@ class Submitted(BaseModel):
 
 
 class CancelRequest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    reason: Sentence | None = None
+    reason: Reason | None = None
+
+
+class Cancelled(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    event_id: str
 
 
 class Page(BaseModel):
     items: list[dict[str, Any]]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def strict_body(model: type[M], *, optional: bool = False) -> Callable[[Request], Any]:
+    """A dependency that reads the body (the guard has bounded it) and validates it strictly as JSON."""
+
+    async def parsed(request: Request) -> M | None:
+        raw = await request.body()
+        if not raw.strip() and optional:
+            return None
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+            raise ApiProblem(
+                status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                f"the body must be application/json (got {kind!r})",
+                kind="not-json",
+            )
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as error:
+            errors = [{**e, "loc": ("body", *e["loc"])} for e in error.errors()]
+            raise RequestValidationError(errors) from None
+
+    return parsed
+
+
+def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """``openapi_extra`` documenting a body a :func:`strict_body` dependency reads."""
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
 
 
 def why(job: dict[str, Any]) -> dict[str, Any]:
@@ -115,17 +239,21 @@ def create_app(
     authenticator: Authenticator | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     clock: Callable[[], datetime] = utc_now,
+    monotonic: Callable[[], float] = time.monotonic,
     job_ids: Callable[[], str] = new_job_id,
     event_ids: Callable[[], str] = new_event_id,
 ) -> FastAPI:
     """The app; ``resources`` given by tests, else opened (and closed) by the lifespan; ``queues`` by
-    tests, else read from ``settings.queues_file``."""
+    tests, else read from ``settings.queues_file``; ``monotonic`` is the rate limiter's clock."""
     configured = queues if queues is not None else load_queues(settings.queues_file)
     quota_tree = configured.tree
     auth = authenticator or Authenticator(load_tokens(file=settings.tokens_file, inline=settings.tokens))
+    limiter = RateLimiter(rate=settings.rate_limit_per_s, burst=settings.rate_limit_burst, clock=monotonic)
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
     state: dict[str, Resources] = {}
+    # Submissions accepted here that the ledger may not have yet: job id -> (queue, tenant).
+    recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -149,12 +277,26 @@ def create_app(
         summary="GPU scheduler for shared AI clusters: jobs, queues, nodes and the allocation log.",
         lifespan=lifespan,
     )
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (JobSubmission, CancelRequest):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(body.pop("$defs", {}))
+                schemas[model.__name__] = body
+            app.openapi_schema = document(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def res() -> Resources:
         if "r" not in state:
             if resources is None:
-                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "starting")
+                raise ApiProblem(status.HTTP_503_SERVICE_UNAVAILABLE, "starting", kind="unavailable")
             state["r"] = resources
         return state["r"]
 
@@ -163,10 +305,20 @@ def create_app(
     ) -> Principal:
         found = auth.principal(credentials.credentials) if credentials is not None else None
         if found is None:
-            raise HTTPException(
+            raise ApiProblem(
                 status.HTTP_401_UNAUTHORIZED,
                 "a valid bearer token is required",
+                kind="unauthenticated",
                 headers={"WWW-Authenticate": "Bearer"},
+            )
+        wait_s = limiter.take(found.tenant)
+        if wait_s is not None:
+            raise ApiProblem(
+                status.HTTP_429_TOO_MANY_REQUESTS,
+                f"tenant {found.tenant!r} is over its rate limit of {limiter.rate:g} requests per second "
+                f"(burst {limiter.burst}); retry in {wait_s:.1f} s",
+                kind="rate-limited",
+                headers={"Retry-After": retry_after(wait_s)},
             )
         return found
 
@@ -174,20 +326,56 @@ def create_app(
 
     def require(caller: Principal, queue: str) -> None:
         if not caller.may_act_on(queue):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"tenant {caller.tenant!r} may not act on queue {queue!r}"
+            raise ApiProblem(
+                status.HTTP_403_FORBIDDEN,
+                f"tenant {caller.tenant!r} may not act on queue {queue!r}",
+                kind="forbidden",
             )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         errors = list(error.errors())
         located = [{**e, "loc": tuple(p for p in e["loc"] if p not in ("body",))} for e in errors]
-        problems = render_errors(cast(list[ErrorDetails], located), prefix="")
+        problems_ = [
+            render_errors([cast(ErrorDetails, e)], prefix="" if e["loc"] else "body")[0] for e in located
+        ]
         detail = [
             {"field": ".".join(str(p) for p in e["loc"]) or "body", "message": m, "type": e["type"]}
-            for e, m in zip(located, problems, strict=True)
+            for e, m in zip(located, problems_, strict=True)
         ]
-        return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        return problem(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            "; ".join(problems_) or "the request does not validate",
+            kind="invalid",
+            title="Invalid request",
+            errors=detail,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            # Starlette names the methods of the first route on the path; Allow lists every route's.
+            error.headers = {**(error.headers or {}), "Allow": ", ".join(allowed(request.url.path))}
+        return render(error)
+
+    def allowed(path: str) -> list[str]:
+        methods: set[str] = set()
+        for route in app.routes:
+            if isinstance(route, APIRoute) and route.path_regex.match(path):
+                methods |= route.methods or set()
+        return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
+
+    @app.exception_handler(asyncpg.PostgresError)
+    @app.exception_handler(asyncpg.InterfaceError)
+    @app.exception_handler(OSError)
+    async def database_down(_: Request, error: Exception) -> JSONResponse:
+        log.warning("database error: %s", type(error).__name__)
+        return problem(503, "the database is not available now", kind="unavailable")
+
+    @app.exception_handler(Exception)
+    async def crashed(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error")  # a bug: the body says nothing of it
+        return problem(500, "the API failed on this request; it is logged", kind="internal")
 
     async def publish(request: Request, name: str, data: Event) -> str:
         event_id = event_ids()
@@ -196,36 +384,70 @@ def create_app(
             envelope = make_envelope(data, event_id=event_id, source=SOURCE, time=clock())
             try:
                 await res().producer.publish(requests_topic, envelope)
+            except MessageSizeTooLargeError as error:
+                raise ApiProblem(
+                    status.HTTP_413_CONTENT_TOO_LARGE,
+                    f"the event this request makes is over the event log's size limit: {error}",
+                    kind="event-too-large",
+                ) from error
             except KafkaError as error:
-                raise HTTPException(
-                    status.HTTP_503_SERVICE_UNAVAILABLE, f"the event log did not take the request: {error}"
+                raise ApiProblem(
+                    status.HTTP_503_SERVICE_UNAVAILABLE,
+                    f"the event log did not take the request: {error}",
+                    kind="unavailable",
                 ) from error
         return event_id
 
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, str]:
+    @app.get("/healthz", tags=["ops"], responses=problems(400, 413, 503))
+    async def healthz() -> Health:
         """200 when the database answers and the producer is up; 503 otherwise."""
         r = res()
         try:
             await r.pool.fetchval("SELECT 1")
             r.producer.raw  # noqa: B018 - raises when the producer is not started
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, RuntimeError) as error:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"not ready: {error}") from error
-        return {"status": "ok"}
+            raise ApiProblem(
+                status.HTTP_503_SERVICE_UNAVAILABLE, f"not ready: {error}", kind="unavailable"
+            ) from error
+        return Health(status="ok")
 
-    @app.post("/v1/jobs", status_code=status.HTTP_202_ACCEPTED, tags=["jobs"])
-    async def submit(submission: JobSubmission, request: Request, caller: Caller) -> Submitted:
-        """Ask for a job: published as job.requested on jobs.requests; admission answers on jobs.events."""
+    @app.post(
+        "/v1/jobs",
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["jobs"],
+        responses=problems(*WRITE, 403, 409),
+        openapi_extra=body_schema(JobSubmission),
+    )
+    async def submit(
+        caller: Caller,  # first: who calls is settled (401, 429) before the body is read
+        submission: Annotated[JobSubmission, Depends(strict_body(JobSubmission))],
+        request: Request,
+    ) -> Submitted:
+        """Ask for a job: published as job.requested on jobs.requests; admission answers on jobs.events.
+
+        The job records the caller's tenant (``submitted_by``): in ``default``, the queue every tenant
+        may use, only that tenant (and admins) may see or cancel it."""
         require(caller, submission.queue)
         job_id = submission.job_id or job_ids()
         async with res().pool.acquire() as conn:
-            if await queries.job(conn, job_id) or await queries.requested_queue(conn, job_id):
-                raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id!r} already exists")
+            if (
+                job_id in recent
+                or await queries.job(conn, job_id)
+                or await queries.requested_owner(conn, job_id)
+            ):
+                raise ApiProblem(status.HTTP_409_CONFLICT, f"job {job_id!r} already exists", kind="conflict")
         fields = submission.model_dump(exclude={"job_id", "submitted_by"}, exclude_unset=True)
         request_event = JobRequested.model_validate(
             {**fields, "job_id": job_id, "submitted_by": caller.tenant}
         )
-        event_id = await publish(request, "POST /v1/jobs", request_event)
+        recent[job_id] = (submission.queue, caller.tenant)  # held while publishing: a second POST is 409
+        try:
+            event_id = await publish(request, "POST /v1/jobs", request_event)
+        except BaseException:
+            recent.pop(job_id, None)
+            raise
+        while len(recent) > RECENT_JOBS:
+            recent.popitem(last=False)
         return Submitted(
             job_id=job_id, event_id=event_id, queue=submission.queue, status_url=f"/v1/jobs/{job_id}"
         )
@@ -233,17 +455,35 @@ def create_app(
     async def readable_job(
         conn: asyncpg.Connection, job_id: str, caller: Principal
     ) -> tuple[dict[str, Any] | None, str]:
+        """The job's row (None while only its request is known) and queue; 404 unless the caller may see
+        it (a job another tenant submitted to ``default`` is not there for this one)."""
         row = await queries.job(conn, job_id)
-        queue = row["queue"] if row is not None else await queries.requested_queue(conn, job_id)
-        if queue is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
-        require(caller, queue)
+        if row is not None:
+            queue, owner = row["queue"], row["submitted_by"]
+        else:
+            found = await queries.requested_owner(conn, job_id) or recent.get(job_id)
+            if found is None:
+                raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}", kind="not-found")
+            queue, owner = found
+        if not caller.may_see(queue, owner):
+            if caller.may_act_on(queue):  # default: another tenant's job, not to be confirmed to exist
+                raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}", kind="not-found")
+            require(caller, queue)
         return row, queue
 
-    @app.post("/v1/jobs/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, tags=["jobs"])
+    @app.post(
+        "/v1/jobs/{job_id}/cancel",
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["jobs"],
+        responses=problems(*WRITE, 403, 404),
+        openapi_extra=body_schema(CancelRequest, required=False),
+    )
     async def cancel(
-        job_id: str, request: Request, caller: Caller, body: CancelRequest | None = None
-    ) -> dict[str, str]:
+        caller: Caller,
+        job_id: JobIdPath,
+        request: Request,
+        body: Annotated[CancelRequest | None, Depends(strict_body(CancelRequest, optional=True))],
+    ) -> Cancelled:
         """Ask to stop a job, queued or running: published as job.cancel_requested."""
         async with res().pool.acquire() as conn:
             await readable_job(conn, job_id, caller)
@@ -251,16 +491,16 @@ def create_app(
             job_id=job_id, reason=body.reason if body else None, requested_by=caller.tenant
         )
         event_id = await publish(request, "POST /v1/jobs/{job_id}/cancel", event)
-        return {"job_id": job_id, "event_id": event_id}
+        return Cancelled(job_id=job_id, event_id=event_id)
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: str, caller: Caller) -> dict[str, Any]:
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=problems(*READ, 403, 404))
+    async def get_job(caller: Caller, job_id: JobIdPath) -> dict[str, Any]:
         """The job, its events in order, its allocations, and why it is (not) pending."""
         async with res().pool.acquire() as conn:
             row, queue = await readable_job(conn, job_id, caller)
             events = await queries.job_events(conn, job_id)
             allocs, _ = await queries.allocations(
-                conn, queues=None, job_id=job_id, node=None, held=None, limit=MAX_PAGE, after=None
+                conn, seen=None, job_id=job_id, node=None, held=None, limit=MAX_PAGE, after=None
             )
         job = (
             row
@@ -269,41 +509,50 @@ def create_app(
         )
         return {"job": job, "why": why(job), "events": events, "allocations": allocs}
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    def seen_by(caller: Principal) -> queries.Visible | None:
+        own = caller.own_queues()
+        return None if own is None else queries.Visible(queues=own, owner=caller.tenant)
+
+    @app.get("/v1/jobs", tags=["jobs"], responses=problems(*READ, 403))
     async def list_jobs(
         caller: Caller,
-        queue: str | None = None,
-        state: str | None = None,
+        queue: QueueQuery = None,
+        state: JobState | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        cursor: str | None = None,
+        cursor: CursorQuery = None,
     ) -> Page:
-        """Jobs, newest first; filter by queue and state; page with ``cursor``."""
-        visible = caller.visible_queues()
+        """Jobs, newest first; filter by queue and state; page with ``cursor``. A tenant sees the jobs of
+        its queues and, in ``default``, the jobs it submitted."""
         if queue is not None:
             require(caller, queue)
-            visible = [queue]
         after = _cursor(cursor, (datetime, str))
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.jobs(
-                conn, queues=visible, state=state, limit=limit, after=(after[0], after[1]) if after else None
+                conn,
+                seen=seen_by(caller),
+                queue=queue,
+                state=state,
+                limit=limit,
+                after=(after[0], after[1]) if after else None,
             )
         return Page(items=items, next_cursor=next_cursor)
 
-    @app.get("/v1/allocations", tags=["allocations"])
+    @app.get("/v1/allocations", tags=["allocations"], responses=problems(*READ))
     async def list_allocations(
         caller: Caller,
-        job_id: str | None = None,
-        node: str | None = None,
+        job_id: JobIdQuery = None,
+        node: NodeQuery = None,
         held: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: str | None = None,
+        cursor: CursorQuery = None,
     ) -> Page:
-        """The allocation log in grant order, one row per rank; ``held=true`` for what is held now."""
+        """The allocation log in grant order, one row per rank; ``held=true`` for what is held now.
+        A tenant sees the allocations of the jobs it may see."""
         after = _cursor(cursor, (datetime, str, int))
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.allocations(
                 conn,
-                queues=caller.visible_queues(),
+                seen=seen_by(caller),
                 job_id=job_id,
                 node=node,
                 held=held,
@@ -312,13 +561,13 @@ def create_app(
             )
         return Page(items=items, next_cursor=next_cursor)
 
-    @app.get("/v1/nodes", tags=["nodes"])
+    @app.get("/v1/nodes", tags=["nodes"], responses=problems(*READ))
     async def list_nodes(caller: Caller) -> dict[str, Any]:
         """Every node: state, GPUs, topology, health, cordoned GPUs, last heartbeat, GPUs held."""
         async with res().pool.acquire() as conn:
             return {"items": await queries.nodes(conn)}
 
-    @app.get("/v1/queues", tags=["queues"], response_model=QueueList)
+    @app.get("/v1/queues", tags=["queues"], response_model=QueueList, responses=problems(*READ))
     async def list_queues(caller: Caller) -> dict[str, Any]:
         """Per queue: quota (from the queues file), usage now, jobs per state, and the quota service's
         fair-share figures.
@@ -434,7 +683,7 @@ def _cursor(cursor: str | None, kinds: tuple[type, ...]) -> list[Any] | None:
     try:
         return queries.decode_cursor(cursor, kinds)
     except queries.BadCursor as error:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from error
+        raise ApiProblem(status.HTTP_400_BAD_REQUEST, str(error), kind="bad-cursor") from error
 
 
 __all__ = ["JobSubmission", "Resources", "create_app", "why"]

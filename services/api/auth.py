@@ -1,22 +1,33 @@
 """Bearer tokens: each maps to a tenant and the queues it may act on; an admin token may do anything.
 
-The token document (YAML in a file, or JSON in GANGLINE_TOKENS)::
+Tokens are stored hashed: the token document holds each token's SHA-256, never the token itself,
+so a leaked file or environment lets nobody in. ``python -m services.api.hash_token`` prints the
+hash of a token (read from stdin) or makes a new random token and its hash. The document (YAML in
+a file, or JSON in GANGLINE_TOKENS)::
 
     tenants:
       - name: research
-        token: "<secret>"
+        token_sha256: "<64 hex digits>"
         queues: [research, research-urgent]
       - name: ops
-        token: "<secret>"
+        token_sha256: "<64 hex digits>"
         admin: true
 
-The ``default`` queue is open to every authenticated tenant.
+SHA-256 suffices because the tokens are long random secrets, not passwords people choose (a slow
+hash protects guessable secrets; it would only slow every request here). A presented token is
+hashed once and compared with every stored hash in constant time.
+
+The ``default`` queue is open to every authenticated tenant, for its own jobs: a tenant sees and
+cancels in ``default`` only the jobs it submitted (the ``submitted_by`` the API records in each
+request), an admin every job.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,21 +35,50 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 DEFAULT_QUEUE = "default"
+MIN_TOKEN_CHARS = 16
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 of a token, in lower-case hex: what the token document stores."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A new random token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
 
 
 class Tenant(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
-    token: SecretStr
+    name: str = Field(min_length=1, max_length=256)
+    token_sha256: SecretStr = Field(description="the SHA-256 of the tenant's token, lower-case hex")
     queues: tuple[str, ...] = ()
     admin: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_plain_token(cls, data: object) -> object:
+        if isinstance(data, dict) and "token" in data:
+            raise ValueError(
+                f"tenant {data.get('name')!r}: the token document holds tokens hashed (token_sha256), "
+                "never the token itself; hash it with `python -m services.api.hash_token`"
+            )
+        return data
+
     @model_validator(mode="after")
-    def _long_enough(self) -> Tenant:
-        if len(self.token.get_secret_value()) < 8:
-            raise ValueError(f"tenant {self.name!r}: a token needs at least 8 characters")
+    def _a_hash(self) -> Tenant:
+        digest = self.token_sha256.get_secret_value()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"tenant {self.name!r}: token_sha256 must be 64 lower-case hex digits")
         return self
+
+    @classmethod
+    def with_token(cls, name: str, token: str, *, queues: Sequence[str] = (), admin: bool = False) -> Tenant:
+        """A tenant whose token is ``token`` (hashed here; the token is not kept)."""
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"tenant {name!r}: a token needs at least {MIN_TOKEN_CHARS} characters")
+        return cls(name=name, token_sha256=SecretStr(hash_token(token)), queues=tuple(queues), admin=admin)
 
 
 class TokenConfig(BaseModel):
@@ -48,8 +88,8 @@ class TokenConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> TokenConfig:
-        tokens = [t.token.get_secret_value() for t in self.tenants]
-        if len(set(tokens)) != len(tokens):
+        digests = [t.token_sha256.get_secret_value() for t in self.tenants]
+        if len(set(digests)) != len(digests):
             raise ValueError("two tenants share a token")
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
@@ -67,24 +107,38 @@ class Principal(BaseModel):
     admin: bool = False
 
     def may_act_on(self, queue: str) -> bool:
+        """May submit to ``queue`` (in ``default``: jobs of its own)."""
         return self.admin or queue == DEFAULT_QUEUE or queue in self.queues
 
+    def may_see(self, queue: str, submitted_by: str | None) -> bool:
+        """May read and cancel a job of ``queue`` submitted by ``submitted_by``."""
+        if self.admin or queue in self.queues:
+            return True
+        return queue == DEFAULT_QUEUE and submitted_by == self.tenant
+
     def visible_queues(self) -> list[str] | None:
-        """The queues this caller may read; None means all of them."""
+        """The queues this caller may read (in ``default`` only its own jobs); None means all of them."""
         return None if self.admin else sorted(self.queues | {DEFAULT_QUEUE})
+
+    def own_queues(self) -> list[str] | None:
+        """The queues whose every job this caller may read; None means all of them."""
+        return None if self.admin else sorted(self.queues)
 
 
 class Authenticator:
-    """Finds the principal of a bearer token, comparing in constant time."""
+    """Finds the principal of a bearer token: its hash compared with every stored one in constant time."""
 
     def __init__(self, config: TokenConfig) -> None:
-        self._tenants: Sequence[Tenant] = config.tenants
+        self._tenants: Sequence[tuple[bytes, Tenant]] = [
+            (bytes.fromhex(t.token_sha256.get_secret_value()), t) for t in config.tenants
+        ]
 
     def principal(self, token: str) -> Principal | None:
+        presented = hashlib.sha256(token.encode()).digest()
         found: Tenant | None = None
-        for tenant in self._tenants:
-            # Every token is compared, so the time taken does not tell which one matched.
-            if hmac.compare_digest(tenant.token.get_secret_value().encode(), token.encode()):
+        for digest, tenant in self._tenants:
+            # Every hash is compared, so the time taken does not tell which one matched.
+            if hmac.compare_digest(digest, presented):
                 found = tenant
         if found is None:
             return None

@@ -10,6 +10,7 @@ import base64
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,14 @@ from gangline.events.registry import JOB_EVENT_TYPES
 
 class BadCursor(ValueError):
     """A page cursor this API did not hand out."""
+
+
+@dataclass(frozen=True)
+class Visible:
+    """What a tenant may see: every job of ``queues``, and the jobs ``owner`` submitted to ``default``."""
+
+    queues: Sequence[str]
+    owner: str
 
 
 def encode_cursor(*key: object) -> str:
@@ -69,36 +78,51 @@ async def job_events(conn: asyncpg.Connection, job_id: str) -> list[dict[str, An
     return [{**dict(r), "data": _loaded(r["data"])} for r in rows]
 
 
-async def requested_queue(conn: asyncpg.Connection, job_id: str) -> str | None:
-    """The queue a job was asked for in, from its request in the ledger (before any projection has it)."""
-    value = await conn.fetchval(
-        "SELECT data->>'queue' FROM events WHERE subject = $1 AND type = 'gangline.job.requested.v1' LIMIT 1",
+async def requested_owner(conn: asyncpg.Connection, job_id: str) -> tuple[str, str | None] | None:
+    """The queue a job was asked for in and the tenant that asked, from its request in the ledger (before
+    any projection has it)."""
+    row = await conn.fetchrow(
+        """
+        SELECT data->>'queue' AS queue, data->>'submitted_by' AS submitted_by FROM events
+        WHERE subject = $1 AND type = 'gangline.job.requested.v1' LIMIT 1
+        """,
         job_id,
     )
-    return None if value is None else str(value)
+    return None if row is None or row["queue"] is None else (str(row["queue"]), row["submitted_by"])
+
+
+_VISIBLE = """($1::text[] IS NULL OR {q} = ANY($1::text[]) OR ({q} = 'default' AND {by} = $2))"""
+"""The rows a tenant may see ($1 its queues, NULL for an admin; $2 the tenant, for its jobs in default)."""
+
+
+def _visible(seen: Visible | None) -> tuple[list[str] | None, str | None]:
+    return (None, None) if seen is None else (list(seen.queues), seen.owner)
 
 
 async def jobs(
     conn: asyncpg.Connection,
     *,
-    queues: Sequence[str] | None,
+    seen: Visible | None,
+    queue: str | None,
     state: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of jobs, newest first, and the cursor of the next page (None on the last)."""
+    """A page of the jobs ``seen`` allows (None: all), newest first, and the next page's cursor."""
     rows = await conn.fetch(
-        """
+        f"""
         SELECT job_id, queue, state, priority, workers, gpus_per_worker, gpu_type, reason, reason_code,
                submitted_by, submitted_at, updated_at, attempt, allocation_id
         FROM jobs
-        WHERE ($1::text[] IS NULL OR queue = ANY($1::text[]))
-          AND ($2::text IS NULL OR state = $2)
-          AND ($3::timestamptz IS NULL OR (submitted_at, job_id) < ($3, $4))
+        WHERE {_VISIBLE.format(q="queue", by="submitted_by")}
+          AND ($3::text IS NULL OR queue = $3)
+          AND ($4::text IS NULL OR state = $4)
+          AND ($5::timestamptz IS NULL OR (submitted_at, job_id) < ($5, $6))
         ORDER BY submitted_at DESC, job_id DESC
-        LIMIT $5
+        LIMIT $7
         """,
-        None if queues is None else list(queues),
+        *_visible(seen),
+        queue,
         state,
         after[0] if after else None,
         after[1] if after else None,
@@ -112,28 +136,29 @@ async def jobs(
 async def allocations(
     conn: asyncpg.Connection,
     *,
-    queues: Sequence[str] | None,
+    seen: Visible | None,
     job_id: str | None,
     node: str | None,
     held: bool | None,
     limit: int,
     after: tuple[datetime, str, int] | None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of the allocation log in grant order (one row per rank), and the next page's cursor."""
+    """A page of the allocation log ``seen`` allows, in grant order (one row per rank), and the next
+    page's cursor."""
     rows = await conn.fetch(
-        """
+        f"""
         SELECT a.allocation_id, a.job_id, j.queue, a.rank, a.node, a.gpus, a.granted_at, a.released_at,
                a.release_reason, a.granted_event_id, a.released_event_id
         FROM allocations a LEFT JOIN jobs j ON j.job_id = a.job_id
-        WHERE ($1::text[] IS NULL OR j.queue = ANY($1::text[]))
-          AND ($2::text IS NULL OR a.job_id = $2)
-          AND ($3::text IS NULL OR a.node = $3)
-          AND ($4::boolean IS NULL OR (a.released_at IS NULL) = $4)
-          AND ($5::timestamptz IS NULL OR (a.granted_at, a.allocation_id, a.rank) > ($5, $6, $7))
+        WHERE {_VISIBLE.format(q="j.queue", by="j.submitted_by")}
+          AND ($3::text IS NULL OR a.job_id = $3)
+          AND ($4::text IS NULL OR a.node = $4)
+          AND ($5::boolean IS NULL OR (a.released_at IS NULL) = $5)
+          AND ($6::timestamptz IS NULL OR (a.granted_at, a.allocation_id, a.rank) > ($6, $7, $8))
         ORDER BY a.granted_at, a.allocation_id, a.rank
-        LIMIT $8
+        LIMIT $9
         """,
-        None if queues is None else list(queues),
+        *_visible(seen),
         job_id,
         node,
         held,

@@ -13,7 +13,9 @@ guarantees here:
 
 * every ``job.queued``, ``job.pending`` and ``job.failed`` quota wrote, and every ``queue.status``
   (services/quota/status.py: throttled by event time, so as deterministic as the rest), is re-decided
-  from the same events in the same order as the live run handled them, and compared field by field
+  from the same events in the same order as the live run handled them (each record selected by the
+  live ``select``, which skips what is keyed by a job retired by then: a held-back status goes with
+  the next event quota handles, never with a skipped one), and compared field by field
   (the GPU model chosen, the usage figures, fair-share position and whether it is owed its nominal
   quota included); ``now`` only stamps the envelopes and is taken from them; the usage history is
   advanced with event times;
@@ -36,15 +38,24 @@ guarantees here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from gangline.bus import Outgoing
+from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
 from gangline.replay.log import LogRecord
 from services.common.env import topic_names
 from services.common.queues import load_queues
-from services.common.replay import EventReplayer, ReplayReport, ServiceModel, earliest, main, verify_with
+from services.common.replay import (
+    EventReplayer,
+    RecordView,
+    ReplayReport,
+    ServiceModel,
+    earliest,
+    main,
+    verify_with,
+)
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.settings import QuotaSettings
 from services.quota.wiring import (
@@ -53,8 +64,8 @@ from services.quota.wiring import (
     RESTORE_EVENTS,
     input_topics,
     new_state,
-    node_topics,
     output_topics,
+    quota_select,
     restore_topics,
 )
 
@@ -70,6 +81,8 @@ class QuotaModel(ServiceModel[QuotaState]):
         self.settings = settings
         self.topics = topic_names(settings)
         self.queues = load_queues(settings.queues_file)
+        self._select: tuple[QuotaState, Callable[[KafkaRecord], bool]] | None = None
+        """The live ``select`` over the state being replayed (a new one per run)."""
 
     @property
     def output_topics(self) -> tuple[str, ...]:
@@ -90,9 +103,12 @@ class QuotaModel(ServiceModel[QuotaState]):
         return kind in RESTORE_EVENTS or not kind
 
     def selects(self, state: QuotaState, record: LogRecord, kind: str) -> bool:
-        if record.topic in node_topics(self.topics):
-            return kind in NODE_EVENTS  # what quota cannot read there is placement's to dead-letter
-        return kind in QUOTA_EVENTS or not kind
+        # The live select itself, on the record as the consumer reads it: what quota cannot read on the
+        # node topics is placement's to dead-letter, and a record keyed by a job retired by then is
+        # skipped. Quota never sees that record, so it is no event a held-back queue status goes with.
+        if self._select is None or self._select[0] is not state:
+            self._select = (state, quota_select(self.topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)))
+        return self._select[1](RecordView.of(record))
 
     def restore(self, state: QuotaState, envelope: Envelope) -> None:
         state.restore(envelope)

@@ -8,9 +8,11 @@ nominal, borrowed, lendable), so the API and everyone else report quota's figure
 When. After quota handles an event (:func:`queue_statuses`, called at the end of ``decide``), a quota
 tree whose charged usage differs from what its queues' last statuses say is published: every queue
 of the tree whose figures (``as_of`` aside) changed since its last status. At most once per
-``interval_s`` of **event time** per tree: a change read sooner waits for the first event read after
-the interval, whatever it is about. The clock plays no part, so the same events in the same order give
-the same statuses (quota's replay compares them like its other outputs).
+``interval_s`` of **event time** per tree: a change read sooner waits for the first event quota handles
+after the interval, whatever it is about. Only what quota's select hands it counts (a record keyed by
+a job already retired is skipped undecoded: no event a status goes with; ``wiring.quota_select``). The
+clock plays no part, so the same events in the same order give the same statuses (quota's replay
+compares them like its other outputs, selecting each record with the live select).
 
 Restart. "Usage differs from the last status" is a fact of the state, not a flag: a restarted quota
 reads its own latest statuses (:meth:`StatusBoard.restore`; the topic is compacted, keyed by queue)

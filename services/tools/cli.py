@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import cast
 
 from gangline.client import commands as client
+from gangline.cluster_spec import ClusterSpec
 from gangline.replay import cli as replay_cli
+from gangline.replay.log import LogRecord
 from gangline.sim import cli as sim_cli
-from gangline.sim.cluster import ClusterSpec
 from gangline.sim.metrics import RunResult
 from gangline.sim.trace import TraceJob
 from services.agent import main as fake_nodes
@@ -52,6 +53,15 @@ DECIDERS: replay_cli.Deciders = {
 """``gangline replay --decider``: each service's own decisions re-run (imported only when chosen)."""
 
 
+def _what_if(
+    records: Sequence[LogRecord], profile: Path, queues: Path | None
+) -> tuple[dict[str, object], dict[str, object]]:
+    """What-if through the services' own handlers (``services.tools.simulate.whatif``)."""
+    from services.tools.simulate.whatif import what_if_services
+
+    return what_if_services(records, profile, queues)
+
+
 def _configure_simulate(p: argparse.ArgumentParser) -> None:
     sim_cli.configure(p)
     p.add_argument(
@@ -59,9 +69,6 @@ def _configure_simulate(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the trace through the services' own handlers (admission, quota, placement, "
         "preemption, node_health on an in-memory bus, virtual clock) under the first profile",
-    )
-    p.add_argument(
-        "--queues", type=Path, help="with --services: the services' queues file (default: the spec's)"
     )
 
 
@@ -85,7 +92,7 @@ COMMANDS: tuple[Command, ...] = (
         "replay",
         replay_cli.REPLAY_HELP,
         partial(replay_cli.configure_replay, deciders=DECIDERS),
-        partial(replay_cli.run_replay, deciders=DECIDERS),
+        partial(replay_cli.run_replay, deciders=DECIDERS, what_if_engine=_what_if),
     ),
     Command("export", replay_cli.EXPORT_HELP, replay_cli.configure_export, replay_cli.run_export),
     Command("fake-nodes", fake_nodes.HELP, fake_nodes.configure, fake_nodes.run),

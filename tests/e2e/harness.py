@@ -19,10 +19,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.security import KafkaSecurity, client_options
 from gangline.bus.trust import WriterSigner
+from gangline.cluster_spec import ClusterSpec, load_cluster_spec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
-from services.agent.cluster import ClusterSpec, load_cluster
 from services.agent.fake import FakeCluster
 from services.common.topics import TopicNames
 
@@ -305,7 +305,7 @@ def fake_cluster(
 ) -> FakeCluster:
     """The lightweight fake nodes on a test's private topics (``deploy/clusters/default.yaml`` by default)."""
     return FakeCluster(
-        spec=spec or load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
+        spec=spec or load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
         bootstrap=bootstrap,
         topics=topics,
         group_id=f"g-{topics.prefix.rstrip('.')}.fake-nodes.{(spec.name if spec else 'default')}",

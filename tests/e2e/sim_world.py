@@ -30,12 +30,12 @@ from typing import Any
 
 import yaml
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.core.model import JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobPending
 from gangline.sim.trace import TraceJob
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.queues import Queues, QueuesFile, queues_of
 from services.tools.simulate import NodeOptions, ServiceOptions, ServiceSimulation, request_of
 
@@ -96,7 +96,7 @@ def queues() -> Queues:
 def new_simulation() -> ServiceSimulation:
     """The services' simulator set up as the live run is (fake-nodes rerun a resumed job whole)."""
     return ServiceSimulation(
-        nodes=CLUSTER.nodes(),
+        nodes=CLUSTER.registrations(),
         queues=queues(),
         cluster_name=CLUSTER.name,
         options=ServiceOptions(silence_s=SILENCE_S),

@@ -16,9 +16,9 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobPending, JobPreempting
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 
 def nodes(*groups: tuple[str, int, str]) -> ClusterSpec:

@@ -12,11 +12,11 @@ from aiokafka import AIOKafkaProducer
 
 from e2e.harness import ROOT, LogReader, Tasks, audit_allocations, private_topics, service_env
 from gangline.bus.security import client_options
+from gangline.cluster_spec import load_cluster_spec
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobRejected
 from services.admission.settings import AdmissionSettings
 from services.admission.wiring import main as admission_main
-from services.agent.cluster import load_cluster
 from services.agent.fake import FakeCluster
 from services.placement.settings import PlacementSettings
 from services.placement.wiring import main as placement_main
@@ -94,7 +94,7 @@ async def test_200_requests_exactly_one_grant_each(kafka_bootstrap: str) -> None
     async with private_topics(kafka_bootstrap, "p200") as topics:
         env = service_env(kafka_bootstrap, topics)
         cluster = FakeCluster(
-            spec=load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
+            spec=load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
             bootstrap=kafka_bootstrap,
             topics=topics,
             group_id=f"g-{topics.prefix}fake",

@@ -28,15 +28,16 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import load_cluster_spec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, write_jsonl
 from services.admission.replay import replay_admission
 from services.admission.settings import AdmissionSettings
-from services.agent.cluster import load_cluster
 from services.agent.fake import FakeCluster
 from services.common.topics import TopicNames
 from services.placement.replay import decider_topics, replay_placement
+from services.quota.replay import decider_topics as quota_topics
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
 from services.tools.cli import main as gangline_main
@@ -96,7 +97,7 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
         env = service_env(kafka_bootstrap, topics, session_timeout_ms="3000", queues_file=str(queues_file))
         placement = Proc("services.placement", env, tmp_path / "placement.log")
         cluster = FakeCluster(
-            spec=load_cluster(ROOT / "deploy" / "clusters" / "default.yaml"),
+            spec=load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
             bootstrap=kafka_bootstrap,
             topics=topics,
             group_id=f"g-{topics.prefix}fake",
@@ -129,7 +130,9 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
                 )
             assert placement.alive()
             placement.terminate()
-            records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))
+            # Placement's inputs and outputs, and quota's (its queue statuses too): both are replayed below.
+            wanted = sorted({*decider_topics(topics.prefix), *quota_topics(topics.prefix)})
+            records = await KafkaSource(kafka_bootstrap).fetch(wanted)
         finally:
             placement.terminate()
             await tasks.stop()

@@ -31,9 +31,9 @@ from gangline.bus import (
     header,
 )
 from gangline.bus.security import client_options
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobRejected
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 ONE_NODE = ClusterSpec(
     name="poison",

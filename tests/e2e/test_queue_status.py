@@ -14,7 +14,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-from pydantic import SecretStr
 
 from e2e.harness import (
     LogReader,
@@ -53,7 +52,7 @@ async def test_the_api_reports_quotas_latest_queue_status(
         encoding="utf-8",
     )
     token = f"tok-{uuid.uuid4().hex}"
-    auth = Authenticator(TokenConfig(tenants=(Tenant(name="ops", token=SecretStr(token), admin=True),)))
+    auth = Authenticator(TokenConfig(tenants=(Tenant.with_token("ops", token, admin=True),)))
     async with private_topics(kafka_bootstrap, "qstatus") as topics:
         env = service_env(kafka_bootstrap, topics, queues_file=str(queues_file), status_interval_s="0.5")
         cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(2))

@@ -24,9 +24,9 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobPending, JobQueued
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 H100 = "H100-SXM5-80GB"
 GB200 = "GB200-186GB"

@@ -28,6 +28,7 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobPending
 from gangline.events.nodes import NodeFailed
@@ -35,7 +36,6 @@ from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, write_jsonl
 from services.admission.replay import replay_admission
 from services.admission.settings import AdmissionSettings
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.replay import ReplayReport, decider_topics
 from services.common.topics import TopicNames
 from services.node_health.replay import replay_node_health

@@ -14,11 +14,11 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobCompleted, JobRequeued, JobStarted
 from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, NodeRegistered
 from gangline.events.types import NodeId
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.agent.standin import StandInCluster, XidInjection
 
 SPEC = ClusterSpec(

@@ -15,13 +15,13 @@ from e2e.harness import (
     service_env,
     start_pipeline,
 )
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobCheckpointed, JobPreempted, JobPreempting, JobRequeued
 from gangline.events.nodes import NodeFailed
 from gangline.replay.chain import verify_chain
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import read_jsonl, write_jsonl
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 
 def h100_nodes(count: int) -> ClusterSpec:

@@ -33,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from e2e.harness import wait_healthy
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.telemetry.semconv import EVENT_SUBJECT, EVENT_TYPE
+from services.api.auth import hash_token
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +150,9 @@ async def stack(
     specs = TopicNames(prefix=prefix).specs()
     await ensure_topics(kafka_bootstrap, specs)
     tokens = tmp_path_factory.mktemp("e2e") / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({"tenants": [{"name": "e2e", "token": TOKEN, "admin": True}]}))
+    tokens.write_text(
+        yaml.safe_dump({"tenants": [{"name": "e2e", "token_sha256": hash_token(TOKEN), "admin": True}]})
+    )
     port = free_port()
     env = {
         **os.environ,

@@ -32,6 +32,7 @@ def test_philly_sample_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             "simulate",
             "--trace", str(PHILLY),
             "--cluster", str(ROOT / "deploy" / "clusters" / "philly.yaml"),
+            "--queues", str(ROOT / "deploy" / "queues" / "philly.yaml"),
             "--limit", "3000",
             "--time-scale", "2",
             "--no-progress",

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from gangline.cluster_spec import load_cluster_spec
 from gangline.store.pool import DSN_ENV
-from services.agent.cluster import load_cluster
 from services.api.auth import load_tokens
 from services.common.env import PREFIX, ServiceSettings
 from services.common.queues import DEFAULT_QUEUE, QueuesFile, load_queues
@@ -221,7 +221,7 @@ def test_no_service_is_given_the_old_queue_variables() -> None:
 def test_the_example_queues_fit_the_simulated_cluster_and_the_tenants() -> None:
     queues = load_queues(EXAMPLE_QUEUES)
     spec = SERVICES["fake-nodes"]["command"]
-    cluster = load_cluster(ROOT / spec[spec.index("--spec") + 1])
+    cluster = load_cluster_spec(ROOT / spec[spec.index("--spec") + 1])
     have: dict[str, int] = {}
     for group in cluster.groups:
         have[group.gpu_model] = have.get(group.gpu_model, 0) + group.count * group.gpus_per_node

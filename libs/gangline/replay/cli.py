@@ -121,7 +121,13 @@ def configure_replay(p: argparse.ArgumentParser, deciders: Deciders) -> None:
     )
 
 
-def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
+WhatIf = Callable[[Sequence[LogRecord], Path, Path | None], tuple[dict[str, object], dict[str, object]]]
+"""(records, profile, queues file) → the report entries of the recorded run and of the other profile.
+The ``gangline`` command passes the services' own (``services.tools.simulate.whatif``); without one
+the core's simulator runs (:func:`gangline.replay.whatif.what_if`)."""
+
+
+def run_replay(args: argparse.Namespace, deciders: Deciders, what_if_engine: WhatIf | None = None) -> int:
     """0: verified (or what-if printed); 1: the log fails verification; 2: unusable input."""
     if not args.verify and args.profile is None:
         print("gangline replay: say --verify, --profile PROFILE, or both", file=sys.stderr)
@@ -184,8 +190,11 @@ def run_replay(args: argparse.Namespace, deciders: Deciders) -> int:
 
         try:
             other = load_profile_file(args.profile, sim_registry())
-            queues = load_queues_file(args.queues) if args.queues is not None else None
-            base, alt = what_if(records, other, queues=queues)
+            if what_if_engine is not None:
+                base, alt = what_if_engine(records, args.profile, args.queues)
+            else:
+                queues = load_queues_file(args.queues) if args.queues is not None else None
+                base, alt = what_if(records, other, queues=queues)
         except (OSError, ValueError, KeyError) as e:
             one_line = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
             print(f"gangline replay: {one_line}", file=sys.stderr)

@@ -1,7 +1,11 @@
 """`gangline simulate`: run a trace on a cluster under the baselines and one or more profiles.
 
     gangline simulate --trace philly.csv --cluster deploy/clusters/philly.yaml \\
-        --profile deploy/profiles/default.yaml --report report.json --plots docs/sim/philly
+        --queues deploy/queues/philly.yaml --profile deploy/profiles/default.yaml \\
+        --report report.json --plots docs/sim/philly
+
+The cluster is a cluster spec (`gangline.cluster_spec`, the format `fake-nodes` reads); the
+queues a queues file (`gangline.queues_file`, the one the services read), optional.
 
 Prints the side-by-side table; `--report` writes the JSON report, `--plots` the PNGs.
 """
@@ -13,8 +17,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gangline.cluster_spec import ClusterSpec, load_cluster_spec
 from gangline.core.defaults import profile_path
-from gangline.sim.cluster import ClusterSpec, load_cluster_spec
+from gangline.queues_file import load_queues_file, queues_of
 from gangline.sim.metrics import RunResult
 from gangline.sim.policies import BASELINES, DEFAULT_TIME_LIMIT_S
 from gangline.sim.report import build_report, queue_diff, table, write_report
@@ -30,6 +35,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace CSV: Philly summary, Alibaba 2023 pods, or generic")
     p.add_argument("--format", default="auto", choices=["auto", "philly", "alibaba", "generic"])
     p.add_argument("--cluster", required=True, help="cluster spec YAML (deploy/clusters/*.yaml)")
+    p.add_argument(
+        "--queues",
+        type=Path,
+        help="queues file (quotas, cohorts: deploy/queues/*.yaml) the profiles run under; default no quotas",
+    )
     p.add_argument(
         "--profile",
         action="append",
@@ -68,6 +78,9 @@ def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
     try:
         jobs = load_trace(args.trace, fmt=args.format, time_scale=args.time_scale, limit=args.limit)
         spec = load_cluster_spec(args.cluster)
+        queues = load_queues_file(args.queues) if args.queues is not None else None
+        if queues is not None:
+            queues_of(queues)  # a bad tree (cycle, unknown parent) fails here, not mid-run
         profiles = load_profiles(args.profile or [profile_path()])
     except (OSError, ValueError, KeyError) as e:
         print(f"gangline simulate: {e}", file=sys.stderr)
@@ -87,6 +100,7 @@ def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
         jobs,
         spec,
         default_runs(profiles, baselines),
+        queues=queues,
         options=options,
         progress=not args.no_progress,
         default_time_limit_s=args.time_limit_s,
@@ -98,6 +112,7 @@ def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
         cluster=spec.name,
         gpus=float(spec.total_gpus),
         options={
+            "queues": str(args.queues) if args.queues is not None else None,
             "time_scale": args.time_scale,
             "limit": args.limit,
             "cycle_s": args.cycle_s,

@@ -1,25 +1,37 @@
 """One simulation campaign: a trace and a cluster, several policies side by side (pure + files).
 
 `run_campaign` builds the cluster once per policy (each policy owns its snapshot), runs the
-baselines and every given profile on the same jobs, and returns one `RunResult` each.
+baselines and every given profile on the same jobs, and returns one `RunResult` each. The cluster
+is a cluster spec (`gangline.cluster_spec`); the queues, when given, a queues file's document
+(`gangline.queues_file`, the one the services read): its limited queues with their quotas and
+cohorts, and every queue of the trace it does not limit with no limit, as what-if runs them.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from gangline.cluster_spec import ClusterSpec
 from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.core.framework.registry import Registry
-from gangline.core.model import JobId, QueueName
+from gangline.core.model import JobId, Node, QueueName
 from gangline.core.queue_profile import queue_registry
-from gangline.sim.cluster import ClusterSpec
+from gangline.core.queues import QueueSpec, QuotaTree
+from gangline.queues_file import QueuesFile, quota_specs
 from gangline.sim.metrics import RunResult
-from gangline.sim.policies import BASELINES, DEFAULT_TIME_LIMIT_S, QueueSetup, make_policy
+from gangline.sim.policies import (
+    BASELINES,
+    DEFAULT_TIME_LIMIT_S,
+    QueueSetup,
+    charged_resources,
+    make_policy,
+    unlimited_tree,
+)
 from gangline.sim.simulator import Progress, SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
@@ -47,12 +59,30 @@ class PolicyRun:
     profile: Profile | None = None
 
 
-def entitlement_weights(spec: ClusterSpec, jobs: Sequence[TraceJob]) -> dict[QueueName, float]:
+def entitlement_weights(queues: Iterable[QueueSpec], jobs: Sequence[TraceJob]) -> dict[QueueName, float]:
     """Jain's entitlement weight per queue: its nominal GPUs (at least 1), or equal without quotas."""
-    quota = {q.name: float(sum(q.quota.values())) for q in spec.queues}
+    quota = {q.name: float(sum(r.nominal for r in q.quotas.values())) for q in queues}
     if not any(quota.values()):
         return {}
     return {q: max(1.0, quota.get(q, 0.0)) for q in {j.queue for j in jobs}}
+
+
+def queue_setup(
+    queues: QueuesFile, spec: ClusterSpec, nodes: Sequence[Node], jobs: Sequence[TraceJob]
+) -> QueueSetup:
+    """The core policy's queues: `queues`' quota tree, with each queue of `jobs` it does not limit
+    free of any limit; fair shares against the cluster's capacity per resource."""
+    specs, cohorts = quota_specs(queues)
+    tree: QuotaTree = unlimited_tree(
+        {j.queue for j in jobs},
+        charged_resources([j.to_job() for j in jobs], nodes),
+        specs=specs,
+        cohorts=cohorts,
+    )
+    capacity = spec.resources()
+    for res in tree.resources:
+        capacity.setdefault(res, tree.total_nominal(res))
+    return QueueSetup(tree, capacity)
 
 
 class StderrProgress:
@@ -86,6 +116,7 @@ def run_campaign(
     spec: ClusterSpec,
     runs: Sequence[PolicyRun],
     *,
+    queues: QueuesFile | None = None,
     options: SimOptions | None = None,
     progress: bool = False,
     registry: Registry | None = None,
@@ -93,26 +124,24 @@ def run_campaign(
 ) -> list[RunResult]:
     """Run each policy over the same jobs on fresh copies of the cluster.
 
+    `queues`: the queues file's document the profiles run under (None: no quotas, like a baseline).
     `default_time_limit_s`: `easy-backfill`'s time limit for jobs whose trace gives none.
     """
     opts = options or SimOptions()
     if not opts.entitlement:
-        opts = replace(opts, entitlement=entitlement_weights(spec, jobs))
-    queue_names = {j.queue for j in jobs}
+        opts = replace(opts, entitlement=entitlement_weights(quota_specs(queues)[0] if queues else (), jobs))
     pod_workers = {JobId(j.id): j.pod_workers for j in jobs if j.pod_workers != 1}
     core_jobs = [j.to_job() for j in jobs]
     time_limits = {JobId(j.id): j.time_limit_s for j in jobs if j.time_limit_s is not None}
     results: list[RunResult] = []
     for run in runs:
         nodes = spec.build_nodes()
-        queues = None
-        if run.profile is not None and (spec.queues or spec.cohort):
-            queues = QueueSetup(spec.quota_tree(queue_names), spec.resources())
+        setup = queue_setup(queues, spec, nodes, jobs) if run.profile is not None and queues else None
         policy = make_policy(
             run.name,
             nodes,
             profile=run.profile,
-            queues=queues,
+            queues=setup,
             pod_workers=pod_workers,
             registry=registry or sim_registry(),
             jobs=core_jobs,

@@ -19,7 +19,7 @@ from services.tools.simulate.trace_run import (
     registrations,
     request_of,
     simulate_services,
-    spec_queues,
+    unlimited_queues,
 )
 
 __all__ = [
@@ -33,5 +33,5 @@ __all__ = [
     "registrations",
     "request_of",
     "simulate_services",
-    "spec_queues",
+    "unlimited_queues",
 ]

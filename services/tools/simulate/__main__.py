@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gangline.sim.cluster import load_cluster_spec
+from gangline.cluster_spec import load_cluster_spec
 from gangline.sim.report import build_report, duration, table, write_report
 from gangline.sim.trace import load_trace
 from services.tools.simulate.trace_run import SimulateOptions, simulate_services
@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", required=True, help="trace CSV: Philly summary, Alibaba 2023 pods, or generic")
     p.add_argument("--format", default="auto", choices=["auto", "philly", "alibaba", "generic"])
     p.add_argument("--cluster", required=True, help="cluster spec YAML (deploy/clusters/*.yaml)")
-    p.add_argument("--queues", type=Path, help="the services' queues file (instead of the spec's queues)")
+    p.add_argument("--queues", type=Path, help="the services' queues file (default: every queue unlimited)")
     p.add_argument("--profile", type=Path, help="placement's profile YAML (default: the services' default)")
     p.add_argument("--limit", type=int, help="only the first N jobs by submit time")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide submit times (2 = twice the load)")

@@ -1,20 +1,15 @@
 """A trace through the services' own decisions: the figures `gangline simulate` reports, measured on
 :class:`~services.tools.simulate.engine.ServiceSimulation` instead of the core's simulator.
 
-The cluster is a ``gangline simulate`` spec (:mod:`gangline.sim.cluster`, ``deploy/clusters/*.yaml``).
+The cluster is a cluster spec (:mod:`gangline.cluster_spec`, ``deploy/clusters/*.yaml``).
 What it takes to run the services on one:
 
-* **nodes**: the spec's nodes (:meth:`~gangline.sim.cluster.ClusterSpec.build_nodes`: ids, leaves,
-  spines) become the ``node.registered`` the simulated agents send, GPU ``gpu<k>`` of each node, all of
-  a node's GPUs NVLink peers (the node is its NVLink domain), as fake-nodes' ``nvlink: node``. The
-  fake-nodes format (:mod:`services.agent.cluster`) cannot express the spec's leaves (numbered across
-  groups, ``nodes_per_leaf`` each) without renaming nodes, so registrations are built directly.
-  Shared (milli-GPU) groups have no registration format yet: such a spec is refused.
-* **queues**: the spec's queues (nominal quota per GPU model, weight, one cohort for all) become the
-  services' queue configuration (:mod:`services.common.queues`), each trace queue the spec does not
-  list added with no quota in the cohort (``unlisted_queues: borrow``) or left unknown (``reject``:
-  admission rejects its jobs). A spec without queues or cohort makes every trace queue unlimited
-  (no quota, as the core's simulator runs without one). ``queues`` (a queues file) replaces all that.
+* **nodes**: the spec's registrations (:meth:`~gangline.cluster_spec.ClusterSpec.registrations`, what
+  fake-nodes sends, with the node ids, GPU ids and labels of the core simulator's nodes) are the
+  ``node.registered`` the simulated agents send. Shared (milli-GPU) groups have no registration
+  format yet: such a spec is refused.
+* **queues**: a queues file (the services' queue configuration, :mod:`services.common.queues`);
+  without one every trace queue is unlimited (no quota, as the core's simulator runs without one).
 * **jobs**: each trace job is a ``job.requested`` at its submit time with its shape, queue, priority,
   preemptibility and ``duration_hint_s`` (its run time, rounded up); the simulated nodes complete it
   that long after its start (less the work saved at a checkpoint, when it resumes).
@@ -30,20 +25,19 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gangline.cluster_spec import ClusterSpec
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
-from gangline.core.model import GpuMode, Job, JobId
+from gangline.core.model import GpuMode, Job, JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.ids import derived_id
 from gangline.events.jobs import JobRejected, JobRequested, Topology
-from gangline.events.nodes import GpuInfo, NodeRegistered
-from gangline.events.types import GpuId, MiB, NodeId
-from gangline.sim.cluster import ClusterSpec
+from gangline.events.nodes import NodeRegistered
 from gangline.sim.metrics import Recorder, RunResult
 from gangline.sim.run import entitlement_weights
 from gangline.sim.trace import TraceJob
@@ -65,59 +59,18 @@ class UnsupportedSpec(ValueError):
 
 def registrations(spec: ClusterSpec) -> list[NodeRegistered]:
     """The spec's nodes as their agents register them (see the module docstring)."""
-    out: list[NodeRegistered] = []
-    for node in spec.build_nodes():
-        if any(g.mode is not GpuMode.WHOLE for g in node.gpus):
-            raise UnsupportedSpec(f"node {node.id}: shared GPUs cannot be registered with the services yet")
-        ids = [GpuId(f"gpu{g.index}") for g in node.gpus]
-        gpus = tuple(
-            GpuInfo(
-                id=ids[k],
-                index=g.index,
-                uuid=f"GPU-{derived_id(node.id, ids[k])}",
-                model=g.model,
-                memory_mib=MiB(g.memory_mib),
-                nvlink_peers=tuple(p for p in ids if p != ids[k]),
+    for group in spec.groups:
+        if group.gpu_mode is not GpuMode.WHOLE:
+            raise UnsupportedSpec(
+                f"group {group.name}: shared GPUs cannot be registered with the services yet"
             )
-            for k, g in enumerate(node.gpus)
-        )
-        out.append(
-            NodeRegistered(
-                node=NodeId(node.id),
-                address=f"{node.id}.sim.local",
-                gpus=gpus,
-                nvlink_domain=node.domain,
-                leaf=node.leaf,
-                spine=node.spine,
-                labels={"gangline/simulated": "true"},
-                agent_version="simulate-1",
-            )
-        )
-    return out
+    return spec.registrations()
 
 
-def spec_queues(spec: ClusterSpec, trace_queues: Iterable[str]) -> Queues:
-    """The services' queue configuration for the spec's queues (see the module docstring)."""
+def unlimited_queues(trace_queues: Iterable[str]) -> Queues:
+    """Every trace queue unlimited: the services' queue configuration without a queues file."""
     names = sorted(set(trace_queues))
-    if not spec.queues and not spec.cohort:
-        return queues_of(
-            QueuesFile.model_validate({"queues": [{"name": q, "unlimited": True} for q in names]})
-        )
-    cohort = spec.cohort
-    queues: list[dict[str, Any]] = [
-        {
-            "name": q.name,
-            "weight": q.weight,
-            "quotas": {model: {"nominal": n} for model, n in q.quota.items()},
-            **({"cohort": cohort} if cohort else {}),
-        }
-        for q in spec.queues
-    ]
-    if spec.unlisted_queues == "borrow":
-        listed = {q.name for q in spec.queues}
-        queues += [{"name": q, **({"cohort": cohort} if cohort else {})} for q in names if q not in listed]
-    doc = {"cohorts": [{"name": cohort}] if cohort else [], "queues": queues}
-    return queues_of(QueuesFile.model_validate(doc))
+    return queues_of(QueuesFile.model_validate({"queues": [{"name": q, "unlimited": True} for q in names]}))
 
 
 def request_of(job: TraceJob) -> JobRequested:
@@ -259,21 +212,47 @@ def simulate_services(
 ) -> ServiceRun:
     """Run ``jobs`` on ``spec`` through the services' handlers; the figures of `gangline simulate`.
 
-    ``queues``: the services' queue configuration (or its file) instead of the spec's queues.
+    ``queues``: the services' queue configuration (or its file); every queue unlimited without one.
     ``profile_path``: placement's (and preemption's) profile; the services' default otherwise.
     ``failures``: (virtual time, node) at which a node goes silent for good.
     """
-    wall0 = time.perf_counter()
-    opts = options or SimulateOptions()
-    services = ServiceOptions(**{**_fields(opts.services), "profile_path": profile_path})
     if isinstance(queues, Path):
         queues = load_queues(queues)
     if queues is None:
-        queues = spec_queues(spec, {j.queue for j in jobs})
-    sim = ServiceSimulation(
-        nodes=registrations(spec),
-        queues=queues,
+        queues = unlimited_queues(j.queue for j in jobs)
+    return simulate_on(
+        jobs,
+        registrations(spec),
+        queues,
         cluster_name=spec.name,
+        profile_path=profile_path,
+        options=options,
+        failures=failures,
+        keep_log=keep_log,
+        entitlement=entitlement_weights([queues.tree.spec(q) for q in queues.tree.queue_names()], jobs),
+    )
+
+
+def simulate_on(
+    jobs: Sequence[TraceJob],
+    nodes: Sequence[NodeRegistered],
+    queues: Queues,
+    *,
+    cluster_name: str,
+    profile_path: Path | None = None,
+    options: SimulateOptions | None = None,
+    failures: Sequence[tuple[float, str]] = (),
+    keep_log: bool = False,
+    entitlement: Mapping[QueueName, float] | None = None,
+) -> ServiceRun:
+    """Run ``jobs`` through the services' handlers on the nodes these registrations describe."""
+    wall0 = time.perf_counter()
+    opts = options or SimulateOptions()
+    services = ServiceOptions(**{**_fields(opts.services), "profile_path": profile_path})
+    sim = ServiceSimulation(
+        nodes=list(nodes),
+        queues=queues,
+        cluster_name=cluster_name,
         options=services,
         node_options=opts.nodes,
         heartbeats=opts.heartbeats,
@@ -282,9 +261,9 @@ def simulate_services(
     rec = _ServiceRecorder(
         sim,
         policy=f"services:{profile_name(profile_path)}",
-        capacity_gpus=float(spec.total_gpus),
+        capacity_gpus=float(sum(len(n.gpus) for n in nodes)),
         sample_s=opts.sample_s,
-        entitlement=entitlement_weights(spec, jobs),
+        entitlement=dict(entitlement or {}),
     )
     measure = _Measure(sim, jobs, rec)
     sim.observers.append(measure.observe)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 import pytest_asyncio
-from pydantic import SecretStr
+from fastapi import FastAPI
 
 from gangline.bus import Delivery, EventProducer, RecordMeta
 from gangline.bus.admin import delete_topics, ensure_topics
@@ -38,6 +38,7 @@ class World:
     research_token: str
     vision_token: str
     admin_token: str
+    app: FastAPI
 
     def auth(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"}
@@ -64,9 +65,9 @@ async def world(
     auth = Authenticator(
         TokenConfig(
             tenants=(
-                Tenant(name="research", token=SecretStr(tokens["research"]), queues=(research,)),
-                Tenant(name="vision", token=SecretStr(tokens["vision"]), queues=(vision,)),
-                Tenant(name="ops", token=SecretStr(tokens["ops"]), admin=True),
+                Tenant.with_token("research", tokens["research"], queues=(research,)),
+                Tenant.with_token("vision", tokens["vision"], queues=(vision,)),
+                Tenant.with_token("ops", tokens["ops"], admin=True),
             )
         )
     )
@@ -92,14 +93,26 @@ async def world(
         )
     )
     settings = ApiSettings.from_env(
-        {}, kafka_bootstrap=kafka_bootstrap, topic_prefix=api_prefix, pg_dsn=pg_dsn
+        {},
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=api_prefix,
+        pg_dsn=pg_dsn,
+        rate_limit_per_s=10_000,  # the rate limit has tests of its own (test_limits.py)
+        rate_limit_burst=10_000,
     )
     async with EventProducer(kafka_bootstrap) as producer:
         app = create_app(settings, resources=Resources(pg_pool, producer), queues=queues, authenticator=auth)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
             yield World(
-                client, api_prefix, research, vision, tokens["research"], tokens["vision"], tokens["ops"]
+                client,
+                api_prefix,
+                research,
+                vision,
+                tokens["research"],
+                tokens["vision"],
+                tokens["ops"],
+                app,
             )
 
 

@@ -77,7 +77,15 @@ async def test_an_invalid_job_is_refused_with_422_naming_the_field(world: World)
     body = {"queue": world.research, "workers": 0, "gpus_per_worker": 8, "colour": "blue"}
     response = await world.client.post("/v1/jobs", json=body, headers=world.auth(world.research_token))
     assert response.status_code == 422
-    problems = {p["field"]: p["message"] for p in response.json()["detail"]}
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert (problem["type"], problem["title"], problem["status"]) == (
+        "urn:gangline:problem:invalid",
+        "Invalid request",
+        422,
+    )
+    problems = {p["field"]: p["message"] for p in problem["errors"]}
+    assert problem["detail"] == "; ".join(p["message"] for p in problem["errors"])
     assert problems["workers"] == "workers: must be >= 1 (got 0)"
     assert problems["colour"] == "colour: is not a field of this event"
 

@@ -24,6 +24,7 @@ from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.events import jobs, nodes
 from gangline.events.base import Event, make_envelope
 from gangline.events.topics import topic_for
+from services.api.auth import hash_token
 from services.common.topics import TopicNames
 from services.tools.cli import main as cli
 
@@ -61,8 +62,8 @@ async def stack(
         yaml.safe_dump(
             {
                 "tenants": [
-                    {"name": "team", "token": tokens["team"], "queues": [queue]},
-                    {"name": "other", "token": tokens["other"], "queues": []},
+                    {"name": "team", "token_sha256": hash_token(tokens["team"]), "queues": [queue]},
+                    {"name": "other", "token_sha256": hash_token(tokens["other"]), "queues": []},
                 ]
             }
         )

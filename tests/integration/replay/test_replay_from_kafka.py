@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from scenarios.dsl import gpus
 
 from gangline.bus.admin import TopicSpec
 from gangline.bus.security import client_options
-from gangline.core.model import GpuModel, JobId, MiB, QueueName
+from gangline.core.model import JobId, QueueName
 from gangline.events.base import JsonObject
 from gangline.events.chain import ChainWriter
 from gangline.events.codec import dumps
@@ -21,7 +22,6 @@ from gangline.replay.chain import verify_chain
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import LogRecord, read_jsonl
 from gangline.replay.record import record_log
-from gangline.sim.cluster import ClusterSpec, NodeGroup
 from gangline.sim.trace import TraceJob
 from services.tools.cli import main
 
@@ -33,13 +33,16 @@ PARTITIONS = 2
 
 def _allocation_envelopes() -> list[JsonObject]:
     """The grants and releases of a small simulated history, as CloudEvents."""
-    spec = ClusterSpec("t", (NodeGroup("n", 3, 8, GpuModel("A100"), MiB(81920)),), nodes_per_leaf=2)
+    # Core nodes with wire-safe GPU ids: record_log writes each core GPU id on the wire as it is.
+    nodes = [
+        gpus(8, model="A100", memory_mib=81920, leaf=f"leaf-{i // 2}").build(f"n-{i:04d}") for i in range(3)
+    ]
     shapes = [(1, 8), (2, 8), (1, 4), (1, 2), (3, 4), (1, 1), (2, 2), (1, 8)]
     jobs = [
         TraceJob(JobId(f"j{k}"), 10.0 * k, 25.0 + 7 * k, QueueName(f"q{k % 2}"), w, g)
         for k, (w, g) in enumerate(shapes)
     ]
-    log = record_log(spec.build_nodes(), jobs)
+    log = record_log(nodes, jobs)
     return [r.envelope for r in log if r.topic == "allocations.log"]
 
 

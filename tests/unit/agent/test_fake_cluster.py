@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from gangline.cluster_spec import uniform_cluster
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import encode
@@ -19,7 +20,6 @@ from gangline.events.jobs import (
     JobStarted,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
-from services.agent.cluster import uniform_cluster
 from services.agent.fake import FakeCluster, Outgoing
 from services.common.topics import TopicNames
 

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from pydantic import SecretStr, ValidationError
 
 from gangline.client.tables import table
 from gangline.core.queues import QueueName, QuotaConfigError, Resource
-from services.api.app import why
-from services.api.auth import Authenticator, TokenConfig, load_tokens
+from services.api.app import JobSubmission, why
+from services.api.auth import Authenticator, Tenant, TokenConfig, hash_token, load_tokens
+from services.api.hash_token import main as hash_token_main
 from services.api.queries import BadCursor, decode_cursor, encode_cursor
 from services.common.queues import QueuesFile, load_queues, queues_of
 
 
 def test_tokens_from_a_file_and_the_environment_map_to_tenants_and_their_queues(tmp_path: Path) -> None:
     file = tmp_path / "tokens.yaml"
-    file.write_text("tenants:\n  - {name: research, token: research-secret, queues: [research]}\n")
-    inline = SecretStr(json.dumps({"tenants": [{"name": "ops", "token": "ops-secret-1", "admin": True}]}))
+    file.write_text(
+        "tenants:\n"
+        f"  - {{name: research, token_sha256: {hash_token('research-secret-1')}, queues: [research]}}\n"
+    )
+    entry = {"name": "ops", "token_sha256": hash_token("ops-secret-token-1"), "admin": True}
+    inline = SecretStr(json.dumps({"tenants": [entry]}))
     auth = Authenticator(load_tokens(file=file, inline=inline))
-    research = auth.principal("research-secret")
+    research = auth.principal("research-secret-1")
     assert research is not None and research.tenant == "research"
     assert (
         research.may_act_on("research")
@@ -30,20 +39,61 @@ def test_tokens_from_a_file_and_the_environment_map_to_tenants_and_their_queues(
         and not research.may_act_on("vision")
     )
     assert research.visible_queues() == ["default", "research"]
-    ops = auth.principal("ops-secret-1")
+    # In default, the queue every tenant may use, a tenant sees only the jobs it submitted.
+    assert research.may_see("default", "research") and not research.may_see("default", "vision")
+    assert not research.may_see("default", None) and research.may_see("research", "vision")
+    ops = auth.principal("ops-secret-token-1")
     assert ops is not None and ops.may_act_on("vision") and ops.visible_queues() is None
-    assert auth.principal("research-secreT") is None and auth.principal("") is None
+    assert ops.may_see("default", "vision")
+    assert auth.principal("research-secret-2") is None and auth.principal("") is None
+    # The hash itself is not a token.
+    assert auth.principal(hash_token("research-secret-1")) is None
 
 
-def test_a_token_is_a_secret_that_never_shows_in_reprs_and_must_be_long_and_unique() -> None:
-    config = TokenConfig.model_validate({"tenants": [{"name": "a", "token": "long-enough-1"}]})
-    assert "long-enough-1" not in repr(config)
-    with pytest.raises(ValidationError, match="at least 8 characters"):
-        TokenConfig.model_validate({"tenants": [{"name": "a", "token": "short"}]})
+def test_the_token_document_holds_hashes_only_never_the_tokens() -> None:
+    digest = hash_token("long-enough-token-1")
+    assert digest == hashlib.sha256(b"long-enough-token-1").hexdigest()
+    config = TokenConfig.model_validate({"tenants": [{"name": "a", "token_sha256": digest}]})
+    assert digest not in repr(config)
+    with pytest.raises(ValidationError, match="holds tokens hashed"):
+        TokenConfig.model_validate({"tenants": [{"name": "a", "token": "long-enough-token-1"}]})
+    for bad in ("long-enough-token-1", digest.upper(), digest[:-1]):
+        with pytest.raises(ValidationError, match="64 lower-case hex digits"):
+            TokenConfig.model_validate({"tenants": [{"name": "a", "token_sha256": bad}]})
     with pytest.raises(ValidationError, match="share a token"):
         TokenConfig.model_validate(
-            {"tenants": [{"name": "a", "token": "same-token"}, {"name": "b", "token": "same-token"}]}
+            {"tenants": [{"name": "a", "token_sha256": digest}, {"name": "b", "token_sha256": digest}]}
         )
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        Tenant.with_token("a", "short-token")
+
+
+def test_the_hash_helper_prints_a_tokens_hash_and_makes_new_tokens(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("dev-ops-admin-token\n"))
+    assert hash_token_main([]) == 0
+    assert capsys.readouterr().out == hash_token("dev-ops-admin-token") + "\n"
+    assert hash_token_main(["--new", "--tenant", "research"]) == 0
+    out, err = capsys.readouterr()
+    token = err.rsplit(" ", 1)[1].strip()
+    entry = yaml.safe_load(out)
+    assert entry == [{"name": "research", "token_sha256": hash_token(token)}] and len(token) >= 40
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert hash_token_main([]) == 2
+
+
+def test_the_development_tokens_file_holds_the_hashes_of_the_documented_tokens() -> None:
+    dev = Path(__file__).resolve().parents[3] / "deploy" / "docker" / "api-tokens.dev.yaml"
+    auth = Authenticator(load_tokens(file=dev, inline=None))
+    for token, tenant in (
+        ("dev-team-a-token", "team-a"),
+        ("dev-team-b-token", "team-b"),
+        ("dev-ops-admin-token", "ops"),
+    ):
+        found = auth.principal(token)
+        assert found is not None and found.tenant == tenant
+    assert "dev-ops-admin-token" not in dev.read_text().split("tenants:")[1]
 
 
 def test_the_queue_file_the_api_reads_builds_the_cores_quota_tree(tmp_path: Path) -> None:
@@ -108,3 +158,23 @@ def test_tables_align_columns_and_show_missing_values_as_dashes() -> None:
     assert table(["NODE", "STATE"], [["n0", "ready"], ["node-10", None]]) == (
         "NODE     STATE\nn0       ready\nnode-10  -"
     )
+
+
+def test_the_bodys_json_schema_states_the_slice_rule_the_model_checks() -> None:
+    schema = JobSubmission.model_json_schema()
+    for gpus in (0, 1, 2):
+        for mig in (None, "1g.10gb"):
+            for fraction in (None, 250):
+                body: dict[str, object] = {"queue": "q", "workers": 1, "gpus_per_worker": gpus}
+                if mig is not None:
+                    body["mig_profile"] = mig
+                if fraction is not None:
+                    body["gpu_fraction_milli"] = fraction
+                try:
+                    JobSubmission.model_validate_json(json.dumps(body))
+                    valid = True
+                except ValidationError:
+                    valid = False
+                assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid, body
+    with pytest.raises(ValidationError, match="Input should be a valid integer"):
+        JobSubmission.model_validate_json('{"queue": "q", "workers": "1", "gpus_per_worker": 1}')

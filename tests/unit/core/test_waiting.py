@@ -13,15 +13,16 @@ from collections.abc import Sequence
 
 import pytest
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup, Topology
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import load_profile
-from gangline.core.model import GpuModel, Job, JobId, MiB, QueueName
+from gangline.core.model import GpuModel, Job, JobId, QueueName
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import WaitingIndex
-from gangline.sim.cluster import ClusterSpec, NodeGroup, QueueQuota
+from gangline.queues_file import QueuesFile
 from gangline.sim.metrics import RunResult, fragmentation, fragmentation_of, summarize, worker_need
-from gangline.sim.policies import FIFO_GANG_BEST_FIT_YAML, CorePolicy, CycleOutcome, PodFirstFit, QueueSetup
-from gangline.sim.run import sim_registry
+from gangline.sim.policies import FIFO_GANG_BEST_FIT_YAML, CorePolicy, CycleOutcome, PodFirstFit
+from gangline.sim.run import queue_setup, sim_registry
 from gangline.sim.simulator import SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
@@ -30,16 +31,26 @@ A100 = GpuModel("A100")
 
 def _spec() -> ClusterSpec:
     return ClusterSpec(
-        "mixed",
-        (NodeGroup("e", 5, 8, A100, MiB(81920)), NodeGroup("f", 4, 4, A100, MiB(40960))),
-        queues=(
-            QueueQuota(QueueName("qa"), {A100: 32}),
-            QueueQuota(QueueName("qb"), {A100: 16}, weight=2.0),
-            QueueQuota(QueueName("qc"), {A100: 8}),
+        name="mixed",
+        topology=Topology(nodes_per_leaf=3),
+        groups=(
+            NodeGroup(name="e", count=5, gpus_per_node=8, gpu_model=A100, memory_mib=81920),
+            NodeGroup(name="f", count=4, gpus_per_node=4, gpu_model=A100, memory_mib=40960),
         ),
-        cohort="all",
-        nodes_per_leaf=3,
     )
+
+
+# qz has no quota of its own: it runs only on what the cohort lends.
+QUEUES = QueuesFile.model_validate(
+    {
+        "queues": [
+            {"name": "qa", "cohort": "all", "quotas": {A100: {"nominal": 32}}},
+            {"name": "qb", "cohort": "all", "weight": 2.0, "quotas": {A100: {"nominal": 16}}},
+            {"name": "qc", "cohort": "all", "quotas": {A100: {"nominal": 8}}},
+            {"name": "qz", "cohort": "all"},
+        ]
+    }
+)
 
 
 def _trace(n: int, seed: int) -> list[TraceJob]:
@@ -55,7 +66,7 @@ def _trace(n: int, seed: int) -> list[TraceJob]:
                 JobId(f"j{k:04d}"),
                 submit_s=round(t),  # equal submit times happen: batches of arrivals
                 duration_s=rng.choice([60.0, 300.0, 900.0, 3600.0]) * rng.uniform(0.5, 2.0),
-                queue=QueueName(rng.choice(["qa", "qa", "qb", "qc", "qz"])),  # qz: not in the spec
+                queue=QueueName(rng.choice(["qa", "qa", "qb", "qc", "qz"])),
                 workers=w,
                 gpus_per_worker=g,
                 priority=rng.choice([0, 0, 0, 1]),
@@ -68,7 +79,7 @@ def _core(prune: bool, queues: bool, jobs: Sequence[TraceJob], cycle_s: float) -
     spec = _spec()
     if queues:
         profile = default_profile()
-        setup = QueueSetup(spec.quota_tree({j.queue for j in jobs}), spec.resources())
+        setup = queue_setup(QUEUES, spec, spec.build_nodes(), jobs)
     else:
         profile = load_profile(FIFO_GANG_BEST_FIT_YAML, sim_registry())
         setup = None

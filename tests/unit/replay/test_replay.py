@@ -7,20 +7,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from scenarios.dsl import gpus
 
-from gangline.core.model import GpuModel, JobId, MiB, QueueName
+from gangline.core.model import JobId, Node, QueueName
 from gangline.events.chain import HASH_HEADER, ChainWriter
 from gangline.replay.chain import verify_chain
 from gangline.replay.decide import GRANTED, replay_decisions
 from gangline.replay.log import LogRecord, read_jsonl, write_jsonl
 from gangline.replay.record import record_log
-from gangline.sim.cluster import ClusterSpec, NodeGroup
 from gangline.sim.trace import TraceJob
 from services.tools.cli import main
 
 
-def _cluster() -> ClusterSpec:
-    return ClusterSpec("t", (NodeGroup("n", 3, 8, GpuModel("A100"), MiB(81920)),), nodes_per_leaf=2)
+def _cluster() -> list[Node]:
+    # Core nodes with wire-safe GPU ids: record_log writes each core GPU id on the wire as it is.
+    return [
+        gpus(8, model="A100", memory_mib=81920, leaf=f"leaf-{i // 2}").build(f"n-{i:04d}") for i in range(3)
+    ]
 
 
 def _jobs() -> list[TraceJob]:
@@ -40,7 +43,7 @@ def _jobs() -> list[TraceJob]:
 
 @pytest.fixture
 def log() -> list[LogRecord]:
-    return record_log(_cluster().build_nodes(), _jobs())
+    return record_log(_cluster(), _jobs())
 
 
 def _granted(log: list[LogRecord]) -> list[int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gangline.agent.node import registration
 from gangline.agent.settings import NodeAgentSettings
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobAdmitted, JobSpec
 from gangline.events.nodes import NodeRegistered
@@ -15,7 +16,6 @@ from gangline.events.types import JobId
 from gangline.nvml.reader import NvmlReader
 from gangline.nvml.spec import load_builtin_spec
 from gangline.nvml.standin import NvmlStandIn
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = itertools.count()

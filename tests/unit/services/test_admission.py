@@ -35,7 +35,7 @@ def queues(doc: Mapping[str, object]) -> Queues:
 def state_with_cluster(doc: Mapping[str, object] = QUEUES) -> AdmissionState:
     """20 H100s: two nodes of 8 and one of 4."""
     state = AdmissionState(topics=TOPICS, queues=queues(doc))
-    for node in cluster(("a", 2, 8), ("b", 1, 4)).nodes():
+    for node in cluster(("a", 2, 8), ("b", 1, 4)).registrations():
         state.restore(env(node))
     return state
 
@@ -187,7 +187,7 @@ def test_a_broken_request_with_a_trailing_newline_in_its_id_is_rejected_without_
 
 def test_a_gang_whose_grant_would_not_fit_in_a_kafka_record_is_rejected() -> None:
     state = AdmissionState(topics=TOPICS, queues=queues(QUEUES))
-    for node in cluster(("wide", 2000, 8)).nodes():  # 16,000 GPUs
+    for node in cluster(("wide", 2000, 8)).registrations():  # 16,000 GPUs
         state.restore(env(node))
     [wide] = ask(state, "wide", workers=12_000, gpus_per_worker=1)
     assert isinstance(wide, JobRejected) and wide.code == "limit_exceeded"
@@ -198,7 +198,7 @@ def test_a_gang_whose_grant_would_not_fit_in_a_kafka_record_is_rejected() -> Non
 
 
 def test_the_grant_size_bound_is_never_below_the_real_grant() -> None:
-    nodes = list(cluster(("rack", 40, 8)).nodes())
+    nodes = list(cluster(("rack", 40, 8)).registrations())
     longest = (max(len(n.node) for n in nodes), max(len(g.id) for n in nodes for g in n.gpus))
     for workers, gpus in ((1, 1), (37, 8), (320, 1), (100, 2)):
         spec = JobSpec(queue="default", workers=workers, gpus_per_worker=gpus)

@@ -8,12 +8,12 @@ import yaml
 from svc_helpers import T0, cluster, env
 from test_admission import H100, TOPICS, ask, state_with_cluster
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.jobs import JobAdmitted, JobRejected, JobRequested
 from gangline.events.types import JobId
 from services.admission.handlers import MAX_REASON, on_request
 from services.admission.settings import AdmissionSettings
 from services.admission.wiring import new_state
-from services.agent.cluster import ClusterSpec, NodeGroup
 
 LAB = {
     "cohorts": [{"name": "lab"}],
@@ -34,7 +34,7 @@ def rejection(out: list[JobAdmitted | JobRejected]) -> JobRejected:
 
 def test_without_a_file_there_is_one_unlimited_default_queue() -> None:
     state = new_state(AdmissionSettings(topic_prefix=TOPICS.prefix))
-    for node in cluster(("a", 2, 8), ("b", 1, 4)).nodes():
+    for node in cluster(("a", 2, 8), ("b", 1, 4)).registrations():
         state.restore(env(node))
     assert state.queues.names() == ["default"]
     [whole_cluster] = ask(state, "big", workers=2, gpus_per_worker=8)  # no quota holds it back
@@ -52,7 +52,7 @@ def test_the_queues_of_the_file_are_known_and_the_rest_rejected_naming_them(tmp_
             {"GANGLINE_QUEUES_FILE": str(path), "GANGLINE_TOPIC_PREFIX": TOPICS.prefix}
         )
     )
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         state.restore(env(node))
     for queue in ("default", "research", "vision", "solo"):
         assert isinstance(ask(state, f"in-{queue}", queue=queue)[0], JobAdmitted), queue
@@ -91,7 +91,7 @@ def test_the_borrowing_limit_and_a_queue_without_a_cohort_bound_what_a_job_may_a
 def test_a_queue_without_quota_for_the_asked_gpu_type_can_never_run_it() -> None:
     state = state_with_cluster(LAB)
     l40s = NodeGroup(name="l", count=1, gpu_model="L40S-48GB", gpus_per_node=4, memory_mib=49152, leaf="x")
-    for node in ClusterSpec(name="more", groups=(l40s,)).nodes():
+    for node in ClusterSpec(name="more", groups=(l40s,)).registrations():
         state.restore(env(node))
     out = rejection(ask(state, "typed", queue="research", gpu_type="L40S-48GB"))
     assert out.code == "exceeds_queue_quota"

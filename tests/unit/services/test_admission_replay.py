@@ -65,7 +65,7 @@ def request(log: Log, job: str, *, event_id: str | None = None, **spec: Any) -> 
 
 def recorded_log(settings: AdmissionSettings) -> Log:
     log = Log()
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         log.produce(TOPICS.inventory, env(node))
     run = ServiceRun(log, wiring(settings))
     request(log, "j1", event_id="req-j1", workers=2, gpus_per_worker=8)
@@ -86,7 +86,7 @@ def recorded_log(settings: AdmissionSettings) -> Log:
     request(log, "j1", workers=2, gpus_per_worker=8)  # a retry after the restart: still dropped
     request(log, "j10", event_id="req-j1")  # still known after the restart (from j1's admission)
     request(log, "j4", workers=3, gpus_per_worker=8)  # 24 GPUs: too large unless node b comes first
-    for node in cluster(("b", 1, 8)).nodes():
+    for node in cluster(("b", 1, 8)).registrations():
         log.produce(TOPICS.inventory, env(node))
     run.drain()
     request(log, "j5", workers=3, gpus_per_worker=8)  # fits now

@@ -7,22 +7,22 @@ from pathlib import Path
 import pytest
 
 from gangline.agent.node import registration
+from gangline.cluster_spec import load_cluster_spec
 from gangline.events.types import NodeId
 from gangline.nvml.reader import NvmlReader
 from gangline.nvml.standin import NvmlStandIn
-from services.agent.cluster import load_cluster
-from services.agent.standin import StandInCluster, XidInjection, node_spec_for, nodes_with_groups
+from services.agent.standin import StandInCluster, XidInjection, node_spec_for
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_node_of_the_default_cluster_registers_as_the_fake_does() -> None:
-    spec = load_cluster(ROOT / "deploy/clusters/default.yaml")
+    spec = load_cluster_spec(ROOT / "deploy/clusters/default.yaml")
     cluster = StandInCluster(
         spec=spec, bootstrap="127.0.0.1:9092", topics=TopicNames(prefix="x."), group_id="g"
     )
-    pairs = nodes_with_groups(spec)
+    pairs = spec.grouped_registrations()
     assert len(pairs) == sum(g.count for g in spec.groups)
     for group, fake in pairs:
         api = NvmlStandIn(node_spec_for(group, fake.node))
@@ -42,8 +42,8 @@ def test_every_node_of_the_default_cluster_registers_as_the_fake_does() -> None:
 
 
 def test_gpus_of_an_nvlink_none_group_have_no_peers_and_uuids_differ_per_node() -> None:
-    spec = load_cluster(ROOT / "deploy/clusters/default.yaml")
-    l40s = [(g, n) for g, n in nodes_with_groups(spec) if g.nvlink == "none"]
+    spec = load_cluster_spec(ROOT / "deploy/clusters/default.yaml")
+    l40s = [(g, n) for g, n in spec.grouped_registrations() if g.nvlink == "none"]
     assert l40s
     uuids = set()
     for group, fake in l40s:

@@ -22,7 +22,7 @@ def new_state(*groups: tuple[str, int, int], max_jobs_per_cycle: int = 256) -> P
     state = PlacementState(
         topics=TOPICS, profile=default_profile(), gated=False, max_jobs_per_cycle=max_jobs_per_cycle
     )
-    for node in cluster(*groups).nodes():
+    for node in cluster(*groups).registrations():
         state.restore(env(node))
     state.needs_cycle = False
     return state

@@ -18,7 +18,7 @@ def new_state() -> NodeHealthState:
     state = NodeHealthState(
         topics=TOPICS, silence=timedelta(seconds=10), check_every=timedelta(seconds=1), started=T0
     )
-    for node in cluster(("a", 3, 8)).nodes():
+    for node in cluster(("a", 3, 8)).registrations():
         state.restore(env(node))
     return state
 
@@ -108,7 +108,7 @@ def test_restore_counts_silence_from_the_service_start() -> None:
 
 def test_a_registration_read_again_neither_rewinds_heartbeats_nor_revives_a_failed_node() -> None:
     state = new_state()
-    registrations = list(cluster(("a", 3, 8)).nodes())
+    registrations = list(cluster(("a", 3, 8)).registrations())
     for k, node in enumerate(("a-0", "a-1", "a-2")):
         decide(beat(node, 1, 8), state, now=T0 + timedelta(seconds=8 + k / 10))  # type: ignore[arg-type]
     # The live poll reads the registrations (of t=0) again after the restore did.

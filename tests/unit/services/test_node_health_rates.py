@@ -29,7 +29,7 @@ def new_state(*, job_faults: int = 3, sbe: int = 5) -> NodeHealthState:
         started=T0,
         rates=GpuErrorRates(DrainPolicy(window=WINDOW, job_fault_xids=job_faults, correctable_ecc=sbe)),
     )
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         state.restore(env(node))
     return state
 
@@ -148,7 +148,7 @@ def test_node_healths_own_verdicts_are_not_counted_as_errors() -> None:
 def test_registration_starts_a_nodes_windows_afresh() -> None:
     state = new_state(job_faults=2)
     feed(state, [env(report("a-0", "gpu0", xid=13), at=1)])
-    [node] = [n for n in cluster(("a", 2, 8)).nodes() if n.node == "a-0"]
+    [node] = [n for n in cluster(("a", 2, 8)).registrations() if n.node == "a-0"]
     feed(state, [env(node, at=2)])
     assert feed(state, [env(report("a-0", "gpu0", xid=13), at=3)]) == []
     assert len(degraded_in(feed(state, [env(report("a-0", "gpu0", xid=13), at=4)]))) == 1

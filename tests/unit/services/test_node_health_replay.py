@@ -67,7 +67,7 @@ def beats(log: Log, run: ServiceRun, nodes: list[str], seconds: int, seq: dict[s
 def recorded_log() -> Log:
     """a-1 goes silent and is declared failed; a restart; a-2 goes silent too; three GPUs' errors repeat."""
     log = Log()
-    for node in cluster(("a", 4, 8)).nodes():
+    for node in cluster(("a", 4, 8)).registrations():
         log.produce(TOPICS.inventory, env(node, at=now_s(log)))
     log.produce(TOPICS.allocations, env(grant("g1", "a-0", "a-1"), at=now_s(log)))
     log.produce(TOPICS.allocations, env(grant("g2", "a-2"), at=now_s(log)))
@@ -148,7 +148,7 @@ def test_silence_checks_the_live_run_skipped_while_lagging_are_not_run_by_the_re
     """Beats read 3 s after they were sent (over the 2 s lag limit): no check then, though a-1 was silent by
     then; the first beat read in time finds it silent."""
     log = Log()
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         log.produce(TOPICS.inventory, env(node, at=now_s(log)))
     run = ServiceRun(log, wiring())
     seq: dict[str, int] = {}

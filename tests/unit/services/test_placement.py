@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from svc_helpers import T0, admitted, cluster, env
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import Profile, load_profile
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -19,7 +20,6 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed
 from gangline.events.types import AllocationId, JobId, QueueName
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, decide
 
@@ -33,7 +33,7 @@ def new_state(
     profile: Profile | None = None,
 ) -> PlacementState:
     state = PlacementState(topics=TOPICS, profile=profile or default_profile(), gated=gated)
-    for node in cluster(*groups).nodes():
+    for node in cluster(*groups).registrations():
         state.restore(env(node))
     state.needs_cycle = False
     return state
@@ -108,7 +108,7 @@ def test_a_gated_job_goes_only_on_the_gpu_model_quota_charged_it_to() -> None:
             ),
         ),
     )
-    for node in two_models.nodes():
+    for node in two_models.registrations():
         state.restore(env(node))
     feed(state, admitted("any-model", gpus_per_worker=4))
     queued = JobQueued(job_id=JobId("any-model"), queue=QueueName("default"), gpu_type="H100-SXM5-80GB")
@@ -140,7 +140,7 @@ def test_restore_rebuilds_holdings_whatever_the_order_between_topics() -> None:
     # allocations.log read before jobs.events, nodes last: the result is the same cluster.
     restarted.restore(env(grant))
     restarted.restore(admitted("j1", gpus_per_worker=8))
-    for node in cluster(("a", 1, 8)).nodes():
+    for node in cluster(("a", 1, 8)).registrations():
         restarted.restore(env(node))
     assert restarted.waiting == {}
     out = feed(restarted, admitted("j2", gpus_per_worker=1))

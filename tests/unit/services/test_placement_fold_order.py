@@ -44,7 +44,7 @@ def _unusable(state: PlacementState) -> dict[str, set[str]]:
 
 
 def test_a_registration_read_again_does_not_undo_a_later_gpu_failure() -> None:
-    [node] = [env(n, at=0) for n in cluster(("a", 1, 8)).nodes()]
+    [node] = [env(n, at=0) for n in cluster(("a", 1, 8)).registrations()]
     failed = _failed("a-0", "gpu3", at=5)
 
     # The restore folds the inventory, then the health topic; the live poll reads the registration again.
@@ -54,8 +54,8 @@ def test_a_registration_read_again_does_not_undo_a_later_gpu_failure() -> None:
 
 
 def test_a_re_registration_after_a_failure_resets_the_gpu_in_either_order() -> None:
-    [first] = [env(n, at=0) for n in cluster(("a", 1, 8)).nodes()]
-    [again] = [env(n, at=10) for n in cluster(("a", 1, 8)).nodes()]
+    [first] = [env(n, at=0) for n in cluster(("a", 1, 8)).registrations()]
+    [again] = [env(n, at=10) for n in cluster(("a", 1, 8)).registrations()]
     failed = _failed("a-0", "gpu3", at=5)
 
     for order in itertools.permutations([failed, again]):
@@ -63,7 +63,7 @@ def test_a_re_registration_after_a_failure_resets_the_gpu_in_either_order() -> N
 
 
 def test_waiting_jobs_are_decided_in_the_same_order_whatever_order_they_were_folded_in() -> None:
-    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    nodes = [env(n) for n in cluster(("a", 1, 8)).registrations()]
     jobs = [
         env(JobAdmitted(job_id=JobId(name), spec=JobSpec(queue="q", workers=1, gpus_per_worker=4)), at=at)
         for name, at in (("late", 3.0), ("early", 1.0), ("same-b", 2.0), ("same-a", 2.0))

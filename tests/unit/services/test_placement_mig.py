@@ -24,7 +24,7 @@ TOPICS = TopicNames()
 
 def new_state() -> PlacementState:
     state = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
-    for node in cluster(("h", 2, 8)).nodes():
+    for node in cluster(("h", 2, 8)).registrations():
         state.restore(env(node))
     state.needs_cycle = False
     return state

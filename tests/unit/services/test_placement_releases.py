@@ -151,7 +151,7 @@ def test_restore_releases_a_job_that_ended_while_placement_was_down() -> None:
     admission, grant = running(live, "j1")
     ended = completed("j1", grant.allocation_id, gpu_seconds=10)
     waiting = admitted("j2", gpus_per_worker=8)
-    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    nodes = [env(n) for n in cluster(("a", 1, 8)).registrations()]
     # The log as a restart reads it: nodes, then jobs.events (the end before its grant), then allocations.log.
     state = restored([*nodes, admission, ended, waiting, env(grant)])
     assert state.jobs[JobId("j1")].live() == grant
@@ -184,7 +184,7 @@ def test_restore_keeps_an_ended_job_whose_grant_comes_after_an_earlier_release()
     requeued = env(JobRequeued(job_id=JobId("j1"), reason="preempted", attempt=2))
     [grant2] = grants(feed(live, requeued))
     assert grant2.allocation_id == second
-    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    nodes = [env(n) for n in cluster(("a", 1, 8)).registrations()]
 
     state = restored(
         [*nodes, admission, requeued, completed("j1", second), env(grant1), preempted, env(grant2)]
@@ -200,7 +200,7 @@ def test_a_restored_release_already_written_is_not_written_again() -> None:
     ended = completed("j1", grant.allocation_id)
     written = [e for _, e in decide(ended, live, now=T0) if isinstance(e.data, AllocationReleased)]
     assert len(written) == 1
-    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    nodes = [env(n) for n in cluster(("a", 1, 8)).registrations()]
 
     state = restored([*nodes, admission, ended, env(grant), *written])
 

@@ -165,7 +165,7 @@ def release_of(grant: LogRecord) -> Envelope:
 def recorded_log() -> Recorder:
     """Jobs come, some wait, releases let others run, placement restarts, a running job is cancelled."""
     rec = Recorder()
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         rec.produce(TOPICS.inventory, env(node))
     for k in range(5):
         rec.produce(TOPICS.events, admitted(f"j{k}", gpus_per_worker=4, at=k))
@@ -312,7 +312,7 @@ def test_releases_of_ended_jobs_replay_identical_including_one_found_at_restore(
     # The agents report ends on jobs.events; placement writes the releases, one of them for a job that
     # ended while it was down (found by the restore, released by the first batch after it).
     rec = Recorder()
-    for node in cluster(("a", 1, 8)).nodes():
+    for node in cluster(("a", 1, 8)).registrations():
         rec.produce(TOPICS.inventory, env(node))
     for k in range(3):
         rec.produce(TOPICS.events, admitted(f"j{k}", gpus_per_worker=4, at=k))
@@ -345,7 +345,7 @@ def test_releases_of_ended_jobs_replay_identical_including_one_found_at_restore(
 
 def test_a_log_with_a_refused_node_and_mig_grants_replays_identical() -> None:
     rec = Recorder()
-    for node in cluster(("a", 1, 8)).nodes():
+    for node in cluster(("a", 1, 8)).registrations():
         rec.produce(TOPICS.inventory, env(node))
     rec.produce(TOPICS.inventory, env(standin_registration("pcie-a30-mig", "a30-0")))
     rec.produce(TOPICS.inventory, env(standin_registration("dgx-a100-mig", "mig-0")))

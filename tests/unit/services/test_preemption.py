@@ -38,7 +38,7 @@ H100 = "H100-SXM5-80GB"
 def setup() -> tuple[PlacementState, PreemptionState]:
     placement = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
     preemption = PreemptionState(mirror=PlacementState(topics=TOPICS, profile=default_profile(), gated=False))
-    for node in cluster(("a", 1, 8)).nodes():
+    for node in cluster(("a", 1, 8)).registrations():
         placement.restore(env(node))
         preemption.restore(env(node))
     return placement, preemption
@@ -132,7 +132,7 @@ def with_queues(
         tree=queues.whole_tree,
         policy=PreemptionPolicy(min_runtime_s=min_runtime_s, default_grace_s=0.0),
     )
-    for node in cluster(("a", nodes, 8)).nodes():
+    for node in cluster(("a", nodes, 8)).registrations():
         placement.restore(env(node))
         preemption.restore(env(node))
     return placement, preemption
@@ -247,7 +247,7 @@ def test_a_job_younger_than_the_minimum_runtime_is_not_a_victim_until_it_is_old_
     admit_only(setup, "urgent", at=5, gpus_per_worker=8, priority=5)
     assert decide(held("urgent", at=60), preemption, now=T0 + timedelta(seconds=60)) == []
     # A later batch in which something changed plans the jobs quota holds again.
-    node = cluster(("a", 1, 8)).nodes()[0]
+    node = cluster(("a", 1, 8)).registrations()[0]
     out = decide(env(node, at=130), preemption, now=T0 + timedelta(seconds=130))
     assert set(asked(out)) == {"young"}
 

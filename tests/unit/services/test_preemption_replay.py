@@ -71,7 +71,7 @@ class Placement:
 def recorded_log() -> Log:
     log = Log()
     placement = Placement(log)
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         placement.feed(env(node))
         log.produce(TOPICS.inventory, env(node))
     run = ServiceRun(log, wiring())
@@ -168,7 +168,7 @@ def test_a_reclaim_for_a_job_quota_holds_replays_identical_across_a_restart(tmp_
     settings = PreemptionSettings(gated=False, queues_file=queues)
     log = Log()
     placement = Placement(log)
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         placement.feed(env(node))
         log.produce(TOPICS.inventory, env(node))
     run = ServiceRun(log, wiring(settings))

@@ -33,7 +33,7 @@ TOPICS = TopicNames()
 def new_states(*groups: tuple[str, int, int]) -> tuple[PlacementState, PreemptionState]:
     placement = PlacementState(topics=TOPICS, profile=default_profile(), gated=False)
     preemption = PreemptionState(mirror=PlacementState(topics=TOPICS, profile=default_profile(), gated=False))
-    for node in cluster(*groups).nodes():
+    for node in cluster(*groups).registrations():
         placement.restore(env(node))
         preemption.restore(env(node))
     return placement, preemption
@@ -173,7 +173,7 @@ def test_a_restore_reading_requests_before_grants_still_finishes_the_preemption(
     placement, preemption = new_states(("a", 1, 8))
     events: list[Envelope] = []
     allocations: list[Envelope] = []
-    nodes = [env(n) for n in cluster(("a", 1, 8)).nodes()]
+    nodes = [env(n) for n in cluster(("a", 1, 8)).registrations()]
 
     def log(envelopes: list[Envelope]) -> None:
         for e in envelopes:

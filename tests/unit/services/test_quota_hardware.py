@@ -10,11 +10,11 @@ from typing import Any
 from svc_helpers import T0, env
 from test_quota import admit, feed, grant, queued_ids, quota, reason_of, release, usage
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobFailed, JobPending, JobQueued
 from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState, NodeFailed, NodeRegistered
 from gangline.events.types import GpuId
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.quota.handlers import QuotaState, decide
 
 H100 = "H100-SXM5-80GB"
@@ -36,7 +36,7 @@ def nodes(name: str, model: str, count: int, gpus: int, *, memory_mib: int = 819
     group = NodeGroup(
         name=name, count=count, gpu_model=model, gpus_per_node=gpus, memory_mib=memory_mib, leaf="leaf-a"
     )
-    return ClusterSpec(groups=(group,)).nodes()
+    return ClusterSpec(groups=(group,)).registrations()
 
 
 def cluster(state: QuotaState, registrations: list[NodeRegistered], *, at: float = 0.0) -> list[Envelope]:
@@ -269,7 +269,7 @@ def test_a_gang_that_must_stay_in_one_nvlink_domain_is_charged_to_the_model_whos
         nodes_per_nvlink_domain=4,
         leaf="leaf-gb",
     )
-    cluster(state, nodes("h", H100, 2, 4) + ClusterSpec(groups=(rack,)).nodes())
+    cluster(state, nodes("h", H100, 2, 4) + ClusterSpec(groups=(rack,)).registrations())
     topology = {"level": "nvlink", "mode": "required"}
 
     [tight] = feed(state, admit("tight", workers=2, gpus_per_worker=4, topology=topology))

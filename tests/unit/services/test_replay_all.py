@@ -31,7 +31,7 @@ def service_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pipeline_log() -> list[LogRecord]:
     log = Log()
-    for node in cluster(("a", 2, 8)).nodes():
+    for node in cluster(("a", 2, 8)).registrations():
         log.produce(TOPICS.inventory, env(node))
     admission = ServiceRun(log, admission_wiring(AdmissionSettings(queues_file=QUEUES_FILE)))
     quota = ServiceRun(log, quota_wiring())

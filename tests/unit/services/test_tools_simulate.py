@@ -7,14 +7,14 @@ from pathlib import Path
 
 from e2e.sim_world import END, new_simulation, outcome, simulate_world
 
+from gangline.cluster_spec import load_cluster_spec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.codec import encode
 from gangline.events.jobs import JobCheckpointed, JobPreempting, JobQueued, JobRequeued
 from gangline.events.nodes import NodeFailed, NodeHeartbeat
-from gangline.sim.cluster import load_cluster_spec
 from gangline.sim.metrics import summarize
 from gangline.sim.trace import load_trace
-from services.tools.simulate import ServiceSimulation, registrations, simulate_services, spec_queues
+from services.tools.simulate import ServiceSimulation, registrations, simulate_services, unlimited_queues
 from services.tools.simulate.__main__ import main
 
 SIM = Path(__file__).resolve().parents[1] / "sim"
@@ -80,7 +80,7 @@ def test_heartbeats_only_when_needed_decide_the_same() -> None:
 def test_a_trace_is_measured_as_gangline_simulate_measures() -> None:
     spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
     jobs = load_trace(SIM / "tiny_trace.csv")
-    run = simulate_services(jobs, spec)
+    run = simulate_services(jobs, spec, queues=SIM / "tiny_queues.yaml")
     figures = summarize(run.result)
     assert figures["jobs"] == len(jobs) == figures["completed"]
     assert figures["partial_gangs"] == 0
@@ -88,7 +88,7 @@ def test_a_trace_is_measured_as_gangline_simulate_measures() -> None:
     waits = {j.id: j.wait for j in run.result.jobs}
     assert waits["big-a"] == 0 and waits["half-b"] == 0
     assert waits["gang-a"] is not None and waits["gang-a"] > 0  # 16 GPUs: after big-a and half-b end
-    again = summarize(simulate_services(jobs, spec).result)
+    again = summarize(simulate_services(jobs, spec, queues=SIM / "tiny_queues.yaml").result)
     assert {k: v for k, v in again.items() if k != "sim_wall_s"} == {
         k: v for k, v in figures.items() if k != "sim_wall_s"
     }
@@ -97,12 +97,13 @@ def test_a_trace_is_measured_as_gangline_simulate_measures() -> None:
 def test_the_spec_becomes_registrations_and_queues() -> None:
     spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
     nodes = registrations(spec)
-    assert [n.node for n in nodes] == ["n-0000", "n-0001"]
+    assert nodes == spec.registrations()  # what fake-nodes registers for the same file
+    assert [n.node for n in nodes] == ["n-0", "n-1"]
     assert {n.leaf for n in nodes} == {"leaf-000"}
     assert all(len(n.gpus) == 8 and n.gpus[0].model == "A100" for n in nodes)
-    queues = spec_queues(spec, ["team-a", "team-b", "team-z"])
+    queues = unlimited_queues(["team-a", "team-b", "team-z"])
     assert queues.names() == ["team-a", "team-b", "team-z"]
-    assert queues.limited("team-z")  # an unlisted queue borrows in the cohort, with no quota of its own
+    assert not any(queues.limited(q) for q in queues.names())  # without a queues file nothing is limited
 
 
 def test_the_command_prints_the_report(capsys: object, tmp_path: Path) -> None:
@@ -113,6 +114,8 @@ def test_the_command_prints_the_report(capsys: object, tmp_path: Path) -> None:
             str(SIM / "tiny_trace.csv"),
             "--cluster",
             str(SIM / "tiny_cluster.yaml"),
+            "--queues",
+            str(SIM / "tiny_queues.yaml"),
             "--report",
             str(report),
         ]
@@ -126,14 +129,14 @@ def test_the_command_prints_the_report(capsys: object, tmp_path: Path) -> None:
 def test_a_failed_node_requeues_its_jobs_and_loses_their_work() -> None:
     spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
     jobs = load_trace(SIM / "tiny_trace.csv")
-    run = simulate_services(jobs, spec, failures=[(5.0, "n-0000")], keep_log=True)
+    run = simulate_services(jobs, spec, failures=[(5.0, "n-0")], keep_log=True)
     sim = run.simulation
     hit = {
         e.data.job_id
         for tx in sim.log
         if tx.at < 5.0
         for _, e in tx.outputs
-        if isinstance(e.data, AllocationGranted) and any(p.node == "n-0000" for p in e.data.placements)
+        if isinstance(e.data, AllocationGranted) and any(p.node == "n-0" for p in e.data.placements)
     }
     assert hit
     records = {j.id: j for j in run.result.jobs}
@@ -144,7 +147,7 @@ def test_a_failed_node_requeues_its_jobs_and_loses_their_work() -> None:
     assert summarize(run.result)["preemptions"] == len(hit)
 
 
-def test_a_queues_file_replaces_the_spec_queues(tmp_path: Path) -> None:
+def test_a_queues_file_limits_the_services_to_its_queues(tmp_path: Path) -> None:
     queues = tmp_path / "queues.yaml"
     queues.write_text("queues:\n  - {name: team-b, unlimited: true}\n", encoding="utf-8")
     spec = load_cluster_spec(SIM / "tiny_cluster.yaml")
@@ -162,6 +165,7 @@ def test_gangline_simulate_services_puts_the_services_beside_the_core_in_one_tab
 
     report = tmp_path / "r.json"
     argv = ["simulate", "--trace", str(SIM / "tiny_trace.csv"), "--cluster", str(SIM / "tiny_cluster.yaml")]
+    argv += ["--queues", str(SIM / "tiny_queues.yaml")]  # the same queues file for the core and the services
     assert (
         gangline([*argv, "--services", "--baselines", "none", "--no-progress", "--report", str(report)]) == 0
     )

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gangline.core.model import GpuModel, JobId, MiB, QueueName
-from gangline.sim.cluster import ClusterSpec, NodeGroup
+from gangline.cluster_spec import ClusterSpec, NodeGroup, Topology
+from gangline.core.model import GpuModel, JobId, QueueName
 from gangline.sim.metrics import RunResult, summarize
 from gangline.sim.policies import EasyBackfill, charged_resources, unlimited_tree
 from gangline.sim.run import PolicyRun, run_campaign
@@ -22,9 +22,12 @@ A100 = GpuModel("A100")
 
 def _spec() -> ClusterSpec:
     return ClusterSpec(
-        "easy",
-        (NodeGroup("e", 2, 8, A100, MiB(81920)), NodeGroup("f", 1, 4, A100, MiB(40960))),
-        nodes_per_leaf=3,
+        name="easy",
+        topology=Topology(nodes_per_leaf=3),
+        groups=(
+            NodeGroup(name="e", count=2, gpus_per_node=8, gpu_model=A100, memory_mib=81920),
+            NodeGroup(name="f", count=1, gpus_per_node=4, gpu_model=A100, memory_mib=40960),
+        ),
     )
 
 
@@ -127,9 +130,12 @@ def _trace(n: int, seed: int) -> list[TraceJob]:
 
 def _easy(prune: bool, jobs: Sequence[TraceJob], cycle_s: float) -> RunResult:
     spec = ClusterSpec(
-        "mixed",
-        (NodeGroup("e", 5, 8, A100, MiB(81920)), NodeGroup("f", 4, 4, A100, MiB(40960))),
-        nodes_per_leaf=3,
+        name="mixed",
+        topology=Topology(nodes_per_leaf=3),
+        groups=(
+            NodeGroup(name="e", count=5, gpus_per_node=8, gpu_model=A100, memory_mib=81920),
+            NodeGroup(name="f", count=4, gpus_per_node=4, gpu_model=A100, memory_mib=40960),
+        ),
     )
     nodes = spec.build_nodes()
     core = [j.to_job() for j in jobs]
@@ -176,6 +182,7 @@ def test_simulate_tables_compare_easy_backfill(tmp_path: Path, capsys: pytest.Ca
             "simulate",
             "--trace", str(here / "tiny_trace.csv"),
             "--cluster", str(here / "tiny_cluster.yaml"),
+            "--queues", str(here / "tiny_queues.yaml"),
             "--no-progress",
             "--time-limit-s", "3600",
         ]

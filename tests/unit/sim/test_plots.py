@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gangline.sim.cluster import load_cluster_spec
+from gangline.cluster_spec import load_cluster_spec
 from gangline.sim.plots import MAX_POINTS, plot_campaign, thin_by_time
 from gangline.sim.run import PolicyRun, run_campaign
 from gangline.sim.trace import load_trace

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from gangline.cluster_spec import load_cluster_spec
 from gangline.core.defaults import default_profile
-from gangline.sim.cluster import load_cluster_spec
+from gangline.core.model import QueueName
+from gangline.core.queues import gpu_resource
+from gangline.queues_file import QueuesFile, load_queues_file, quota_specs
 from gangline.sim.metrics import RunResult, summarize
-from gangline.sim.run import PolicyRun, run_campaign
+from gangline.sim.run import PolicyRun, entitlement_weights, queue_setup, run_campaign
 from gangline.sim.trace import load_trace
+from services.tools.cli import main
 
 HERE = Path(__file__).parent
 
@@ -19,7 +24,8 @@ def _run(policy: str) -> RunResult:
     jobs = load_trace(HERE / "tiny_trace.csv")
     spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
     run = PolicyRun(policy, default_profile()) if policy == "default" else PolicyRun(policy)
-    (result,) = run_campaign(jobs, spec, [run])
+    queues = load_queues_file(HERE / "tiny_queues.yaml")
+    (result,) = run_campaign(jobs, spec, [run], queues=queues)
     return result
 
 
@@ -45,7 +51,7 @@ def test_known_waits_and_jcts(policy: str) -> None:
 
 
 def test_pod_baseline_holds_a_partial_gang_and_the_core_never_does() -> None:
-    # At 50 node n-0001 is empty: the pod baseline binds gang-a's first pod there and holds 8 GPUs
+    # At 50 node n-1 is empty: the pod baseline binds gang-a's first pod there and holds 8 GPUs
     # idle until big-a ends at 100; the core places gang-a whole, at 100, or not at all.
     pods = summarize(_run("k8s-first-fit"))
     assert pods["partial_gangs"] == 1
@@ -65,3 +71,30 @@ def test_series_follows_the_waiting_queue() -> None:
     assert waiting[10.0] == 1  # gang-a waits from 10
     assert waiting[100.0] == 0
     assert max(r.series.running) == 16
+
+
+def test_a_queues_file_limits_the_queues_it_lists_and_no_other() -> None:
+    jobs = load_trace(HERE / "tiny_trace.csv")
+    spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
+    doc = QueuesFile.model_validate(
+        {"queues": [{"name": "team-a", "cohort": "c", "quotas": {"A100": {"nominal": 8}}}]}
+    )
+    setup = queue_setup(doc, spec, spec.build_nodes(), jobs)
+    a, b, gpu = QueueName("team-a"), QueueName("team-b"), gpu_resource("A100")
+    assert setup.tree.nominal(a, gpu) == 8 and setup.tree.spec(a).cohort == "c"
+    assert setup.tree.spec(b).cohort is None and setup.tree.nominal(b, gpu) >= spec.total_gpus  # not listed
+    assert setup.capacity == {gpu: 16}
+    assert entitlement_weights(quota_specs(doc)[0], jobs) == {a: 8.0, b: 1.0}
+    assert entitlement_weights((), jobs) == {}
+
+
+def test_simulate_names_a_bad_queues_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - {name: team-a, quota: {A100: 8}}\n", encoding="utf-8")
+    args = ["simulate", "--trace", str(HERE / "tiny_trace.csv"), "--cluster", str(HERE / "tiny_cluster.yaml")]
+    assert main([*args, "--queues", str(queues), "--no-progress"]) == 2
+    assert "quota" in capsys.readouterr().err
+    report = tmp_path / "report.json"
+    good = HERE / "tiny_queues.yaml"
+    assert main([*args, "--queues", str(good), "--no-progress", "--report", str(report)]) == 0
+    assert json.loads(report.read_text(encoding="utf-8"))["options"]["queues"] == str(good)
