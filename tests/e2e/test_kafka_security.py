@@ -39,10 +39,10 @@ from gangline.bus.acl import apply_access, load_access
 from gangline.bus.admin import load_catalogue
 from gangline.bus.security import KafkaSecurity
 from gangline.bus.trust import UNTRUSTED_WRITER, WriterSigner, derive_key
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobFailed, JobRejected
 from gangline.events.nodes import NodeFailed
-from services.agent.cluster import ClusterSpec, NodeGroup
 from services.common.topics import TopicNames
 
 ACCESS = ROOT / "deploy" / "kafka" / "access.yaml"
