@@ -21,6 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
+import yaml
 
 from gangline.bus.admin import CleanupPolicy, TopicSpec, delete_topics, ensure_topics
 from gangline.store.migrate import migrate
@@ -50,6 +51,23 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+DEV_CREDENTIALS = ROOT / "deploy" / "kafka" / "credentials.dev.yaml"
+
+
+def _authenticate_as_admin() -> None:
+    """Test clients are the broker's super user (deploy/local/kafka.sh's dev credentials), unless the
+    environment already names a principal or turns security off (GANGLINE_KAFKA_SECURITY_PROTOCOL=PLAINTEXT).
+    Tests of the ACLs connect as other principals explicitly."""
+    if (
+        os.environ.get("GANGLINE_KAFKA_USERNAME")
+        or os.environ.get("GANGLINE_KAFKA_SECURITY_PROTOCOL") == "PLAINTEXT"
+    ):
+        return
+    credentials = yaml.safe_load(DEV_CREDENTIALS.read_text(encoding="utf-8"))
+    os.environ["GANGLINE_KAFKA_USERNAME"] = "admin"
+    os.environ["GANGLINE_KAFKA_PASSWORD"] = str(credentials["admin"])
+
+
 def _script(name: str, action: str) -> None:
     subprocess.run([str(ROOT / "deploy" / "local" / name), action], cwd=ROOT, check=True)
 
@@ -60,6 +78,7 @@ def kafka_bootstrap() -> Iterator[str]:
     explicit = os.environ.get("GANGLINE_KAFKA_BOOTSTRAP")
     port = int(os.environ.get("GANGLINE_KAFKA_PORT", "9092"))
     bootstrap = explicit or f"127.0.0.1:{port}"
+    _authenticate_as_admin()
     host, _, port_text = bootstrap.rpartition(":")
     started = False
     if not _answers(host, int(port_text)):

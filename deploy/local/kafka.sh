@@ -8,9 +8,19 @@
 #   deploy/local/kafka.sh status   exit 0 when our broker on this port runs, 1 otherwise
 #   deploy/local/kafka.sh logs     the tail of its server.log
 #
+# Security: clients authenticate with SASL/SCRAM-SHA-512 on the one client listener; the principals and
+# their passwords are bootstrapped at storage-format time (kafka-storage format --add-scram) from the
+# credentials file; the StandardAuthorizer refuses whatever the ACLs of deploy/kafka/access.yaml (written
+# at every `up`, as the admin super user) do not allow. GANGLINE_KAFKA_LISTENER_PROTOCOL=SASL_SSL puts the
+# listener behind TLS (GANGLINE_KAFKA_TLS_KEYSTORE: one PEM file with the broker's key and certificate;
+# GANGLINE_KAFKA_SSL_CAFILE: the CA that signed it, which this script's own clients trust).
+#
 # Environment: GANGLINE_KAFKA_PORT (9092), GANGLINE_KAFKA_CONTROLLER_PORT (port+1),
 # GANGLINE_KAFKA_HEAP (512m), GANGLINE_TOPIC_CATALOGUE (schemas/topics.yaml),
-# GANGLINE_KAFKA_READY_TIMEOUT_S (90), GANGLINE_PYTHON (.venv/bin/python).
+# GANGLINE_KAFKA_CREDENTIALS (deploy/kafka/credentials.dev.yaml: DEVELOPMENT ONLY),
+# GANGLINE_KAFKA_ACCESS (deploy/kafka/access.yaml), GANGLINE_KAFKA_LISTENER_PROTOCOL (SASL_PLAINTEXT),
+# GANGLINE_KAFKA_READY_TIMEOUT_S (90), GANGLINE_PYTHON (.venv/bin/python). Every path of an instance
+# (data, logs, properties, pid) derives from the port: two brokers on two ports never share one.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,6 +31,12 @@ CATALOGUE="${GANGLINE_TOPIC_CATALOGUE:-$ROOT/schemas/topics.yaml}"
 READY_TIMEOUT_S="${GANGLINE_KAFKA_READY_TIMEOUT_S:-90}"
 STOP_TIMEOUT_S=30
 PY="${GANGLINE_PYTHON:-$ROOT/.venv/bin/python}"
+# The tools this script runs are this checkout's (a venv shared by several checkouts may point elsewhere).
+export PYTHONPATH="$ROOT/libs:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+CREDENTIALS="${GANGLINE_KAFKA_CREDENTIALS:-$ROOT/deploy/kafka/credentials.dev.yaml}"
+ACCESS="${GANGLINE_KAFKA_ACCESS:-$ROOT/deploy/kafka/access.yaml}"
+CLIENT_PROTOCOL="${GANGLINE_KAFKA_LISTENER_PROTOCOL:-SASL_PLAINTEXT}"
+ADMIN_USER=admin
 
 CACHE="$ROOT/.cache/kafka"
 LIBS="$CACHE/libs"
@@ -82,14 +98,65 @@ running_pid() {
     echo "$pid"
 }
 
+# `name password` per line of the credentials file (a YAML map name: password).
+credentials() {
+    "$PY" - "$CREDENTIALS" <<'PYEOF'
+import re, sys, yaml
+creds = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+for name, password in creds.items():
+    # The --add-scram syntax has no escapes: refuse what it cannot carry rather than mangle it.
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", str(name)) or not re.fullmatch(r"[A-Za-z0-9._~!@#%^&*+=:-]{8,}", str(password)):
+        sys.exit(f"credentials: bad name or password for {name!r} (8+ characters, no spaces, commas or brackets)")
+    print(name, password)
+PYEOF
+}
+
+admin_password() {
+    local name password
+    while read -r name password; do
+        [[ "$name" == "$ADMIN_USER" ]] && { echo "$password"; return; }
+    done < <(credentials)
+    die "no password for the super user '$ADMIN_USER' in $CREDENTIALS"
+}
+
+# server.properties for data dir $1, on stdout (it holds the admin password: written 0600).
+render_props() {
+    local admin_pw
+    admin_pw="$(admin_password)"
+    sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" -e "s|@DATA_DIR@|$1|g" \
+        -e "s|@CLIENT_PROTOCOL@|$CLIENT_PROTOCOL|g" -e "s|@ADMIN_USER@|$ADMIN_USER|g" \
+        -e "s|@ADMIN_PASSWORD@|$admin_pw|g" "$ROOT/deploy/kafka/server.properties.template"
+    case "$CLIENT_PROTOCOL" in
+        SASL_PLAINTEXT) ;;
+        SASL_SSL)
+            [[ -f "${GANGLINE_KAFKA_TLS_KEYSTORE:-}" && -f "${GANGLINE_KAFKA_SSL_CAFILE:-}" ]] \
+                || die "SASL_SSL needs GANGLINE_KAFKA_TLS_KEYSTORE and GANGLINE_KAFKA_SSL_CAFILE (PEM files)"
+            printf '%s\n' "ssl.keystore.type=PEM" "ssl.keystore.location=$GANGLINE_KAFKA_TLS_KEYSTORE" \
+                "ssl.truststore.type=PEM" "ssl.truststore.location=$GANGLINE_KAFKA_SSL_CAFILE" \
+                "ssl.endpoint.identification.algorithm=" ;;
+        *) die "GANGLINE_KAFKA_LISTENER_PROTOCOL must be SASL_PLAINTEXT or SASL_SSL (got $CLIENT_PROTOCOL)" ;;
+    esac
+}
+
+# This script's own clients (topics, ACLs) are the super user.
+export_admin_client() {
+    export GANGLINE_KAFKA_USERNAME="$ADMIN_USER" GANGLINE_KAFKA_SECURITY_PROTOCOL="$CLIENT_PROTOCOL"
+    GANGLINE_KAFKA_PASSWORD="$(admin_password)"
+    export GANGLINE_KAFKA_PASSWORD
+    unset GANGLINE_KAFKA_PASSWORD_FILE
+}
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# Create the catalogue's topics, after waiting up to $1 seconds for the broker to answer requests.
+# Create the catalogue's topics and write the ACLs of the access file, after waiting up to $1 seconds
+# for the broker to answer requests.
 create_topics() {
     local wait_s="${1:-0}"
     if [[ -f "$CATALOGUE" ]]; then
         "$PY" -m gangline.bus.admin create-topics --bootstrap "127.0.0.1:$PORT" --catalogue "$CATALOGUE" \
             --wait-s "$wait_s" >&2
+        "$PY" -m gangline.bus.acl apply --bootstrap "127.0.0.1:$PORT" --catalogue "$CATALOGUE" \
+            --access "$ACCESS" >&2
     else
         log "no topic catalogue at $CATALOGUE: no topics created"
         "$PY" -m gangline.bus.admin wait --bootstrap "127.0.0.1:$PORT" --timeout-s "$wait_s" >&2
@@ -101,21 +168,24 @@ create_topics() {
 # since every start gets a fresh copy.
 formatted_template() {
     local key dir tmp
-    key="$(cat "$STAMP" "$ROOT/deploy/kafka/server.properties.template" | sha256sum | cut -c1-16)"
+    key="$(cat "$STAMP" "$ROOT/deploy/kafka/server.properties.template" "$CREDENTIALS" | sha256sum | cut -c1-16)"
     dir="$CACHE/formatted-$key"
     if [[ ! -f "$dir/meta.properties" ]]; then
         tmp="$dir.tmp.$$"
         rm -rf "$tmp"
         mkdir -p "$tmp/data"
-        sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" \
-            -e "s|@DATA_DIR@|$tmp/data|g" "$ROOT/deploy/kafka/server.properties.template" >"$tmp/server.properties"
+        (umask 077; render_props "$tmp/data" >"$tmp/server.properties")
         # A Kafka cluster id is 16 random bytes, base64url without padding (never starting with '-').
         local cluster_id
         cluster_id="$(python3 -c 'import base64, os
 while (u := base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")).startswith("-"): pass
 print(u)')"
-        "${JVM[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$tmp/server.properties" \
-            >"$tmp/format.log" 2>&1 || { cat "$tmp/format.log" >&2; die "formatting the storage failed"; }
+        local scram=() name password
+        while read -r name password; do
+            scram+=(--add-scram "SCRAM-SHA-512=[name=$name,password=$password]")
+        done < <(credentials)
+        "${JVM[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$tmp/server.properties" "${scram[@]}" \
+            >"$tmp/format.log" 2>&1 || { cat "$tmp/format.log" >&2; rm -rf "$tmp"; die "formatting the storage failed"; }
         # Another port's `up` may have made it meanwhile: either copy is as good.
         mv -T "$tmp/data" "$dir" 2>/dev/null || true
         rm -rf "$tmp"
@@ -128,6 +198,7 @@ cmd_up() {
     started="$(now)"
     fetch_locked
     ensure_venv
+    export_admin_client
     if pid="$(running_pid)"; then
         log "already up on 127.0.0.1:$PORT (pid $pid)"
         create_topics
@@ -145,8 +216,7 @@ cmd_up() {
     rm -rf "$INSTANCE"
     mkdir -p "$LOGDIR"
     cp -a "$template" "$INSTANCE/data"
-    sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" \
-        -e "s|@DATA_DIR@|$INSTANCE/data|g" "$ROOT/deploy/kafka/server.properties.template" >"$PROPS"
+    (umask 077; render_props "$INSTANCE/data" >"$PROPS")
 
     # setsid: the broker outlives this script and is not hit by signals sent to the caller's group.
     # 8>&- 9>&-: the broker must not inherit (and so hold forever) the lock files of this script.
@@ -155,7 +225,8 @@ cmd_up() {
 
     local deadline=$((SECONDS + READY_TIMEOUT_S))
     until port_open "$PORT"; do
-        if ! running_pid >/dev/null; then
+        # kill -0, not running_pid: until setsid has exec'd java, the pid's command line is still a shell's.
+        if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
             tail -n 30 "$LOGDIR/stdout.log" "$LOGDIR/server.log" >&2 2>/dev/null || true
             die "the broker exited during start-up (logs: $LOGDIR)"
         fi

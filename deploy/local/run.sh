@@ -20,6 +20,11 @@ trap 'exit 130' INT TERM
 
 "$ROOT/deploy/local/up.sh" up
 echo "API: http://127.0.0.1:${GANGLINE_API_PORT:-8080} (OpenAPI: /docs); try 'gangline queues' or 'gangline nodes'"
+# The demo feeds jobs and watches every topic: the project's own tooling, so the broker's super user.
+export GANGLINE_KAFKA_USERNAME=admin
+GANGLINE_KAFKA_PASSWORD="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["admin"])' \
+    "${GANGLINE_KAFKA_CREDENTIALS:-$ROOT/deploy/kafka/credentials.dev.yaml}")"
+export GANGLINE_KAFKA_PASSWORD
 "$PY" -m services.agent.demo --jobs "${DEMO_JOBS:-120}"
 echo "The system keeps running (API at http://127.0.0.1:${GANGLINE_API_PORT:-8080}); Ctrl-C stops everything."
 while true; do sleep 1; done

@@ -28,6 +28,19 @@ SERVICES=(admission quota placement preemption node_health ledger api)
 
 log() { printf 'up.sh: %s\n' "$*" >&2; }
 
+# Each process is its own Kafka principal (deploy/kafka/access.yaml), with its password from the
+# credentials file kafka.sh formatted the broker with (DEVELOPMENT ONLY unless you point it elsewhere).
+CREDENTIALS="${GANGLINE_KAFKA_CREDENTIALS:-$ROOT/deploy/kafka/credentials.dev.yaml}"
+principal_of() {
+    case "$1" in fake-nodes) echo agent ;; *) echo "$1" ;; esac
+}
+become() {  # principal: this (sub)shell's Kafka clients authenticate as it
+    export GANGLINE_KAFKA_USERNAME="$1"
+    GANGLINE_KAFKA_PASSWORD="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[sys.argv[2]])' \
+        "$CREDENTIALS" "$1")"
+    export GANGLINE_KAFKA_PASSWORD
+}
+
 running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 start() {  # name, command...: run it under a small supervisor that restarts it when it exits
@@ -35,6 +48,7 @@ start() {  # name, command...: run it under a small supervisor that restarts it 
     if running "$name"; then log "$name already runs (pid $(cat "$RUN/$name.pid"))"; return; fi
     (
         cd "$ROOT"
+        become "$(principal_of "$name")"
         child=
         trap '[[ -n $child ]] && kill -TERM "$child" 2>/dev/null; [[ -n $child ]] && wait "$child"; exit 0' TERM INT
         while true; do
@@ -76,7 +90,13 @@ up() {
         "$ROOT/deploy/local/postgres.sh" up && touch "$RUN/postgres.ours"
     fi
     "$PY" -m gangline.store.migrate >/dev/null
-    "$PY" -m services.common.admin create-topics >&2
+    (
+        become admin
+        "$PY" -m services.common.admin create-topics >&2
+        "$PY" -m gangline.bus.acl apply --bootstrap "$GANGLINE_KAFKA_BOOTSTRAP" --catalogue "$ROOT/schemas/topics.yaml" \
+            --access "$ROOT/deploy/kafka/access.yaml" --topic-prefix "${GANGLINE_TOPIC_PREFIX:-}" \
+            --group-prefix "${GANGLINE_GROUP_PREFIX:-gangline}" >&2
+    )
     # The nodes register first, so admission knows the cluster when the first request arrives.
     # shellcheck disable=SC2086
     start fake-nodes "$ROOT/.venv/bin/gangline" fake-nodes --spec "$CLUSTER" ${GANGLINE_FAKE_NODES_ARGS:-}

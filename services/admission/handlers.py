@@ -38,6 +38,7 @@ from gangline.bus import (
     Outgoing,
     header,
 )
+from gangline.bus.trust import UNTRUSTED_WRITER
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.codec import dumps, too_deep
 from gangline.events.ids import derived_id
@@ -322,8 +323,10 @@ def rejection_of_dead_letter(letter: DeadLetter, state: AdmissionState, *, now: 
     )
     code = (header(letter.headers, DLQ_CODE) or b"malformed_message").decode()
     reason = (header(letter.headers, DLQ_REASON) or b"the message could not be read").decode()
+    # A record whose writer may not have written it names no job: it must not answer for someone else's.
+    job_id = None if code == UNTRUSTED_WRITER else _job_id_in(letter.original_value)
     rejected = JobRejected(
-        job_id=_job_id_in(letter.original_value),
+        job_id=job_id,
         code=code,
         reason=f"the request could not be read: {reason}"[:MAX_REASON],
     )

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer
 from gangline.bus import EventProducer
 from gangline.bus.producer import send_envelope
 from gangline.bus.records import KafkaRecord
+from gangline.bus.security import client_options
 from gangline.cluster_spec import ClusterSpec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
@@ -141,6 +142,7 @@ class FakeCluster:
                 self.topics.events,
                 self.topics.allocations,
                 bootstrap_servers=self.bootstrap,
+                **client_options(),
                 group_id=self.group_id,
                 enable_auto_commit=True,
                 auto_offset_reset="earliest",

@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.security import client_options
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +95,7 @@ class Grants:
             topic,
             events_topic,
             bootstrap_servers=bootstrap,
+            **client_options(),
             group_id=None,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -211,7 +213,7 @@ async def wait_until_caught_up(
     bootstrap: str, consumer: AIOKafkaConsumer, groups: list[str], topics: dict[str, int], timeout_s: float
 ) -> dict[str, int]:
     """Poll the groups' backlogs until all are zero (or ``timeout_s``); the last backlogs seen."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
     await admin.start()
     try:
         deadline = time.monotonic() + timeout_s
@@ -316,7 +318,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             procs[s] = start(f"services.{s}", [], {**env, "GANGLINE_LOG_LEVEL": "INFO"}, logs, s)
         grants = Grants(bootstrap, topics.allocations, topics.events)
         await grants.consumer.start()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(), linger_ms=5)
         await producer.start()
         try:
             # Warm-up: the services are up and the cluster registered when a grant comes back.

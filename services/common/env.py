@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from gangline.bus import ProcessorSettings
+from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
 from services.common.topics import TopicNames
 
 PREFIX = "GANGLINE_"
@@ -36,6 +37,15 @@ class ServiceSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: SecurityProtocol | None = None
+    """GANGLINE_KAFKA_SECURITY_PROTOCOL; unset: SASL_PLAINTEXT with a user name (gangline.bus.security)."""
+    kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    kafka_username: str | None = None
+    """This service's principal on the broker (GANGLINE_KAFKA_USERNAME), e.g. ``placement``."""
+    kafka_password: SecretStr | None = None
+    kafka_password_file: Path | None = None
+    """A mounted secret holding the password (GANGLINE_KAFKA_PASSWORD_FILE); preferred to the variable."""
+    kafka_ssl_cafile: Path | None = None
     topic_prefix: str = ""
     instance_id: str = Field(default_factory=socket.gethostname, min_length=1)
     group_prefix: str = "gangline"
@@ -63,11 +73,27 @@ class ServiceSettings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
         return cls.model_validate({**env_values(environ), **overrides})
 
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        """The credentials every Kafka client of this service uses; none set here: the process's
+        ``GANGLINE_KAFKA_*`` environment (settings read from another mapping, as tests do)."""
+        if self.kafka_username is None and self.kafka_security_protocol is None:
+            return KafkaSecurity.from_env()
+        return KafkaSecurity(
+            security_protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            username=self.kafka_username,
+            password=self.kafka_password,
+            password_file=self.kafka_password_file,
+            ssl_cafile=self.kafka_ssl_cafile,
+        )
+
 
 def processor_settings(settings: ServiceSettings, service: str, input_topics: list[str]) -> ProcessorSettings:
     """The bus processor's settings for ``service`` under this replica's identity."""
     return ProcessorSettings(
         bootstrap_servers=settings.kafka_bootstrap,
+        security=settings.kafka_security,
         service=service,
         instance_id=settings.instance_id,
         group_id=f"{settings.group_prefix}.{service}",

@@ -27,6 +27,8 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
+from gangline.bus.security import client_options
+
 log = logging.getLogger(__name__)
 
 HOLDER = b"gangline-lock-holder"
@@ -43,6 +45,7 @@ class Leadership:
         self.lost = asyncio.Event()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **client_options(),
             group_id=group_id,
             client_id=f"{group_id}-{member}",
             enable_auto_commit=False,

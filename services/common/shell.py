@@ -56,6 +56,7 @@ from gangline.bus import (
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.processor import InputRecording
 from gangline.bus.records import DeadLetter
+from gangline.bus.security import client_options
 from gangline.events.base import Envelope
 from services.common.ids import Fingerprint, fingerprint
 from services.common.leader import Leadership
@@ -116,6 +117,7 @@ async def fence(settings: ProcessorSettings) -> None:
     """Abort whatever transaction an earlier incarnation of this replica left open."""
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap_servers,
+        **client_options(),
         transactional_id=settings.transactional_id,
         enable_idempotence=True,
     )
@@ -138,6 +140,7 @@ async def read_to_end(
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
+        **client_options(),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",

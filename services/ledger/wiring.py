@@ -25,6 +25,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from gangline.bus import Delivery, EventConsumer, dead_letter
 from gangline.bus.records import HANDLER_FAILED
+from gangline.bus.security import client_options
 from gangline.events.codec import encode
 from gangline.events.registry import Registry, default_registry
 from gangline.telemetry import semconv
@@ -118,7 +119,9 @@ class Ledger:
             registry=self._registry,
             isolation_level="read_committed",
         )
-        dlq = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True)
+        dlq = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap, **client_options(), enable_idempotence=True
+        )
         await dlq.start()
         try:
             async with consumer:

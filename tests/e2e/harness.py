@@ -17,6 +17,8 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import WriterSigner
 from gangline.cluster_spec import ClusterSpec, load_cluster_spec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
@@ -123,6 +125,7 @@ class LogReader:
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             bootstrap_servers=self.bootstrap,
+            **client_options(),
             group_id=None,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -176,7 +179,7 @@ class LogReader:
 
 
 async def end_offsets(bootstrap: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **client_options(), group_id=None)
     await consumer.start()
     try:
         parts = consumer.partitions_for_topic(topic) or set()
@@ -271,15 +274,28 @@ def request_bytes(job_id: str, **data: Any) -> bytes:
     ).encode()
 
 
-async def send_raw(bootstrap: str, topic: str, messages: list[tuple[str, bytes]]) -> None:
+async def send_raw(
+    bootstrap: str,
+    topic: str,
+    messages: list[tuple[str, bytes]],
+    *,
+    security: KafkaSecurity | None = None,
+    signer: WriterSigner | None = None,
+) -> None:
+    """Write raw records as ``security``'s principal (None: the test session's, the super user), signed
+    by ``signer`` when given (:mod:`gangline.bus.trust`)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(security))
     await producer.start()
     try:
+        deliveries = []
         for key, raw in messages:
-            await producer.send(topic, value=raw, key=key.encode())
+            headers = signer.headers(topic, key.encode(), raw) if signer is not None else []
+            deliveries.append(await producer.send(topic, value=raw, key=key.encode(), headers=headers))
         await producer.flush()
+        for delivery in deliveries:
+            await delivery  # a write the broker refused raises here
     finally:
         await producer.stop()
 
@@ -292,7 +308,7 @@ def fake_cluster(
         spec=spec or load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
         bootstrap=bootstrap,
         topics=topics,
-        group_id=f"g-{topics.prefix}fake",
+        group_id=f"g-{topics.prefix.rstrip('.')}.fake-nodes.{(spec.name if spec else 'default')}",
         **options,
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from e2e.harness import ROOT, LogReader, Tasks, audit_allocations, private_topics, service_env
+from gangline.bus.security import client_options
 from gangline.cluster_spec import load_cluster_spec
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobRejected
@@ -107,7 +108,7 @@ async def test_200_requests_exactly_one_grant_each(kafka_bootstrap: str) -> None
             tasks.start("admission", admission_main(AdmissionSettings.from_env(env)))
             tasks.start("quota", quota_main(QuotaSettings.from_env(env)))
             tasks.start("placement", placement_main(PlacementSettings.from_env(env)))
-            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
             await producer.start()
             try:
                 for key, raw in messages:

@@ -30,6 +30,7 @@ from gangline.bus import (
     MAX_DEAD_LETTER_BYTES,
     header,
 )
+from gangline.bus.security import client_options
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobRejected
@@ -54,7 +55,7 @@ def _body(job_id: str, *, event_id: str | None = None, **data: Any) -> dict[str,
 
 
 async def _send_large(bootstrap: str, topic: str, values: list[tuple[str, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=2**21)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(), max_request_size=2**21)
     await producer.start()
     try:
         for key, value in values:

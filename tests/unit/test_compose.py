@@ -33,7 +33,17 @@ EXAMPLE_QUEUES = ROOT / "deploy" / "docker" / "queues.yaml"
 RETIRED = {"GANGLINE_QUEUES", "GANGLINE_QUEUE_LIMITS"}
 """Variables that described queues before the queues file; nothing sets them any more."""
 # Modules that read GANGLINE_* without a settings class, and the variables they read.
-PLAIN_ENV = {"gangline.store.migrate": {DSN_ENV}, "gangline.bus.admin": set()}
+KAFKA_CLIENT_ENV = {
+    "GANGLINE_KAFKA_BOOTSTRAP",
+    "GANGLINE_KAFKA_SECURITY_PROTOCOL",
+    "GANGLINE_KAFKA_USERNAME",
+    "GANGLINE_KAFKA_PASSWORD",
+    "GANGLINE_KAFKA_PASSWORD_FILE",
+    "GANGLINE_LOG_LEVEL",
+    "GANGLINE_OTLP_ENDPOINT",
+}
+"""What the admin one-shot reads: its credentials (gangline.bus.security), from the shared environment."""
+PLAIN_ENV = {"gangline.store.migrate": {DSN_ENV}, "gangline.bus.admin": KAFKA_CLIENT_ENV}
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -145,8 +155,11 @@ def test_ports_are_published_on_loopback_and_agree_with_the_settings() -> None:
     api_port = environment(api)["GANGLINE_PORT"]
     assert [p.rsplit(":", 1)[1] for p in api["ports"]] == [api_port]
     assert f"127.0.0.1:{api_port}/healthz" in " ".join(api["healthcheck"]["test"])
-    advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-    assert "PLAINTEXT://kafka:9092" in advertised.split(",")
+    start = (ROOT / "deploy" / "kafka" / "compose-start.sh").read_text()
+    advertised = re.search(r"^advertised\.listeners=(.*)$", start, re.MULTILINE)
+    assert advertised is not None and "CLIENT://kafka:9092" in advertised.group(1).split(",")
+    protocols = re.search(r"^listener\.security\.protocol\.map=(.*)$", start, re.MULTILINE)
+    assert protocols is not None and all(p.endswith(":SASL_PLAINTEXT") for p in protocols.group(1).split(","))
     postgres = SERVICES["postgres"]["environment"]
     for name, service in SERVICES.items():
         dsn = environment(service).get(DSN_ENV)

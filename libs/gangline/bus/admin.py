@@ -23,6 +23,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gangline.bus.security import KafkaSecurity, client_options
+
 log = logging.getLogger(__name__)
 
 CleanupPolicy = Literal["delete", "compact"]
@@ -123,8 +125,13 @@ async def _await_metadata(
         await asyncio.sleep(0.05)
 
 
-async def _started_admin(bootstrap: str, request_timeout_ms: int) -> AIOKafkaAdminClient:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+async def started_admin(
+    bootstrap: str, request_timeout_ms: int, security: KafkaSecurity | None = None
+) -> AIOKafkaAdminClient:
+    """A started admin client (close it); ``security`` None: the ``GANGLINE_KAFKA_*`` environment."""
+    admin = AIOKafkaAdminClient(
+        **client_options(security), bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms
+    )
     try:
         await admin.start()
     except BaseException:
@@ -139,6 +146,7 @@ async def ensure_topics(
     *,
     replication_factor: int = 1,
     timeout_s: float = 30.0,
+    security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Create the topics of `specs` that do not exist yet; return the names created (possibly none).
 
@@ -146,7 +154,7 @@ async def ensure_topics(
     On return every topic of `specs` is in the broker's metadata with a leader for each partition.
     """
     timeout_ms = int(timeout_s * 1000)
-    admin = await _started_admin(bootstrap, timeout_ms)
+    admin = await started_admin(bootstrap, timeout_ms, security)
     try:
         existing = {t["topic"]: t for t in await admin.describe_topics()}
         for spec in specs:
@@ -188,12 +196,14 @@ async def ensure_topics(
         await admin.close()
 
 
-async def delete_topics(bootstrap: str, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
+async def delete_topics(
+    bootstrap: str, names: Sequence[str], *, timeout_s: float = 30.0, security: KafkaSecurity | None = None
+) -> None:
     """Delete topics, waiting until the broker's metadata no longer has them; a missing one is no error."""
     if not names:
         return
     timeout_ms = int(timeout_s * 1000)
-    admin = await _started_admin(bootstrap, timeout_ms)
+    admin = await started_admin(bootstrap, timeout_ms, security)
     try:
         response = await admin.delete_topics(list(names), timeout_ms=timeout_ms)
         failures = [
@@ -208,13 +218,15 @@ async def delete_topics(bootstrap: str, names: Sequence[str], *, timeout_s: floa
         await admin.close()
 
 
-async def wait_until_ready(bootstrap: str, *, timeout_s: float = 60.0) -> None:
+async def wait_until_ready(
+    bootstrap: str, *, timeout_s: float = 60.0, security: KafkaSecurity | None = None
+) -> None:
     """Return once the broker answers a metadata request with a live controller; raise TimeoutError if not."""
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
     while time.monotonic() < deadline:
         try:
-            admin = await _started_admin(bootstrap, request_timeout_ms=5000)
+            admin = await started_admin(bootstrap, request_timeout_ms=5000, security=security)
             try:
                 cluster = await admin.describe_cluster()
             finally:
@@ -246,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--catalogue", required=True, type=Path)
     create.add_argument("--replication-factor", type=int, default=1)
     create.add_argument("--wait-s", type=float, default=0.0, help="first wait this long for the broker")
+    create.add_argument(
+        "--access", type=Path, default=None, help="then write the ACLs of this access file (gangline.bus.acl)"
+    )
     wait = sub.add_parser("wait", help="wait until the broker answers a metadata request")
     wait.add_argument("--bootstrap", required=True)
     wait.add_argument("--timeout-s", type=float, default=60.0)
@@ -261,10 +276,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         specs = load_catalogue(args.catalogue)
         created = asyncio.run(_create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s))
+        names = ", ".join(created) or "none"
+        print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({names})")
+        if args.access is not None:
+            from gangline.bus.acl import apply_access, load_access  # acl builds on this module
+
+            bindings = asyncio.run(apply_access(args.bootstrap, load_access(args.access), specs))
+            print(f"acls: {len(bindings)} bindings written")
     except (CatalogueError, KafkaError, TimeoutError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({', '.join(created) or 'none'})")
     return 0
 
 

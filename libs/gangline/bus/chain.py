@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
+from gangline.bus.security import KafkaSecurity, client_options
 from gangline.events.base import JsonObject
 from gangline.events.chain import HASH_HEADER, SEQ_HEADER, ChainWriter
 from gangline.events.codec import too_deep
@@ -68,9 +69,15 @@ class ChainStamper:
     """
 
     def __init__(
-        self, bootstrap_servers: str, topics: Iterable[str], *, request_timeout_ms: int = 40_000
+        self,
+        bootstrap_servers: str,
+        topics: Iterable[str],
+        *,
+        request_timeout_ms: int = 40_000,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         self._request_timeout_ms = request_timeout_ms
         self.topics = frozenset(topics)
         self.lock = asyncio.Lock()
@@ -143,8 +150,9 @@ class ChainStamper:
         wanted = sorted(self.topics if topics is None else set(topics))
         if not wanted:
             return
-        counts = await _partition_counts(self._bootstrap_servers, wanted)
+        counts = await _partition_counts(self._bootstrap_servers, wanted, self._security)
         consumer = AIOKafkaConsumer(
+            **client_options(self._security),
             bootstrap_servers=self._bootstrap_servers,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -185,8 +193,10 @@ class ChainStamper:
             await consumer.stop()
 
 
-async def _partition_counts(bootstrap_servers: str, topics: list[str]) -> dict[str, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+async def _partition_counts(
+    bootstrap_servers: str, topics: list[str], security: KafkaSecurity | None
+) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(**client_options(security), bootstrap_servers=bootstrap_servers)
     await admin.start()
     try:
         described = await admin.describe_topics(topics)

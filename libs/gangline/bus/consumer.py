@@ -20,6 +20,8 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gangline.bus.records import DeadLetter, KafkaRecord, RecordMeta, dead_letter
+from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import UNTRUSTED_WRITER, active_policy
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.registry import Registry
@@ -36,7 +38,8 @@ class Delivery:
 def decode_or_dead_letter(
     record: KafkaRecord, *, registry: Registry | None, source_service: str
 ) -> Envelope | DeadLetter:
-    """The record's envelope, or its dead-letter copy when it cannot be read (an expected outcome)."""
+    """The record's envelope, or its dead-letter copy when it cannot be read or its writer may not have
+    written it (:mod:`gangline.bus.trust`; expected outcomes)."""
     if record.value is None:
         return dead_letter(
             record,
@@ -45,9 +48,15 @@ def decode_or_dead_letter(
             source_service=source_service,
         )
     try:
-        return decode(record.value, registry)
+        envelope = decode(record.value, registry)
     except DecodeError as error:
         return dead_letter(record, code=error.code, reason=error.reason, source_service=source_service)
+    policy = active_policy()
+    if policy is not None:
+        refused = policy.check(record.topic, record.key, record.value, record.headers, envelope)
+        if refused is not None:
+            return dead_letter(record, code=UNTRUSTED_WRITER, reason=refused, source_service=source_service)
+    return envelope
 
 
 class EventConsumer:
@@ -70,8 +79,10 @@ class EventConsumer:
         isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         self._topics = tuple(topics)
         self._service = service
         self._group_id = group_id
@@ -88,10 +99,12 @@ class EventConsumer:
         could not be read): decoding is deterministic, so a bad record at or before it is in the DLQ."""
 
     async def start(self) -> None:
-        dlq = AIOKafkaProducer(bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
+        options = client_options(self._security)
+        dlq = AIOKafkaProducer(**options, bootstrap_servers=self._bootstrap_servers, enable_idempotence=True)
         await dlq.start()
         consumer = AIOKafkaConsumer(
             *self._topics,
+            **options,
             bootstrap_servers=self._bootstrap_servers,
             group_id=self._group_id,
             enable_auto_commit=self._enable_auto_commit,

@@ -118,6 +118,7 @@ from gangline.bus.records import (
     RecordMeta,
     dead_letter,
 )
+from gangline.bus.security import client_options
 from gangline.bus.settings import ProcessorSettings
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry
@@ -274,6 +275,7 @@ class Processor:
                 settings.bootstrap_servers,
                 settings.chained_topics,
                 request_timeout_ms=settings.request_timeout_ms,
+                security=settings.security,
             )
             if settings.chained_topics
             else None
@@ -339,6 +341,7 @@ class Processor:
     async def _start(self) -> None:
         settings = self._settings
         producer = AIOKafkaProducer(
+            **client_options(settings.security),
             bootstrap_servers=settings.bootstrap_servers,
             client_id=f"{settings.service}-{settings.instance_id}",
             transactional_id=settings.transactional_id,
@@ -348,6 +351,7 @@ class Processor:
             enable_idempotence=True,
         )
         consumer = AIOKafkaConsumer(
+            **client_options(settings.security),
             bootstrap_servers=settings.bootstrap_servers,
             client_id=f"{settings.service}-{settings.instance_id}",
             group_id=settings.group_id,

@@ -18,6 +18,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gangline.bus.chain import ChainStamper
+from gangline.bus.security import KafkaSecurity, client_options
+from gangline.bus.trust import default_signer
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
 from gangline.telemetry import semconv
@@ -60,7 +62,8 @@ async def send_envelope(
 
     Shared by :class:`EventProducer` and the transactional processor (whose producer is in a
     transaction when this is called). When ``chain`` chains ``topic`` the record gets its chain
-    headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`).
+    headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`). When the
+    environment gives this process a writer key, the record is signed (:mod:`gangline.bus.trust`).
     """
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes=send_span_attributes(topic, envelope)
@@ -68,6 +71,9 @@ async def send_envelope(
         envelope = stamped(envelope)
         record_key = (key if key is not None else envelope.subject).encode()
         value = encode(envelope)
+        signer = default_signer()
+        if signer is not None:
+            headers = [*headers, *signer.headers(topic, record_key, value)]
         if chain is None or not chain.chains(topic):
             return await producer.send(
                 topic, value=value, key=record_key, headers=with_trace_headers(headers)
@@ -95,12 +101,15 @@ class EventProducer:
         linger_ms: int = 0,
         request_timeout_ms: int = 40_000,
         chained_topics: Iterable[str] = (),
+        security: KafkaSecurity | None = None,
     ) -> None:
-        """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`)."""
+        """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`);
+        ``security``: credentials (None: the ``GANGLINE_KAFKA_*`` environment)."""
         self._bootstrap_servers = bootstrap_servers
+        self._security = security
         chained = tuple(chained_topics)
         self._chain = (
-            ChainStamper(bootstrap_servers, chained, request_timeout_ms=request_timeout_ms)
+            ChainStamper(bootstrap_servers, chained, request_timeout_ms=request_timeout_ms, security=security)
             if chained
             else None
         )
@@ -112,6 +121,7 @@ class EventProducer:
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
+            **client_options(self._security),
             bootstrap_servers=self._bootstrap_servers,
             client_id=self._client_id,
             enable_idempotence=True,

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gangline.bus.security import KafkaSecurity
+
 
 class ProcessorSettings(BaseModel):
     """Where to read, who we are, and how hard to try.
@@ -19,6 +21,8 @@ class ProcessorSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str
+    security: KafkaSecurity = Field(default_factory=KafkaSecurity.from_env)
+    """Credentials and transport (unset: the ``GANGLINE_KAFKA_*`` environment, gangline.bus.security)."""
     service: str = Field(min_length=1)
     instance_id: str = Field(min_length=1)
     group_id: str = Field(min_length=1)

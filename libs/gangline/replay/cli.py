@@ -92,7 +92,8 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--from", dest="source", required=True, help=f"{what}, or kafka")
     p.add_argument(
         "--bootstrap",
-        help="with --from kafka: brokers' host:port (default $GANGLINE_KAFKA_BOOTSTRAP or 127.0.0.1:9092)",
+        help="with --from kafka: brokers' host:port (default $GANGLINE_KAFKA_BOOTSTRAP or 127.0.0.1:9092); "
+        "credentials from GANGLINE_KAFKA_USERNAME and GANGLINE_KAFKA_PASSWORD_FILE (gangline.bus.security)",
     )
 
 

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from gangline.bus.security import client_options
 from gangline.events.codec import MAX_DEPTH, too_deep
 from gangline.events.topics import NODES_HEARTBEATS, PUBLIC_TOPICS
 from gangline.replay.log import LogFormatError, LogRecord, record_from_json
@@ -87,6 +88,7 @@ class KafkaSource:
         self.skipped, self.unreadable = {}, []
         consumer: AIOKafkaConsumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **client_options(),
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -134,7 +136,7 @@ class KafkaSource:
 
 async def _partitions(bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
     """Each topic's partitions; a topic the cluster lacks is a `LookupError`."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
     await admin.start()
     try:
         described = await admin.describe_topics(topics)

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer
 from api_helpers import T0, World, envelopes, seed
 
 from gangline.bus import EventProducer
+from gangline.bus.security import client_options
 from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import make_envelope
 from gangline.events.codec import decode
@@ -26,7 +27,7 @@ def uid(stem: str) -> str:
 
 async def read_topic(bootstrap: str, topic: str, want: int) -> list[Any]:
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+        topic, bootstrap_servers=bootstrap, **client_options(), auto_offset_reset="earliest", group_id=None
     )
     await consumer.start()
     try:

@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from api_helpers import World, envelopes, seed
 
 from gangline.bus import EventProducer
+from gangline.bus.security import client_options
 from gangline.events import jobs
 from services.api.app import Resources, create_app
 from services.api.auth import Authenticator, Tenant, TokenConfig
@@ -307,7 +308,7 @@ async def test_an_event_over_the_logs_size_limit_is_413_not_503(
 ) -> None:
     prefix = f"t-api-small-{uuid.uuid4().hex[:8]}."
     topic = prefix + "jobs.requests"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, **client_options())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": "4096"})])

@@ -13,6 +13,7 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import Field
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.bus.security import client_options
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import decode, encode
 from gangline.events.registry import Registry
@@ -63,7 +64,7 @@ def pong_handler(output_topic: str):  # type: ignore[no-untyped-def]
 
 
 async def produce_raw(bootstrap: str, topic: str, values: Sequence[bytes], key: bytes = b"job-0") -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(), enable_idempotence=True)
     await producer.start()
     try:
         for value in values:
@@ -92,7 +93,7 @@ async def read_all(
     """
     deadline = time.monotonic() + timeout_s
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False
+        bootstrap_servers=bootstrap, **client_options(), isolation_level=isolation, enable_auto_commit=False
     )
     await consumer.start()
     try:

@@ -11,13 +11,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from gangline.bus.admin import TopicSpec, delete_topics, ensure_topics, wait_until_ready
+from gangline.bus.security import client_options
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture
 async def admin(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    client = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    client = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, **client_options())
     await client.start()
     try:
         yield client

@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaProducer
 from bus_kafka_helpers import REGISTRY, Ping, ping, read_all
 
 from gangline.bus import DLQ_CODE, DLQ_SOURCE_SERVICE, Delivery, EventConsumer, EventProducer, header
+from gangline.bus.security import client_options
 
 pytestmark = pytest.mark.kafka
 
@@ -20,7 +21,7 @@ async def test_publish_keys_by_subject_and_the_consumer_dead_letters_garbage(  #
     topic = await topic_factory(partitions=1)
     async with EventProducer(kafka_bootstrap) as producer:
         first = await producer.publish(topic.name, ping(1, job="job-a"))
-        raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        raw = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
         await raw.start()
         try:
             await raw.send_and_wait(topic.name, value=b"garbage", key=b"job-b", headers=[("origin", b"test")])

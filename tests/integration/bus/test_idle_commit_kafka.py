@@ -13,6 +13,7 @@ from bus_kafka_helpers import REGISTRY, Ping, envelopes, pong_handler, produce_p
 
 from gangline.bus import Outgoing, Processor, ProcessorSettings, RecordMeta
 from gangline.bus.admin import TopicSpec
+from gangline.bus.security import client_options
 from gangline.events.base import Envelope
 
 pytestmark = pytest.mark.kafka
@@ -39,7 +40,9 @@ def _settings(
 
 
 async def _committed(bootstrap: str, group: str, topic: str) -> int | None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **client_options(), group_id=group, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         committed: int | None = await consumer.committed(TopicPartition(topic, 0))
@@ -223,6 +226,7 @@ async def test_partitions_given_back_after_a_rebalance_resume_after_what_this_ru
         other = AIOKafkaConsumer(
             source,
             bootstrap_servers=kafka_bootstrap,
+            **client_options(),
             group_id=group,
             enable_auto_commit=False,
             session_timeout_ms=6_000,

@@ -32,6 +32,7 @@ from gangline.bus import (
     RecordMeta,
     header,
 )
+from gangline.bus.security import client_options
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import encode
 
@@ -69,7 +70,9 @@ def _settings(bootstrap: str, topic: str, **overrides: object) -> ProcessorSetti
 
 async def _produce(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
     # Room for a record as large as the broker takes (1 MiB less a little framing).
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, max_request_size=2**21)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, **client_options(), enable_idempotence=True, max_request_size=2**21
+    )
     await producer.start()
     try:
         for value in values:

@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from gangline.bus import DLQ_CODE, DLQ_OFFSET, MAX_DEAD_LETTER_BYTES, Delivery, EventProducer, header
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.security import client_options
 from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import decode, encode
@@ -269,7 +270,10 @@ async def test_an_undecodable_record_goes_to_the_dead_letter_topic_and_the_ledge
     finally:
         await stop(ledger, task)
     dlq = AIOKafkaConsumer(
-        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+        prefix + "jobs.events.dlq",
+        bootstrap_servers=kafka_bootstrap,
+        **client_options(),
+        auto_offset_reset="earliest",
     )
     await dlq.start()
     try:
@@ -320,6 +324,7 @@ async def test_an_event_the_database_keeps_refusing_is_dead_lettered_and_the_res
     dlq = AIOKafkaConsumer(
         prefix + topic_for(poison.data) + ".dlq",
         bootstrap_servers=kafka_bootstrap,
+        **client_options(),
         auto_offset_reset="earliest",
     )
     await dlq.start()
@@ -362,7 +367,7 @@ async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_
         return await real_project_batch(conn, deliveries, registry, **options)
 
     monkeypatch.setattr(wiring, "project_batch", flaky)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=2**21)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options(), max_request_size=2**21)
     await producer.start()
     try:
         # A small bad record among the job's events (in the batch that is refused and read again),
@@ -376,26 +381,29 @@ async def test_huge_deep_and_garbage_records_are_dead_lettered_once_each_within_
         await producer.stop()
     ledger = Ledger(settings(kafka_bootstrap, prefix, pg_dsn), pg_pool, retry_backoff_s=0.01)
     task = await run_ledger(ledger)
+    dlq = AIOKafkaConsumer(
+        prefix + "jobs.events.dlq",
+        bootstrap_servers=kafka_bootstrap,
+        **client_options(),
+        auto_offset_reset="earliest",
+    )
+    records: list[ConsumerRecord[bytes, bytes]] = []
     try:
         await until(lambda: _equals(count_events(pg_pool, history), len(history)))
         assert not task.done()  # never crashed
-    finally:
-        await stop(ledger, task)
-    dlq = AIOKafkaConsumer(
-        prefix + "jobs.events.dlq", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
-    )
-    await dlq.start()
-    records: list[ConsumerRecord[bytes, bytes]] = []
-    try:
-        # One large record per fetch: read until the four are there (or 30 s have passed, and fail).
+        # The large records come after the job's events: read the dead letters while the ledger still
+        # runs (it may reach them after the last event is written), until the four are there (or 30 s
+        # have passed, and fail); one large record per fetch.
+        await dlq.start()
         deadline = asyncio.get_running_loop().time() + 30
         while len(records) < 4 and asyncio.get_running_loop().time() < deadline:
             batch = await dlq.getmany(timeout_ms=1_000)
             records += [r for rs in batch.values() for r in rs]
-        batch = await dlq.getmany(timeout_ms=1_000)  # and no fourth one behind them
+        batch = await dlq.getmany(timeout_ms=1_000)  # and no fifth one behind them
         records += [r for rs in batch.values() for r in rs]
     finally:
         await dlq.stop()
+        await stop(ledger, task)
     offsets = [int(header(r.headers, DLQ_OFFSET) or b"-1") for r in records]
     assert len(offsets) == len(set(offsets)) == 4  # once each, though the first was read twice more
     for record in records:

@@ -9,6 +9,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from gangline.bus.admin import TopicSpec
+from gangline.bus.security import client_options
 from gangline.events.codec import dumps
 from gangline.replay.kafka import KafkaSource
 
@@ -43,7 +44,9 @@ async def test_unreadable_records_are_skipped_and_counted(
         b"[" * 10_000 + b"]" * 10_000,  # json.loads would raise RecursionError
     ]
     values = [_request(0), garbage[0], _request(1), garbage[1], garbage[2], _request(2), *garbage[3:]]
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, **client_options(), enable_idempotence=True
+    )
     await producer.start()
     try:
         for value in values:

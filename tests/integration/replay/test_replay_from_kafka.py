@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaProducer
 from scenarios.dsl import gpus
 
 from gangline.bus.admin import TopicSpec
+from gangline.bus.security import client_options
 from gangline.core.model import JobId, QueueName
 from gangline.events.base import JsonObject
 from gangline.events.chain import ChainWriter
@@ -52,7 +53,7 @@ async def _write_chained(
     hashing, as a writer without the chain's key would. Returns (partition, envelope, headers) sent."""
     writers = [ChainWriter() for _ in range(PARTITIONS)]
     sent: list[tuple[int, JsonObject, dict[str, str]]] = []
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(), enable_idempotence=True)
     await producer.start()
     try:
         for k, env in enumerate(envelopes):

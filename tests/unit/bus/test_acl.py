@@ -1,0 +1,73 @@
+"""The broker's ACLs as the project writes them from the catalogue and deploy/kafka/access.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gangline.bus.acl import (
+    AccessFile,
+    AclBinding,
+    Grant,
+    Operation,
+    PatternType,
+    ResourceType,
+    acl_bindings,
+    load_access,
+)
+from gangline.bus.admin import CatalogueError, load_catalogue
+
+ROOT = Path(__file__).resolve().parents[3]
+SPECS = load_catalogue(ROOT / "schemas" / "topics.yaml")
+
+
+def _topics(bindings: list[AclBinding], principal: str, operation: Operation) -> set[str]:
+    return {
+        b.resource_name
+        for b in bindings
+        if b.principal == f"User:{principal}"
+        and b.operation is operation
+        and b.resource_type is ResourceType.TOPIC
+    }
+
+
+def test_the_committed_access_file_gives_each_principal_only_its_part() -> None:
+    bindings = acl_bindings(load_access(ROOT / "deploy" / "kafka" / "access.yaml"), SPECS, topic_prefix="p.")
+    for producer in ("producer", "team-a", "team-b", "api"):
+        assert _topics(bindings, producer, Operation.WRITE) == {"p.jobs.requests"}
+        assert _topics(bindings, producer, Operation.READ) == set()
+    assert _topics(bindings, "agent", Operation.WRITE) == {
+        "p.nodes.inventory",
+        "p.nodes.heartbeats",
+        "p.nodes.health",
+        "p.jobs.events",
+        "p.allocations.log.dlq",
+        "p.jobs.events.dlq",
+    }
+    assert _topics(bindings, "analytics", Operation.WRITE) == set()
+    assert "p.allocations.log" in _topics(bindings, "placement", Operation.WRITE)
+    assert "p.allocations.log" not in _topics(bindings, "admission", Operation.WRITE)
+    placement_txn = {
+        b.resource_name
+        for b in bindings
+        if b.resource_type is ResourceType.TRANSACTIONAL_ID and b.principal == "User:placement"
+    }
+    assert placement_txn == {"gangline.placement."}
+    assert not any(
+        b.resource_type is ResourceType.TRANSACTIONAL_ID for b in bindings if b.principal == "User:producer"
+    )
+
+
+def test_a_group_is_its_name_and_its_sub_groups_and_the_readers_get_the_dead_letter_twin() -> None:
+    access = AccessFile(super_user="admin", principals={"s": Grant(read=("jobs.events",), groups=("s",))})
+    bindings = acl_bindings(access, SPECS, group_prefix="g")
+    assert AclBinding("User:s", ResourceType.GROUP, "g.s", PatternType.LITERAL, Operation.READ) in bindings
+    assert AclBinding("User:s", ResourceType.GROUP, "g.s.", PatternType.PREFIXED, Operation.READ) in bindings
+    assert _topics(bindings, "s", Operation.WRITE) == {"jobs.events.dlq"}
+
+
+def test_a_pattern_that_names_no_topic_is_an_error() -> None:
+    access = AccessFile(super_user="admin", principals={"s": Grant(write=("job.events",))})
+    with pytest.raises(CatalogueError, match="names no topic"):
+        acl_bindings(access, SPECS)
