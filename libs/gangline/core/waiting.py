@@ -27,8 +27,10 @@ Fractional and MIG requests are never dropped (their capacity is not counted her
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
 from gangline.core.snapshot import Snapshot
@@ -70,6 +72,8 @@ class WaitingIndex:
         self._key = key
         self._groups: dict[GroupKey, list[tuple[LineKey, Job]]] = {}
         self._where: dict[JobId, tuple[GroupKey, LineKey]] = {}
+        self._hints: dict[GroupKey, list[tuple[float, LineKey, Job]]] = {}
+        """Per group, its jobs with a duration hint, by (hint, line): for `short_candidates`."""
 
     def __len__(self) -> int:
         return len(self._where)
@@ -84,6 +88,8 @@ class WaitingIndex:
         else:
             insort(group, entry, key=lambda e: e[0])
         self._where[job.id] = (key, line)
+        if job.duration_hint_s is not None:
+            insort(self._hints.setdefault(key, []), (float(job.duration_hint_s), line, job), key=_hint_key)
 
     def line_of(self, job_id: JobId) -> LineKey:
         """The line key `job_id` waits with."""
@@ -96,9 +102,34 @@ class WaitingIndex:
             return
         key, line = where
         group = self._groups[key]
-        del group[bisect_left(group, line, key=lambda e: e[0])]
+        job = group.pop(bisect_left(group, line, key=lambda e: e[0]))[1]
         if not group:
             del self._groups[key]
+        if job.duration_hint_s is not None:
+            hints = self._hints[key]
+            del hints[bisect_left(hints, (float(job.duration_hint_s), line), key=_hint_key)]
+            if not hints:
+                del self._hints[key]
+
+    def short_candidates(self, snapshot: Snapshot, horizon: float) -> list[tuple[LineKey, Job]]:
+        """Of each group, the first jobs in line with a duration hint of at most `horizon`, as many
+        as the free GPUs could hold (`candidates` counts them the same way); unsorted.
+
+        Backfill tries the waiting jobs that end before a reservation starts, in line order within a
+        group, and only takes GPUs free at the start of the cycle: no job of a group past these starts.
+        """
+        fits = _FitCounter(snapshot)
+        out: list[tuple[LineKey, Job]] = []
+        for hints in self._hints.values():
+            n = bisect_right(hints, horizon, key=lambda e: e[0])
+            if not n:
+                continue
+            keep = fits.copies(hints[0][2], n)
+            if keep >= n:
+                out.extend((e[1], e[2]) for e in islice(hints, n))
+            elif keep:
+                out.extend((e[1], e[2]) for e in heapq.nsmallest(keep, islice(hints, n), key=_line_key))
+        return out
 
     def candidates(
         self,
@@ -106,10 +137,12 @@ class WaitingIndex:
         admit: AdmitLimit | None = None,
         *,
         blocked: list[tuple[LineKey, Job]] | None = None,
+        blocked_each: int = 1,
     ) -> list[tuple[LineKey, Job]]:
         """The jobs a cycle on `snapshot` may place or charge, with their line keys (unsorted).
 
-        `blocked`, when given, gets each group's first job left out (it cannot be placed now).
+        `blocked`, when given, gets each group's first `blocked_each` jobs left out (they cannot be
+        placed now).
         """
         fits = _FitCounter(snapshot)
         out: list[tuple[LineKey, Job]] = []
@@ -123,8 +156,16 @@ class WaitingIndex:
                 continue
             out.extend(group[:keep])
             if blocked is not None:
-                blocked.append(group[keep])
+                blocked.extend(group[keep : keep + blocked_each])
         return out
+
+
+def _hint_key(e: tuple[float, LineKey] | tuple[float, LineKey, Job]) -> tuple[float, LineKey]:
+    return (e[0], e[1])
+
+
+def _line_key(e: tuple[float, LineKey, Job]) -> LineKey:
+    return e[1]
 
 
 class _FitCounter:

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from gangline.core.explain import explain_unplaced
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate, CycleState
-from gangline.core.framework.status import Reason, ReasonCode, Status
-from gangline.core.model import Job
-from gangline.core.placement import search
+from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
+from gangline.core.model import GpuMode, Job
+from gangline.core.placement import search, whole_workers_fit
 
 NAME = "allocate"
 
@@ -63,9 +63,17 @@ def allocate_one(session: Session, job: Job) -> Status:
     if not st.ok:
         session.pend(job, st)
         return st
+    if (
+        not session.explain
+        and job.kind is GpuMode.WHOLE
+        and whole_workers_fit(session.snapshot, state.models, job.gpus_per_worker) < job.fewest_workers
+    ):
+        st = Status(StatusCode.UNSCHEDULABLE, ())  # what the search would find, without the why
+        session.pend(job, st)
+        return st
     result = search(session, state, job)
     if not result.candidates:
-        st = explain_unplaced(state, job, result)
+        st = explain_unplaced(state, job, result) if session.explain else Status(StatusCode.UNSCHEDULABLE, ())
         session.pend(job, st)
         return st
     k, total, parts = choose(session, state, job, result.candidates)

@@ -37,6 +37,7 @@ from gangline.core.actions.preempt import (
     search_victims,
 )
 from gangline.core.actions.queueing import (
+    EarliestStart,
     QueueContext,
     Reservation,
     context_of,
@@ -48,7 +49,9 @@ from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate, StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import GpuMode, Job
+from gangline.core.placement import whole_workers_fit
 from gangline.core.snapshot import RunningJob, Slot
+from gangline.core.waiting import group_key
 
 RESERVE = "reserve"
 BACKFILL = "backfill"
@@ -100,6 +103,13 @@ def earliest_start(
     still holds the GPUs it will use, as they free up.
     """
     snap = session.snapshot
+    memo = ctx.start_memo
+    key: tuple[object, ...] | None = None
+    if memo is not None and _own_snapshot(session, ctx):
+        key = group_key(job)
+        hit = memo.get(key)
+        if hit is not None and ctx.now <= hit.valid_until:
+            return hit.start, hit.candidate, []
     place = placement_oracle(session)
     now_free: list[RunningJob] = []
     timeline: list[tuple[float, str, RunningJob]] = []
@@ -145,10 +155,32 @@ def earliest_start(
             snap.release(r.job.id)
             if max((snap.total_free[m] for m in models), default=0) < need:
                 continue
+            if whole_workers_fit(snap, models, job.gpus_per_worker) < job.fewest_workers:
+                continue  # not enough of the free GPUs together on nodes: no placement yet
             got = place(job)
             if got is not None:
+                if memo is not None and key is not None and not now_free:
+                    # Read again at a later `now`, the same search gives the same answer while no
+                    # expected end has passed (`max(end, now)` and the release order stay put).
+                    soonest = min((t[0] for t in timeline), default=math.inf)
+                    if soonest > ctx.now:
+                        memo[key] = EarliestStart(end, got, soonest)
                 return end, got, []
     return None
+
+
+def _own_snapshot(session: Session, ctx: QueueContext) -> bool:
+    """Whether the working snapshot is still the one the cycle began with (nothing placed, taken,
+    evicted or held yet) and no preemption is in flight: `earliest_start` then reads only the
+    caller's snapshot and facts, which `QueueContext.start_memo` is kept for."""
+    return (
+        not session.placed
+        and not session.evicted
+        and not session.set_aside
+        and not session.shared.get(HELD)
+        and not ctx.in_flight
+        and not ctx.freeing
+    )
 
 
 class Reserve:
@@ -261,6 +293,8 @@ class Backfill:
             reasons = (prior.reasons if prior is not None else ()) + (reason,)
             session.pend(holder, Status(StatusCode.UNSCHEDULABLE, reasons))
         session.shared[HELD] = new_holds
+        if not ctx.explain:
+            return
         for job in session.open_jobs():
             pending = session.pending.get(job.id)
             if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:
