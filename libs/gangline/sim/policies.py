@@ -208,6 +208,8 @@ class CorePolicy:
     _seq: int = field(init=False, default=0)
     _admits: dict[tuple[object, ...], tuple[int, int]] = field(init=False, default_factory=dict)
     """Per (queue, request): how many copies quota admits, and the bound it was counted up to."""
+    _admit_keys: dict[JobId, tuple[object, ...]] = field(init=False, default_factory=dict)
+    """Each job's (queue, request) key for `_admits` (dropped when it starts)."""
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
     _requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
     _usage: dict[QueueName, dict[Resource, float]] = field(init=False, default_factory=dict)
@@ -368,15 +370,17 @@ class CorePolicy:
         to every waiting job (a count that reached that bound is counted again once more wait).
         """
         assert self._ledger is not None
-        key = (
-            job.queue,
-            job.gpu_type,
-            job.kind,
-            job.workers,
-            job.gpus_per_worker,
-            job.mig_profile,
-            job.gpu_milli,
-        )
+        key = self._admit_keys.get(job.id)
+        if key is None:
+            key = self._admit_keys[job.id] = (
+                job.queue,
+                job.gpu_type,
+                job.kind,
+                job.workers,
+                job.gpus_per_worker,
+                job.mig_profile,
+                job.gpu_milli,
+            )
         most = len(self._pending)
         hit = self._admits.get(key)
         if hit is None or (hit[0] >= hit[1] and most > hit[1]):
@@ -434,6 +438,22 @@ class CorePolicy:
         )
         return run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
 
+    def _keep_starts(self, placed: Sequence[Job], now: float) -> None:
+        """Keep the earliest starts that `placed` (starting now) cannot change: those after all
+        of them are expected to end.
+
+        Released in expected-end order, every step before such a start now has the GPUs it had,
+        less the ones `placed` still hold, so the gang fits at none of them (GPUs only taken); at
+        the start itself every one of `placed` has ended, and the GPUs are exactly as before.
+        """
+        ends = [now + j.duration_hint_s if j.duration_hint_s is not None else math.inf for j in placed]
+        latest, soonest = max(ends), min(ends)
+        for key, e in list(self._starts.items()):
+            if latest < e.start:
+                self._starts[key] = replace(e, valid_until=min(e.valid_until, soonest))
+            else:
+                del self._starts[key]
+
     def _backfill_extras(
         self, jobs: Sequence[Job], reservations: Sequence[Reservation], now: float
     ) -> list[Job] | None:
@@ -486,8 +506,10 @@ class CorePolicy:
                 self.finish(e.job_id, now)
                 self._wait(r.job)
                 evicted.append(e.job_id)
-        if plan.placed or plan.evicted:
+        if plan.evicted:
             self._starts.clear()
+        elif plan.placed:
+            self._keep_starts([p.job for p in plan.placed], now)
         problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
         started: list[JobId] = []
         partial: list[JobId] = []
@@ -496,6 +518,7 @@ class CorePolicy:
                 continue
             del self._pending[p.job.id]
             self._waiting.remove(p.job.id)
+            self._admit_keys.pop(p.job.id, None)
             started.append(p.job.id)
             if len(p.allocation.placements) < p.job.fewest_workers:
                 partial.append(p.job.id)

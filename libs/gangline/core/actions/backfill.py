@@ -50,7 +50,7 @@ from gangline.core.framework.state import Candidate, StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import GpuMode, Job
 from gangline.core.placement import whole_workers_fit
-from gangline.core.snapshot import RunningJob, Slot
+from gangline.core.snapshot import RunningJob, Slot, most_over
 from gangline.core.waiting import group_key
 
 RESERVE = "reserve"
@@ -147,13 +147,13 @@ def earliest_start(
     with what_if(snap):
         for r in now_free:
             snap.release(r.job.id)
-        if max((snap.total_free[m] for m in models), default=0) >= need:
+        if most_over(snap.total_free, models) >= need:
             got = place(job)
             if got is not None:
                 return ctx.now, got, now_free
         for end, _, r in timeline:
             snap.release(r.job.id)
-            if max((snap.total_free[m] for m in models), default=0) < need:
+            if most_over(snap.total_free, models) < need:
                 continue
             if whole_workers_fit(snap, models, job.gpus_per_worker) < job.fewest_workers:
                 continue  # not enough of the free GPUs together on nodes: no placement yet
