@@ -208,6 +208,8 @@ class CorePolicy:
     _seq: int = field(init=False, default=0)
     _admits: dict[tuple[object, ...], tuple[int, int]] = field(init=False, default_factory=dict)
     """Per (queue, request): how many copies quota admits, and the bound it was counted up to."""
+    _available: dict[tuple[QueueName, Resource], int] = field(init=False, default_factory=dict)
+    """`QuotaLedger.available` per (queue, resource) until the ledger changes."""
     _admit_keys: dict[JobId, tuple[object, ...]] = field(init=False, default_factory=dict)
     """Each job's (queue, request) key for `_admits` (dropped when it starts)."""
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
@@ -272,6 +274,7 @@ class CorePolicy:
         self._requests[job.id] = req
         self._ledger.admit(job.queue, req)
         self._admits.clear()
+        self._available.clear()
         use = self._usage.setdefault(job.queue, {})
         for r, n in req.items():
             use[r] = use.get(r, 0.0) + n
@@ -282,6 +285,7 @@ class CorePolicy:
             return
         self._ledger.release(job.queue, req)
         self._admits.clear()
+        self._available.clear()
         use = self._usage[job.queue]
         for r, n in req.items():
             use[r] -= n
@@ -400,7 +404,10 @@ class CorePolicy:
         n = most
         for r, need in req.items():
             if need > 0:
-                n = min(n, max(0, self._ledger.available(queue, r)) // need)
+                avail = self._available.get((queue, r))
+                if avail is None:
+                    avail = self._available[(queue, r)] = max(0, self._ledger.available(queue, r))
+                n = min(n, avail // need)
         return n
 
     def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:

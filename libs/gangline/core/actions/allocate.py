@@ -58,17 +58,21 @@ def choose(
 
 def allocate_one(session: Session, job: Job) -> Status:
     """Try to place one job now; records the decision in the session."""
-    state = session.new_state(job)
-    st = session.pre_filter(state, job)
-    if not st.ok:
-        session.pend(job, st)
-        return st
+    snap = session.snapshot
     if (
         not session.explain
         and job.kind is GpuMode.WHOLE
-        and whole_workers_fit(session.snapshot, state.models, job.gpus_per_worker) < job.fewest_workers
+        and whole_workers_fit(snap, range(len(snap.models)), job.gpus_per_worker) < job.fewest_workers
     ):
-        st = Status(StatusCode.UNSCHEDULABLE, ())  # what the search would find, without the why
+        # Without the why, a gang the free GPUs cannot hold waits (UNSCHEDULABLE) without its
+        # pre-filters: no search could place it. One a pre-filter would call UNRESOLVABLE is then
+        # only tried again by backfill, and fails again.
+        st = Status(StatusCode.UNSCHEDULABLE, ())
+        session.pend(job, st)
+        return st
+    state = session.new_state(job)
+    st = session.pre_filter(state, job)
+    if not st.ok:
         session.pend(job, st)
         return st
     result = search(session, state, job)
