@@ -206,12 +206,12 @@ class CorePolicy:
     _pending: dict[JobId, Job] = field(init=False, default_factory=dict)
     _waiting: WaitingIndex = field(init=False, default_factory=WaitingIndex)
     _seq: int = field(init=False, default=0)
-    _admits: dict[tuple[object, ...], tuple[int, int]] = field(init=False, default_factory=dict)
-    """Per (queue, request): how many copies quota admits, and the bound it was counted up to."""
     _available: dict[tuple[QueueName, Resource], int] = field(init=False, default_factory=dict)
-    """`QuotaLedger.available` per (queue, resource) until the ledger changes."""
-    _admit_keys: dict[JobId, tuple[object, ...]] = field(init=False, default_factory=dict)
-    """Each job's (queue, request) key for `_admits` (dropped when it starts)."""
+    """What quota could still admit per (queue, resource), until the ledger changes."""
+    _weights: dict[QueueName, float] | None = field(init=False, default=None)
+    """The quota tree's fair-share weights (it does not change)."""
+    _order_requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
+    """Each waiting job's request as fair order reads it (dropped when it starts)."""
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
     _requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
     _usage: dict[QueueName, dict[Resource, float]] = field(init=False, default_factory=dict)
@@ -273,7 +273,6 @@ class CorePolicy:
         req = job_request(job, self._model_of(allocation), len(allocation.placements))
         self._requests[job.id] = req
         self._ledger.admit(job.queue, req)
-        self._admits.clear()
         self._available.clear()
         use = self._usage.setdefault(job.queue, {})
         for r, n in req.items():
@@ -284,7 +283,6 @@ class CorePolicy:
         if req is None or self._ledger is None:
             return
         self._ledger.release(job.queue, req)
-        self._admits.clear()
         self._available.clear()
         use = self._usage[job.queue]
         for r, n in req.items():
@@ -370,45 +368,29 @@ class CorePolicy:
     def _admit_limit(self, job: Job, size: int) -> int:
         """How many of `size` jobs like `job` its queue's quota could admit now (at most `size`).
 
-        Cached by (queue, request) until the ledger changes (`_charge`, `_uncharge`), counted up
-        to every waiting job (a count that reached that bound is counted again once more wait).
-        """
-        assert self._ledger is not None
-        key = self._admit_keys.get(job.id)
-        if key is None:
-            key = self._admit_keys[job.id] = (
-                job.queue,
-                job.gpu_type,
-                job.kind,
-                job.workers,
-                job.gpus_per_worker,
-                job.mig_profile,
-                job.gpu_milli,
-            )
-        most = len(self._pending)
-        hit = self._admits.get(key)
-        if hit is None or (hit[0] >= hit[1] and most > hit[1]):
-            req = request_for_order(job, self.snapshot)
-            hit = self._admits[key] = (self._admissible(job.queue, req, most), most)
-        return min(hit[0], size)
-
-    def _admissible(self, queue: QueueName, req: Mapping[Resource, int], most: int) -> int:
-        """The most copies of `req` (up to `most`) the quota ledger admits to `queue` at once.
-
         `QuotaLedger.fits` checks each resource on its own (`n <= available`), so k copies fit
-        exactly when k * n <= available for every resource of the request.
+        exactly when k * n <= available for every resource of the request. The request is kept
+        per job, what quota makes available per (queue, resource) until the ledger changes.
         """
         assert self._ledger is not None
-        if not self._ledger.tree.has_queue(queue):
+        if not self._ledger.tree.has_queue(job.queue):
             return 0
-        n = most
+        req = self._order_requests.get(job.id)
+        if req is None:
+            req = self._order_requests[job.id] = request_for_order(job, self.snapshot)
+        n = size
         for r, need in req.items():
             if need > 0:
-                avail = self._available.get((queue, r))
+                avail = self._available.get((job.queue, r))
                 if avail is None:
-                    avail = self._available[(queue, r)] = max(0, self._ledger.available(queue, r))
+                    avail = self._available[(job.queue, r)] = self._quota_left(job.queue, r)
                 n = min(n, avail // need)
         return n
+
+    def _quota_left(self, queue: QueueName, resource: Resource) -> int:
+        """What quota could still admit to `queue` (a queue of the tree) of `resource`."""
+        assert self._ledger is not None
+        return max(0, self._ledger.available(queue, resource))
 
     def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:
         """The waiting jobs to hand the core this cycle (all, or those that could change it)."""
@@ -429,11 +411,9 @@ class CorePolicy:
     def _queue_cycle(self, jobs: Sequence[Job], now: float) -> tuple[Plan, QueueDecisions]:
         """`run_queue_cycle` with the quota ledger and fair shares as they stand (working copies)."""
         assert self.queues is not None and self._ledger is not None
-        fair = FairShare(
-            capacity=self.queues.capacity,
-            weights={q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()},
-            allocation=self._usage,
-        )
+        if self._weights is None:
+            self._weights = {q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()}
+        fair = FairShare(capacity=self.queues.capacity, weights=self._weights, allocation=self._usage)
         ctx = QueueContext(
             now=now,
             ledger=self._ledger.copy(),
@@ -525,7 +505,7 @@ class CorePolicy:
                 continue
             del self._pending[p.job.id]
             self._waiting.remove(p.job.id)
-            self._admit_keys.pop(p.job.id, None)
+            self._order_requests.pop(p.job.id, None)
             started.append(p.job.id)
             if len(p.allocation.placements) < p.job.fewest_workers:
                 partial.append(p.job.id)
