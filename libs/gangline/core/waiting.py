@@ -72,6 +72,8 @@ class WaitingIndex:
         self._key = key
         self._groups: dict[GroupKey, list[tuple[LineKey, Job]]] = {}
         self._where: dict[JobId, tuple[GroupKey, LineKey]] = {}
+        self._fit_keys: dict[GroupKey, tuple[GpuModel | None, MiB | None, int, int] | tuple[()]] = {}
+        """Per group ever seen, its request as `_FitCounter.copies_of` reads it (() when not counted)."""
         self._hints: dict[GroupKey, list[tuple[float, LineKey, Job]]] = {}
         """Per group, its jobs with a duration hint, by (hint, line): for `short_candidates`."""
 
@@ -146,9 +148,17 @@ class WaitingIndex:
         """
         fits = _FitCounter(snapshot)
         out: list[tuple[LineKey, Job]] = []
-        for group in self._groups.values():
+        fit_keys = self._fit_keys
+        for gkey, group in self._groups.items():
             job = group[0][1]
-            keep = fits.copies(job, len(group))
+            fkey = fit_keys.get(gkey)
+            if fkey is None:
+                fkey = fit_keys[gkey] = (
+                    (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+                    if job.kind is GpuMode.WHOLE
+                    else ()
+                )
+            keep = fits.copies_of(fkey, len(group)) if fkey else len(group)
             if admit is not None and keep < len(group):
                 keep = max(keep, admit(job, len(group)))
             if keep >= len(group):
@@ -190,17 +200,22 @@ class _FitCounter:
         if job.kind is not GpuMode.WHOLE:
             return limit
         key = (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+        return self.copies_of(key, limit)
+
+    def copies_of(self, key: tuple[GpuModel | None, MiB | None, int, int], limit: int) -> int:
+        """`copies` of a whole-GPU request by its (GPU type, memory, GPUs per worker, fewest workers)."""
         n = self._copies.get(key)
         if n is None:
             snap = self.snap
+            gpu_type, memory, per_worker, fewest = key
             n = 0
             for m, model in enumerate(snap.models):
-                if job.gpu_type is not None and model != job.gpu_type:
+                if gpu_type is not None and model != gpu_type:
                     continue
-                if job.gpu_memory_mib is not None and snap.model_memory[m] < job.gpu_memory_mib:
+                if memory is not None and snap.model_memory[m] < memory:
                     continue
-                if snap.capacity[m] and job.gpus_per_worker <= snap.max_per_node:
-                    n += self._workers_fit(m, job.gpus_per_worker) // job.fewest_workers
+                if snap.capacity[m] and per_worker <= snap.max_per_node:
+                    n += self._workers_fit(m, per_worker) // fewest
             self._copies[key] = n
         return min(n, limit)
 

@@ -361,13 +361,24 @@ def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> li
     items = [Pending(j.queue, j.priority, ctx.submit_time.get(j.id, 0.0), j.id, j) for j in jobs]
     order = FairOrder(items, fair)
     out: list[Job] = []
+    # Requests by shape (read only below), and the (queue, shape)s quota refused: the ledger only
+    # grows here, so a request it refused once it refuses again.
+    requests: dict[tuple[object, ...], dict[Resource, int]] = {}
+    refused: set[tuple[QueueName, tuple[object, ...]]] = set()
     while (p := order.next()) is not None:
-        out.append(p.item)
-        req = request_for_order(p.item, snapshot)
-        if order_ledger.fits(p.item.queue, req):
+        job = p.item
+        out.append(job)
+        shape = (job.gpu_type, job.mig_profile, job.gpu_milli, job.workers, job.gpus_per_worker)
+        req = requests.get(shape)
+        if req is None:
+            req = requests[shape] = request_for_order(job, snapshot)
+        if (job.queue, shape) in refused:
+            order.skipped()
+        elif order_ledger.fits(job.queue, req):
             order_ledger.admit(p.item.queue, req)
             order.admitted(req)
         else:
+            refused.add((job.queue, shape))
             order.skipped()
     return out
 
