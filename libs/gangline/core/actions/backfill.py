@@ -114,25 +114,23 @@ def earliest_start(
     now_free: list[RunningJob] = []
     timeline: list[tuple[float, str, RunningJob]] = []
     unknown: list[tuple[float, str, RunningJob]] = []
+    evicted, placed, now = session.evicted, session.placed, ctx.now
+    evict_in_cycle, in_flight, expected_end = ctx.policy.evict_in_cycle, ctx.in_flight, ctx.expected_end
     for r in snap.running.values():
-        if r.job.id in session.evicted:
+        rj = r.job
+        if rj.id in evicted:
             continue
-        if (
-            ctx.policy.evict_in_cycle
-            and r.job.preemptible
-            and r.job.priority < job.priority
-            and r.job.id not in ctx.in_flight
-        ):
+        if evict_in_cycle and rj.preemptible and rj.priority < job.priority and rj.id not in in_flight:
             now_free.append(r)
             continue
-        end = ctx.expected_end(r.job)
-        if end is None and r.job.id in session.placed and r.job.duration_hint_s is not None:
-            end = ctx.now + r.job.duration_hint_s  # started in this cycle (``start_ahead``)
+        end = expected_end(rj)
+        if end is None and rj.id in placed and rj.duration_hint_s is not None:
+            end = now + rj.duration_hint_s  # started in this cycle (``start_ahead``)
         if end is not None:
-            timeline.append((max(end, ctx.now), r.job.id, r))
+            timeline.append((now if now > end else end, rj.id, r))  # max(end, now), as max picks
         else:
-            unknown.append((ctx.runtime(r.job.id), r.job.id, r))
-    timeline.sort(key=lambda t: (t[0], t[1]))
+            unknown.append((ctx.runtime(rj.id), rj.id, r))
+    timeline.sort(key=_end_then_id)
     # Jobs with no known end come last, the longest-running first: where the gang will go is then
     # the same cycle after cycle, so the GPUs held for it build up instead of wandering.
     unknown.sort(key=lambda t: (-t[0], t[1]))
@@ -167,6 +165,10 @@ def earliest_start(
                         memo[key] = EarliestStart(end, got, soonest)
                 return end, got, []
     return None
+
+
+def _end_then_id(t: tuple[float, str, RunningJob]) -> tuple[float, str]:
+    return (t[0], t[1])
 
 
 def _own_snapshot(session: Session, ctx: QueueContext) -> bool:
