@@ -127,7 +127,7 @@ def earliest_start(
         if end is None and rj.id in placed and rj.duration_hint_s is not None:
             end = now + rj.duration_hint_s  # started in this cycle (``start_ahead``)
         if end is not None:
-            timeline.append((now if now > end else end, rj.id, r))  # max(end, now), as max picks
+            timeline.append((now if now > end else end, rj.id, r))  # max(end, now)
         else:
             unknown.append((ctx.runtime(rj.id), rj.id, r))
     timeline.sort(key=_end_then_id)
