@@ -210,6 +210,8 @@ class CorePolicy:
     """What quota could still admit per (queue, resource), until the ledger changes."""
     _weights: dict[QueueName, float] | None = field(init=False, default=None)
     """The quota tree's fair-share weights (it does not change)."""
+    _admits: dict[JobId, int] = field(init=False, default_factory=dict)
+    """`_admissible` per job asked, until the ledger changes."""
     _order_requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
     """Each waiting job's request as fair order reads it (dropped when it starts)."""
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
@@ -274,6 +276,7 @@ class CorePolicy:
         self._requests[job.id] = req
         self._ledger.admit(job.queue, req)
         self._available.clear()
+        self._admits.clear()
         use = self._usage.setdefault(job.queue, {})
         for r, n in req.items():
             use[r] = use.get(r, 0.0) + n
@@ -284,6 +287,7 @@ class CorePolicy:
             return
         self._ledger.release(job.queue, req)
         self._available.clear()
+        self._admits.clear()
         use = self._usage[job.queue]
         for r, n in req.items():
             use[r] -= n
@@ -372,13 +376,20 @@ class CorePolicy:
         exactly when k * n <= available for every resource of the request. The request is kept
         per job, what quota makes available per (queue, resource) until the ledger changes.
         """
+        n = self._admits.get(job.id)
+        if n is None:
+            n = self._admits[job.id] = self._admissible(job)
+        return n if n < size else size
+
+    def _admissible(self, job: Job) -> int:
+        """How many copies of `job`'s request quota could admit now (`UNLIMITED` for an empty one)."""
         assert self._ledger is not None
         if not self._ledger.tree.has_queue(job.queue):
             return 0
         req = self._order_requests.get(job.id)
         if req is None:
             req = self._order_requests[job.id] = request_for_order(job, self.snapshot)
-        n = size
+        n = UNLIMITED
         for r, need in req.items():
             if need > 0:
                 avail = self._available.get((job.queue, r))
@@ -506,6 +517,7 @@ class CorePolicy:
             del self._pending[p.job.id]
             self._waiting.remove(p.job.id)
             self._order_requests.pop(p.job.id, None)
+            self._admits.pop(p.job.id, None)
             started.append(p.job.id)
             if len(p.allocation.placements) < p.job.fewest_workers:
                 partial.append(p.job.id)
