@@ -210,6 +210,8 @@ class CorePolicy:
     """What quota could still admit per (queue, resource), until the ledger changes."""
     _weights: dict[QueueName, float] | None = field(init=False, default=None)
     """The quota tree's fair-share weights (it does not change)."""
+    _queue_waiting: dict[QueueName, int] = field(init=False, default_factory=dict)
+    """How many jobs wait per queue."""
     _admits: dict[JobId, int] = field(init=False, default_factory=dict)
     """`_admissible` per job asked, until the ledger changes."""
     _order_requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
@@ -245,6 +247,7 @@ class CorePolicy:
         if job.id in self._pending:
             return
         self._pending[job.id] = job
+        self._queue_waiting[job.queue] = self._queue_waiting.get(job.queue, 0) + 1
         self._seq += 1
         line = float(self._seq) if self.queues is None else self._submitted[job.id]
         self._waiting.add(job, (line, job.id))
@@ -304,8 +307,14 @@ class CorePolicy:
         if self.queues is not None:
             return self._allocate_only() and len(new) == 1
         # Reserve and backfill only take GPUs too; the cycle then also sees the reservation holders,
-        # so the new jobs are measured against the same held GPUs a full cycle would hold.
-        return self._allocate_only() or not self._evicts()
+        # so the new jobs are measured against the same held GPUs a full cycle would hold. Their
+        # fair order charges every job it meets (no quota refuses any), so the jobs left out would
+        # move the others unless all wait in one queue (one line: priority, then submit time).
+        return self._allocate_only() or (not self._evicts() and self._one_queue())
+
+    def _one_queue(self) -> bool:
+        """Whether every waiting job is in the same queue."""
+        return len(self._queue_waiting) <= 1
 
     def _allocate_only(self) -> bool:
         """Whether cycles only take GPUs (no action evicts), which pruning and `new` rely on."""
@@ -319,8 +328,6 @@ class CorePolicy:
     def _reserve_heads(self) -> tuple[int, int] | None:
         """(how many blocked jobs per group a cycle may reserve for, the fewest GPUs reserve takes)
         when the profile's reservations can be pruned exactly (see `_fits_and_heads`), else None."""
-        if self._ledger is None:
-            return None
         reserves = [a for a in self.profile.actions if a.name == "reserve"]
         if not all(isinstance(a, Reserve) and not a.start_ahead for a in reserves):
             return None
@@ -340,15 +347,15 @@ class CorePolicy:
         anyway). The ones left out are past what quota could charge, so fair order skips them and
         handing them over does not move the others (`gangline.core.waiting`).
         """
-        assert self._ledger is not None
         blocked: list[tuple[LineKey, Job]] = []
-        lined = self._waiting.candidates(self.snapshot, self._admit_limit, blocked=blocked, blocked_each=held)
+        admit = self._admit_limit if self._ledger is not None else None
+        lined = self._waiting.candidates(self.snapshot, admit, blocked=blocked, blocked_each=held)
         for entry in blocked:
             job = entry[1]
             if (
                 job.kind is GpuMode.WHOLE
                 and job.fewest_workers * job.gpus_per_worker >= fewest
-                and self._admit_limit(job, 1) > 0
+                and (admit is None or admit(job, 1) > 0)
             ):
                 lined.append(entry)
         lined.sort(key=lambda e: e[0])
@@ -357,6 +364,10 @@ class CorePolicy:
     def _front_and_fits(self) -> list[Job]:
         """The first `FRONT` waiting jobs in line, then every later one the free GPUs could hold or,
         with queues, quota could charge (fair order charges those; see `gangline.core.waiting`)."""
+        if self._ledger is None and not self._one_queue():
+            # Without quotas fair order charges every waiting job, so any one left out could move
+            # the others (`_monotone`): all of them, unless they wait in a single queue.
+            return list(self._pending.values())
         heads = self._reserve_heads()
         if heads is not None:
             self._pruned_heads = True
@@ -418,6 +429,11 @@ class CorePolicy:
         if self.prune and not self._evicts():
             return self._front_and_fits()
         return list(self._pending.values())
+
+    def _open_cycle(self, jobs: Sequence[Job], now: float) -> tuple[Plan, QueueDecisions]:
+        """`run_queue_cycle` with no quotas (`open_context`), for the queue-aware actions."""
+        ctx = open_context(self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts)
+        return run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
 
     def _queue_cycle(self, jobs: Sequence[Job], now: float) -> tuple[Plan, QueueDecisions]:
         """`run_queue_cycle` with the quota ledger and fair shares as they stand (working copies)."""
@@ -483,10 +499,11 @@ class CorePolicy:
             return CycleOutcome()
         if self.queues is None and not self._allocate_only():
             # Queue-aware actions (reserve, backfill, ...) read a QueueContext: no quotas here.
-            ctx = open_context(
-                self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts
-            )
-            plan, decisions = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            plan, decisions = self._open_cycle(jobs, now)
+            if self._pruned_heads and any(a.name == "backfill" for a in self.profile.actions):
+                more = self._backfill_extras(jobs, decisions.reservations, now)
+                if more:
+                    plan, decisions = self._open_cycle(more, now)
             self._holders = tuple(r.job_id for r in decisions.reservations)
         elif self.queues is not None and self._ledger is not None:
             plan, decisions = self._queue_cycle(jobs, now)
@@ -515,6 +532,11 @@ class CorePolicy:
             if p.job.id not in self.snapshot.running or p.job.id not in self._pending:
                 continue
             del self._pending[p.job.id]
+            left = self._queue_waiting[p.job.queue] - 1
+            if left:
+                self._queue_waiting[p.job.queue] = left
+            else:
+                del self._queue_waiting[p.job.queue]
             self._waiting.remove(p.job.id)
             self._order_requests.pop(p.job.id, None)
             self._admits.pop(p.job.id, None)

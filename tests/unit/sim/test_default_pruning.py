@@ -1,16 +1,19 @@
 """The default profile (reserve + allocate + backfill) decides the same on the pruned cycles.
 
-`CorePolicy(prune=True)` with queues hands each cycle only the waiting jobs that could be placed
+`CorePolicy(prune=True)` with quotas hands each cycle only the waiting jobs that could be placed
 or charged, the first blocked ones per group that reserve could pick, and (when a reservation
-starts at a known time) the short jobs backfill could start; `prune=False` hands every waiting
-job. Both runs are compared job by job and figure by figure on a seeded trace that queues far
-deeper than `FRONT` (the old front-of-line window), with gangs, quotas, borrowing and priorities.
+starts at a known time) the short jobs backfill could start; without quotas it does so only while
+a single queue waits (fair order then charges every job, so any left out could move the others).
+`prune=False` hands every waiting job. Both runs are compared job by job and figure by figure on
+a seeded trace that queues far deeper than `FRONT` (the old front-of-line window), with gangs,
+quotas, borrowing and priorities.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -75,21 +78,28 @@ class _Deepest(CorePolicy):
         return super().cycle(now, new)
 
 
-def _run(prune: bool, jobs: Sequence[TraceJob], cycle_s: float) -> tuple[RunResult, int]:
+def _run(prune: bool, jobs: Sequence[TraceJob], cycle_s: float, queues: bool) -> tuple[RunResult, int]:
     spec = _spec()
-    setup = QueueSetup(spec.quota_tree({j.queue for j in jobs}), spec.resources())
+    setup = QueueSetup(spec.quota_tree({j.queue for j in jobs}), spec.resources()) if queues else None
     policy = _Deepest("default", default_profile(), spec.build_nodes(), setup, prune=prune)
     result = Simulator(jobs, policy, float(spec.total_gpus), SimOptions(cycle_s=cycle_s)).run()
     return result, policy.deepest
 
 
-@pytest.mark.parametrize(("seed", "cycle_s"), [(1, 0.0), (5, 30.0)])
-def test_default_profile_with_queues_pruned_decides_what_full_cycles_decide(
-    seed: int, cycle_s: float
+@pytest.mark.parametrize(
+    ("seed", "cycle_s", "queues", "one_queue"),
+    [(1, 0.0, True, False), (5, 30.0, True, False), (1, 0.0, False, False), (2, 0.0, False, True)],
+    ids=["quotas", "quotas-cycle-30s", "no-quotas", "no-quotas-one-queue"],
+)
+def test_default_profile_pruned_decides_what_full_cycles_decide(
+    seed: int, cycle_s: float, queues: bool, one_queue: bool
 ) -> None:
+    """Without quotas fair order charges every job, so pruning applies only while one queue waits."""
     jobs = _trace(700, seed)
-    full, deepest = _run(False, jobs, cycle_s)
-    pruned, _ = _run(True, jobs, cycle_s)
+    if one_queue:
+        jobs = [replace(j, queue=QueueName("qa")) for j in jobs]
+    full, deepest = _run(False, jobs, cycle_s, queues)
+    pruned, _ = _run(True, jobs, cycle_s, queues)
     assert deepest > FRONT  # deeper than the old window, so only the exact pruning can agree
     assert {j.id: (j.start, j.end) for j in pruned.jobs} == {j.id: (j.start, j.end) for j in full.jobs}
     sp, sf = summarize(pruned), summarize(full)
