@@ -265,6 +265,20 @@ class Search:
         return self.result
 
 
+def whole_workers_fit(snap: Snapshot, models: Sequence[int], per_worker: int) -> int:
+    """At most this many workers of `per_worker` whole GPUs fit the free GPUs of `models` (each
+    worker on one node): a bound no search can beat, so a gang of more workers has no candidate."""
+    if per_worker <= 0:
+        return 1 << 30
+    n = 0
+    for m in models:
+        buckets = snap.buckets[m]
+        for k in range(per_worker, len(buckets)):
+            if buckets[k]:
+                n += (k // per_worker) * len(buckets[k])
+    return n
+
+
 def search(session: Session, state: CycleState, job: Job) -> SearchResult:
     """Whole-gang candidates for `job` in the session's working snapshot."""
     return Search(session, state, job).run()

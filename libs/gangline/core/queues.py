@@ -343,7 +343,8 @@ class QuotaLedger:
     def _available(self, node: _Node, r: Resource) -> int:
         if node.unlimited:
             return UNLIMITED
-        usage = self._get(node, r)
+        u = self._usage.get(id(node))  # `_get`, inlined: fair order asks this for every job
+        usage = 0 if u is None else u.get(r, 0)
         subtree = node.subtree_quota.get(r, 0)
         if node.parent is None:
             return subtree - usage

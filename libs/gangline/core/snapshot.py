@@ -55,6 +55,14 @@ from gangline.core.model import (
 NAME = "snapshot"
 
 
+def most_over(values: Sequence[int], models: Sequence[int]) -> int:
+    """The largest of `values` at the indexes `models` (0 when there are none); one model, the
+    common case, without building a generator (pre-filters ask this for every job, every cycle)."""
+    if len(models) == 1:
+        return values[models[0]]
+    return max((values[m] for m in models), default=0)
+
+
 def node_problem(node: Node) -> str | None:
     """Why the core cannot model `node`'s own hardware, or None when it can (pure, per node)."""
     for g in node.gpus:

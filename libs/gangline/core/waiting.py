@@ -27,8 +27,10 @@ Fractional and MIG requests are never dropped (their capacity is not counted her
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
 from gangline.core.snapshot import Snapshot
@@ -74,6 +76,10 @@ class WaitingIndex:
         self._key = key
         self._groups: dict[GroupKey, list[tuple[LineKey, Job]]] = {}
         self._where: dict[JobId, tuple[GroupKey, LineKey]] = {}
+        self._fit_keys: dict[GroupKey, tuple[GpuModel | None, MiB | None, int, int] | tuple[()]] = {}
+        """Per group ever seen, its request as `_FitCounter.copies_of` reads it (() when not counted)."""
+        self._hints: dict[GroupKey, list[tuple[float, LineKey, Job]]] = {}
+        """Per group, its jobs with a duration hint, by (hint, line): for `short_candidates`."""
 
     def __len__(self) -> int:
         return len(self._where)
@@ -88,6 +94,8 @@ class WaitingIndex:
         else:
             insort(group, entry, key=lambda e: e[0])
         self._where[job.id] = (key, line)
+        if job.duration_hint_s is not None:
+            insort(self._hints.setdefault(key, []), (float(job.duration_hint_s), line, job), key=_hint_key)
 
     def line_of(self, job_id: JobId) -> LineKey:
         """The line key `job_id` waits with."""
@@ -100,9 +108,34 @@ class WaitingIndex:
             return
         key, line = where
         group = self._groups[key]
-        del group[bisect_left(group, line, key=lambda e: e[0])]
+        job = group.pop(bisect_left(group, line, key=lambda e: e[0]))[1]
         if not group:
             del self._groups[key]
+        if job.duration_hint_s is not None:
+            hints = self._hints[key]
+            del hints[bisect_left(hints, (float(job.duration_hint_s), line), key=_hint_key)]
+            if not hints:
+                del self._hints[key]
+
+    def short_candidates(self, snapshot: Snapshot, horizon: float) -> list[tuple[LineKey, Job]]:
+        """Of each group, the first jobs in line with a duration hint of at most `horizon`, as many
+        as the free GPUs could hold (`candidates` counts them the same way); unsorted.
+
+        Backfill tries the waiting jobs that end before a reservation starts, in line order within a
+        group, and only takes GPUs free at the start of the cycle: no job of a group past these starts.
+        """
+        fits = _FitCounter(snapshot)
+        out: list[tuple[LineKey, Job]] = []
+        for hints in self._hints.values():
+            n = bisect_right(hints, horizon, key=lambda e: e[0])
+            if not n:
+                continue
+            keep = fits.copies(hints[0][2], n)
+            if keep >= n:
+                out.extend((e[1], e[2]) for e in islice(hints, n))
+            elif keep:
+                out.extend((e[1], e[2]) for e in heapq.nsmallest(keep, islice(hints, n), key=_line_key))
+        return out
 
     def candidates(
         self,
@@ -110,16 +143,26 @@ class WaitingIndex:
         admit: AdmitLimit | None = None,
         *,
         blocked: list[tuple[LineKey, Job]] | None = None,
+        blocked_each: int = 1,
     ) -> list[tuple[LineKey, Job]]:
         """The jobs a cycle on `snapshot` may place or charge, with their line keys (unsorted).
 
-        `blocked`, when given, gets each group's first job left out (it cannot be placed now).
+        `blocked`, when given, gets each group's first `blocked_each` jobs left out (they cannot be
+        placed now).
         """
         fits = _FitCounter(snapshot)
         out: list[tuple[LineKey, Job]] = []
-        for group in self._groups.values():
+        fit_keys = self._fit_keys
+        for gkey, group in self._groups.items():
             job = group[0][1]
-            keep = fits.copies(job, len(group))
+            fkey = fit_keys.get(gkey)
+            if fkey is None:
+                fkey = fit_keys[gkey] = (
+                    (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+                    if job.kind is GpuMode.WHOLE
+                    else ()
+                )
+            keep = fits.copies_of(fkey, len(group)) if fkey else len(group)
             if admit is not None and keep < len(group):
                 keep = max(keep, admit(job, len(group)))
             if keep >= len(group):
@@ -127,8 +170,16 @@ class WaitingIndex:
                 continue
             out.extend(group[:keep])
             if blocked is not None:
-                blocked.append(group[keep])
+                blocked.extend(group[keep : keep + blocked_each])
         return out
+
+
+def _hint_key(e: tuple[float, LineKey] | tuple[float, LineKey, Job]) -> tuple[float, LineKey]:
+    return (e[0], e[1])
+
+
+def _line_key(e: tuple[float, LineKey, Job]) -> LineKey:
+    return e[1]
 
 
 class _FitCounter:
@@ -153,17 +204,22 @@ class _FitCounter:
         if job.kind is not GpuMode.WHOLE:
             return limit
         key = (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+        return self.copies_of(key, limit)
+
+    def copies_of(self, key: tuple[GpuModel | None, MiB | None, int, int], limit: int) -> int:
+        """`copies` of a whole-GPU request by its (GPU type, memory, GPUs per worker, fewest workers)."""
         n = self._copies.get(key)
         if n is None:
             snap = self.snap
+            gpu_type, memory, per_worker, fewest = key
             n = 0
             for m, model in enumerate(snap.models):
-                if job.gpu_type is not None and model != job.gpu_type:
+                if gpu_type is not None and model != gpu_type:
                     continue
-                if job.gpu_memory_mib is not None and snap.model_memory[m] < job.gpu_memory_mib:
+                if memory is not None and snap.model_memory[m] < memory:
                     continue
-                if snap.capacity[m] and job.gpus_per_worker <= snap.max_per_node:
-                    n += self._workers_fit(m, job.gpus_per_worker) // job.fewest_workers
+                if snap.capacity[m] and per_worker <= snap.max_per_node:
+                    n += self._workers_fit(m, per_worker) // fewest
             self._copies[key] = n
         return min(n, limit)
 

@@ -40,8 +40,12 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Protocol
 
+from gangline.core.actions.backfill import Reserve
 from gangline.core.actions.queueing import (
+    EarliestStart,
     QueueContext,
+    QueueDecisions,
+    Reservation,
     RunFacts,
     job_request,
     open_context,
@@ -51,6 +55,7 @@ from gangline.core.actions.queueing import (
 from gangline.core.defaults import placement_registry
 from gangline.core.fairshare import FairShare
 from gangline.core.framework.cycle import apply_plan, run_cycle
+from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile, load_profile
 from gangline.core.framework.registry import Registry
 from gangline.core.model import (
@@ -206,9 +211,16 @@ class CorePolicy:
     _pending: dict[JobId, Job] = field(init=False, default_factory=dict)
     _waiting: WaitingIndex = field(init=False, default_factory=WaitingIndex)
     _seq: int = field(init=False, default=0)
-    _admits: dict[tuple[QueueName, tuple[tuple[Resource, int], ...]], int] = field(
-        init=False, default_factory=dict
-    )
+    _available: dict[tuple[QueueName, Resource], int] = field(init=False, default_factory=dict)
+    """What quota could still admit per (queue, resource), until the ledger changes."""
+    _weights: dict[QueueName, float] | None = field(init=False, default=None)
+    """The quota tree's fair-share weights (it does not change)."""
+    _queue_waiting: dict[QueueName, int] = field(init=False, default_factory=dict)
+    """How many jobs wait per queue."""
+    _admits: dict[JobId, int] = field(init=False, default_factory=dict)
+    """`_admissible` per job asked, until the ledger changes."""
+    _order_requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
+    """Each waiting job's request as fair order reads it (dropped when it starts)."""
     _submitted: dict[JobId, float] = field(init=False, default_factory=dict)
     _requests: dict[JobId, dict[Resource, int]] = field(init=False, default_factory=dict)
     _usage: dict[QueueName, dict[Resource, float]] = field(init=False, default_factory=dict)
@@ -217,6 +229,11 @@ class CorePolicy:
     _cycle: int = field(init=False, default=0)
     _ledger: QuotaLedger | None = field(init=False, default=None)
     _preemptible_seen: bool = field(init=False, default=False)
+    _pruned_heads: bool = field(init=False, default=False)
+    """Whether this cycle's jobs are `_fits_and_heads` (backfill may then need `_backfill_extras`)."""
+    _starts: dict[tuple[object, ...], EarliestStart] = field(init=False, default_factory=dict)
+    """Reserve's earliest starts while the snapshot and the running jobs stay as they are
+    (`QueueContext.start_memo`): emptied by every release and every committed plan that changes them."""
     _holders: tuple[JobId, ...] = field(init=False, default=())
     """The jobs that held reservations after the last cycle."""
 
@@ -235,6 +252,7 @@ class CorePolicy:
         if job.id in self._pending:
             return
         self._pending[job.id] = job
+        self._queue_waiting[job.queue] = self._queue_waiting.get(job.queue, 0) + 1
         self._seq += 1
         line = float(self._seq) if self.queues is None else self._submitted[job.id]
         self._waiting.add(job, (line, job.id))
@@ -243,6 +261,7 @@ class CorePolicy:
         r = self.snapshot.release(job_id)
         if r is None:
             return
+        self._starts.clear()
         self._held -= job_gpus(r.job)
         self._facts.pop(job_id, None)
         self._uncharge(r.job)
@@ -264,6 +283,8 @@ class CorePolicy:
         req = job_request(job, self._model_of(allocation), len(allocation.placements))
         self._requests[job.id] = req
         self._ledger.admit(job.queue, req)
+        self._available.clear()
+        self._admits.clear()
         use = self._usage.setdefault(job.queue, {})
         for r, n in req.items():
             use[r] = use.get(r, 0.0) + n
@@ -273,6 +294,8 @@ class CorePolicy:
         if req is None or self._ledger is None:
             return
         self._ledger.release(job.queue, req)
+        self._available.clear()
+        self._admits.clear()
         use = self._usage[job.queue]
         for r, n in req.items():
             use[r] -= n
@@ -289,8 +312,14 @@ class CorePolicy:
         if self.queues is not None:
             return self._allocate_only() and len(new) == 1
         # Reserve and backfill only take GPUs too; the cycle then also sees the reservation holders,
-        # so the new jobs are measured against the same held GPUs a full cycle would hold.
-        return self._allocate_only() or not self._evicts()
+        # so the new jobs are measured against the same held GPUs a full cycle would hold. Their
+        # fair order charges every job it meets (no quota refuses any), so the jobs left out would
+        # move the others unless all wait in one queue (one line: priority, then submit time).
+        return self._allocate_only() or (not self._evicts() and self._one_queue())
+
+    def _one_queue(self) -> bool:
+        """Whether every waiting job is in the same queue."""
+        return len(self._queue_waiting) <= 1
 
     def _allocate_only(self) -> bool:
         """Whether cycles only take GPUs (no action evicts), which pruning and `new` rely on."""
@@ -301,13 +330,56 @@ class CorePolicy:
         an evicting action, or reserve with preemptible work about (it checkpoints that for a gang)."""
         return self._preemptible_seen or any(a.name not in NON_EVICTING_ACTIONS for a in self.profile.actions)
 
+    def _reserve_heads(self) -> tuple[int, int] | None:
+        """(how many blocked jobs per group a cycle may reserve for, the fewest GPUs reserve takes)
+        when the profile's reservations can be pruned exactly (see `_fits_and_heads`), else None."""
+        reserves = [a for a in self.profile.actions if a.name == "reserve"]
+        if not all(isinstance(a, Reserve) and not a.start_ahead for a in reserves):
+            return None
+        held = sum(a.max_reservations for a in reserves if isinstance(a, Reserve))
+        fewest = min((a.min_gpus for a in reserves if isinstance(a, Reserve)), default=0)
+        return held, fewest
+
+    def _fits_and_heads(self, held: int, fewest: int) -> list[Job]:
+        """Every waiting job the free GPUs could hold or quota could charge, and of each group of
+        identical requests the first `held` left out that reserve could pick (exact, unlike `FRONT_OF_LINE`).
+
+        Reserve (without `start_ahead`) walks the cycle's jobs in fair order before anything is
+        placed and gives its reservations to the first whole-GPU gangs of at least `fewest` GPUs
+        that quota admits but the free GPUs cannot place now. Jobs of one group are alike to it
+        and come in line order in fair order, so of those left out only a group's first `held` can
+        be picked (each reservation held only takes GPUs; a job the free GPUs could hold is kept
+        anyway). The ones left out are past what quota could charge, so fair order skips them and
+        handing them over does not move the others (`gangline.core.waiting`).
+        """
+        blocked: list[tuple[LineKey, Job]] = []
+        admit = self._admit_limit if self._ledger is not None else None
+        lined = self._waiting.candidates(self.snapshot, admit, blocked=blocked, blocked_each=held)
+        for entry in blocked:
+            job = entry[1]
+            if (
+                job.kind is GpuMode.WHOLE
+                and job.fewest_workers * job.gpus_per_worker >= fewest
+                and (admit is None or admit(job, 1) > 0)
+            ):
+                lined.append(entry)
+        lined.sort(key=lambda e: e[0])
+        return [j for _, j in lined]
+
     def _front_and_fits(self) -> list[Job]:
         """The first `FRONT_OF_LINE` waiting jobs in line, then every later one the free GPUs could hold or,
         with queues, quota could charge (fair order charges those; see `gangline.core.waiting`)."""
+        if self._ledger is None and not self._one_queue():
+            # Without quotas fair order charges every waiting job, so any one left out could move
+            # the others (`_monotone`): all of them, unless they wait in a single queue.
+            return list(self._pending.values())
+        heads = self._reserve_heads()
+        if heads is not None:
+            self._pruned_heads = True
+            return self._fits_and_heads(*heads)
         front = list(islice(self._pending.values(), FRONT_OF_LINE))
         seen = {j.id for j in front}
         lined = [(self._waiting.line_of(j.id), j) for j in front]
-        self._admits.clear()
         admit = self._admit_limit if self._ledger is not None else None
         lined += [e for e in self._waiting.candidates(self.snapshot, admit) if e[1].id not in seen]
         lined.sort(key=lambda e: e[0])
@@ -316,33 +388,36 @@ class CorePolicy:
     def _admit_limit(self, job: Job, size: int) -> int:
         """How many of `size` jobs like `job` its queue's quota could admit now (at most `size`).
 
-        Cached for the cycle by (queue, request), counted up to every waiting job.
+        `QuotaLedger.fits` checks each resource on its own (`n <= available`), so k copies fit
+        exactly when k * n <= available for every resource of the request. The request is kept
+        per job, what quota makes available per (queue, resource) until the ledger changes.
         """
-        assert self._ledger is not None
-        req = request_for_order(job, self.snapshot)
-        key = (job.queue, tuple(sorted(req.items())))
-        n = self._admits.get(key)
+        n = self._admits.get(job.id)
         if n is None:
-            n = self._admits[key] = self._admissible(job.queue, req, len(self._pending))
-        return min(n, size)
+            n = self._admits[job.id] = self._admissible(job)
+        return n if n < size else size
 
-    def _admissible(self, queue: QueueName, req: Mapping[Resource, int], most: int) -> int:
-        """The most copies of `req` (up to `most`) the quota ledger admits to `queue` at once."""
+    def _admissible(self, job: Job) -> int:
+        """How many copies of `job`'s request quota could admit now (`UNLIMITED` for an empty one)."""
         assert self._ledger is not None
-        fits = self._ledger.fits
-        if not fits(queue, req):
+        if not self._ledger.tree.has_queue(job.queue):
             return 0
-        lo, hi = 1, 2
-        while hi <= most and fits(queue, {r: n * hi for r, n in req.items()}):
-            lo, hi = hi, hi * 2
-        hi = min(hi, most + 1)
-        while hi - lo > 1:  # lo fits, hi does not (or is past `most`)
-            mid = (lo + hi) // 2
-            if fits(queue, {r: n * mid for r, n in req.items()}):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        req = self._order_requests.get(job.id)
+        if req is None:
+            req = self._order_requests[job.id] = request_for_order(job, self.snapshot)
+        n = UNLIMITED
+        for r, need in req.items():
+            if need > 0:
+                avail = self._available.get((job.queue, r))
+                if avail is None:
+                    avail = self._available[(job.queue, r)] = self._quota_left(job.queue, r)
+                n = min(n, avail // need)
+        return n
+
+    def _quota_left(self, queue: QueueName, resource: Resource) -> int:
+        """What quota could still admit to `queue` (a queue of the tree) of `resource`."""
+        assert self._ledger is not None
+        return max(0, self._ledger.available(queue, resource))
 
     def _cycle_jobs(self, new: Sequence[JobId] | None) -> list[Job]:
         """The waiting jobs to hand the core this cycle (all, or those that could change it)."""
@@ -352,7 +427,6 @@ class CorePolicy:
             ids.sort(key=self._waiting.line_of)
             return [self._pending[j] for j in ids]
         if self.prune and self._allocate_only():
-            self._admits.clear()
             admit = self._admit_limit if self._ledger is not None else None
             lined = self._waiting.candidates(self.snapshot, admit)
             lined.sort(key=lambda e: e[0])
@@ -361,32 +435,87 @@ class CorePolicy:
             return self._front_and_fits()
         return list(self._pending.values())
 
+    def _open_cycle(self, jobs: Sequence[Job], now: float) -> tuple[Plan, QueueDecisions]:
+        """`run_queue_cycle` with no quotas (`open_context`), for the queue-aware actions."""
+        ctx = open_context(self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts)
+        return run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+
+    def _queue_cycle(self, jobs: Sequence[Job], now: float) -> tuple[Plan, QueueDecisions]:
+        """`run_queue_cycle` with the quota ledger and fair shares as they stand (working copies)."""
+        assert self.queues is not None and self._ledger is not None
+        if self._weights is None:
+            self._weights = {q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()}
+        fair = FairShare(capacity=self.queues.capacity, weights=self._weights, allocation=self._usage)
+        ctx = QueueContext(
+            now=now,
+            ledger=self._ledger.copy(),
+            fair=fair,
+            submit_time=self._submitted,
+            run_facts=self._facts,
+            explain=False,
+            start_memo=self._starts,
+        )
+        return run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+
+    def _keep_starts(self, placed: Sequence[Job], now: float) -> None:
+        """Keep the earliest starts that `placed` (starting now) cannot change: those after all
+        of them are expected to end.
+
+        Released in expected-end order, every step before such a start now has the GPUs it had,
+        less the ones `placed` still hold, so the gang fits at none of them (GPUs only taken); at
+        the start itself every one of `placed` has ended, and the GPUs are exactly as before.
+        """
+        ends = [now + j.duration_hint_s if j.duration_hint_s is not None else math.inf for j in placed]
+        latest, soonest = max(ends), min(ends)
+        for key, e in list(self._starts.items()):
+            if latest < e.start:
+                self._starts[key] = replace(e, valid_until=min(e.valid_until, soonest))
+            else:
+                del self._starts[key]
+
+    def _backfill_extras(
+        self, jobs: Sequence[Job], reservations: Sequence[Reservation], now: float
+    ) -> list[Job] | None:
+        """`jobs` and the waiting jobs backfill could have started this cycle that they lack, in
+        line order; None when they lack none (then the cycle on `jobs` decided what a full one does).
+
+        Backfill starts only jobs that end before the first reservation starts, on GPUs free at the
+        start of the cycle, so of each group the first ones in line short enough, as many as the free
+        GPUs hold (`WaitingIndex.short_candidates`). The horizon is a second longer than the wait,
+        so rounding in `now + hint <= start` cannot leave one out (an extra job changes nothing).
+        """
+        starts = [r.start for r in reservations]
+        if not starts or not math.isfinite(min(starts)):
+            return None
+        have = {j.id for j in jobs}
+        short = self._waiting.short_candidates(self.snapshot, min(starts) - now + 1.0)
+        extra = [e for e in short if e[1].id not in have]
+        if not extra:
+            return None
+        lined = [(self._waiting.line_of(j.id), j) for j in jobs] + extra
+        lined.sort(key=lambda e: e[0])
+        return [j for _, j in lined]
+
     def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
         self._cycle += 1
+        self._pruned_heads = False
         jobs = self._cycle_jobs(new)
         if not jobs:
             return CycleOutcome()
         if self.queues is None and not self._allocate_only():
             # Queue-aware actions (reserve, backfill, ...) read a QueueContext: no quotas here.
-            ctx = open_context(
-                self.snapshot, jobs, now=now, submit_time=self._submitted, run_facts=self._facts
-            )
-            plan, decisions = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            plan, decisions = self._open_cycle(jobs, now)
+            if self._pruned_heads and any(a.name == "backfill" for a in self.profile.actions):
+                more = self._backfill_extras(jobs, decisions.reservations, now)
+                if more:
+                    plan, decisions = self._open_cycle(more, now)
             self._holders = tuple(r.job_id for r in decisions.reservations)
         elif self.queues is not None and self._ledger is not None:
-            fair = FairShare(
-                capacity=self.queues.capacity,
-                weights={q: self.queues.tree.weight(q) for q in self.queues.tree.queue_names()},
-                allocation=self._usage,
-            )
-            ctx = QueueContext(
-                now=now,
-                ledger=self._ledger.copy(),
-                fair=fair,
-                submit_time=self._submitted,
-                run_facts=self._facts,
-            )
-            plan, decisions = run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
+            plan, decisions = self._queue_cycle(jobs, now)
+            if self._pruned_heads and any(a.name == "backfill" for a in self.profile.actions):
+                more = self._backfill_extras(jobs, decisions.reservations, now)
+                if more:
+                    plan, decisions = self._queue_cycle(more, now)
             self._holders = tuple(r.job_id for r in decisions.reservations)
         else:
             plan = run_cycle(self.snapshot, jobs, self.profile, cycle=self._cycle)
@@ -397,6 +526,10 @@ class CorePolicy:
                 self.finish(e.job_id, now)
                 self._wait(r.job)
                 evicted.append(e.job_id)
+        if plan.evicted:
+            self._starts.clear()
+        elif plan.placed:
+            self._keep_starts([p.job for p in plan.placed], now)
         problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
         started: list[JobId] = []
         partial: list[JobId] = []
@@ -404,7 +537,14 @@ class CorePolicy:
             if p.job.id not in self.snapshot.running or p.job.id not in self._pending:
                 continue
             del self._pending[p.job.id]
+            left = self._queue_waiting[p.job.queue] - 1
+            if left:
+                self._queue_waiting[p.job.queue] = left
+            else:
+                del self._queue_waiting[p.job.queue]
             self._waiting.remove(p.job.id)
+            self._order_requests.pop(p.job.id, None)
+            self._admits.pop(p.job.id, None)
             started.append(p.job.id)
             if len(p.allocation.placements) < p.job.fewest_workers:
                 partial.append(p.job.id)

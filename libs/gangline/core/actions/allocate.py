@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from gangline.core.explain import explain_unplaced
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate, CycleState
-from gangline.core.framework.status import Reason, ReasonCode, Status
-from gangline.core.model import Job
-from gangline.core.placement import search
+from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
+from gangline.core.model import GpuMode, Job
+from gangline.core.placement import search, whole_workers_fit
 
 NAME = "allocate"
 
@@ -58,6 +58,18 @@ def choose(
 
 def allocate_one(session: Session, job: Job) -> Status:
     """Try to place one job now; records the decision in the session."""
+    snap = session.snapshot
+    if (
+        not session.explain
+        and job.kind is GpuMode.WHOLE
+        and whole_workers_fit(snap, range(len(snap.models)), job.gpus_per_worker) < job.fewest_workers
+    ):
+        # Without the why, a gang the free GPUs cannot hold waits (UNSCHEDULABLE) without its
+        # pre-filters: no search could place it. One a pre-filter would call UNRESOLVABLE is then
+        # only tried again by backfill, and fails again.
+        st = Status(StatusCode.UNSCHEDULABLE, ())
+        session.pend(job, st)
+        return st
     state = session.new_state(job)
     st = session.pre_filter(state, job)
     if not st.ok:
@@ -65,7 +77,7 @@ def allocate_one(session: Session, job: Job) -> Status:
         return st
     result = search(session, state, job)
     if not result.candidates:
-        st = explain_unplaced(state, job, result)
+        st = explain_unplaced(state, job, result) if session.explain else Status(StatusCode.UNSCHEDULABLE, ())
         session.pend(job, st)
         return st
     k, total, parts = choose(session, state, job, result.candidates)

@@ -37,6 +37,7 @@ from gangline.core.actions.preempt import (
     search_victims,
 )
 from gangline.core.actions.queueing import (
+    EarliestStart,
     QueueContext,
     Reservation,
     context_of,
@@ -48,7 +49,9 @@ from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate, StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import GpuMode, Job
-from gangline.core.snapshot import RunningJob, Slot
+from gangline.core.placement import whole_workers_fit
+from gangline.core.snapshot import RunningJob, Slot, most_over
+from gangline.core.waiting import group_key
 
 RESERVE = "reserve"
 BACKFILL = "backfill"
@@ -100,29 +103,34 @@ def earliest_start(
     still holds the GPUs it will use, as they free up.
     """
     snap = session.snapshot
+    memo = ctx.start_memo
+    key: tuple[object, ...] | None = None
+    if memo is not None and _own_snapshot(session, ctx):
+        key = group_key(job)
+        hit = memo.get(key)
+        if hit is not None and ctx.now <= hit.valid_until:
+            return hit.start, hit.candidate, []
     place = placement_oracle(session)
     now_free: list[RunningJob] = []
     timeline: list[tuple[float, str, RunningJob]] = []
     unknown: list[tuple[float, str, RunningJob]] = []
+    evicted, placed, now = session.evicted, session.placed, ctx.now
+    evict_in_cycle, in_flight, expected_end = ctx.policy.evict_in_cycle, ctx.in_flight, ctx.expected_end
     for r in snap.running.values():
-        if r.job.id in session.evicted:
+        rj = r.job
+        if rj.id in evicted:
             continue
-        if (
-            ctx.policy.evict_in_cycle
-            and r.job.preemptible
-            and r.job.priority < job.priority
-            and r.job.id not in ctx.in_flight
-        ):
+        if evict_in_cycle and rj.preemptible and rj.priority < job.priority and rj.id not in in_flight:
             now_free.append(r)
             continue
-        end = ctx.expected_end(r.job)
-        if end is None and r.job.id in session.placed and r.job.duration_hint_s is not None:
-            end = ctx.now + r.job.duration_hint_s  # started in this cycle (``start_ahead``)
+        end = expected_end(rj)
+        if end is None and rj.id in placed and rj.duration_hint_s is not None:
+            end = now + rj.duration_hint_s  # started in this cycle (``start_ahead``)
         if end is not None:
-            timeline.append((max(end, ctx.now), r.job.id, r))
+            timeline.append((now if now > end else end, rj.id, r))  # max(end, now)
         else:
-            unknown.append((ctx.runtime(r.job.id), r.job.id, r))
-    timeline.sort(key=lambda t: (t[0], t[1]))
+            unknown.append((ctx.runtime(rj.id), rj.id, r))
+    timeline.sort(key=_end_then_id)
     # Jobs with no known end come last, the longest-running first: where the gang will go is then
     # the same cycle after cycle, so the GPUs held for it build up instead of wandering.
     unknown.sort(key=lambda t: (-t[0], t[1]))
@@ -137,18 +145,44 @@ def earliest_start(
     with what_if(snap):
         for r in now_free:
             snap.release(r.job.id)
-        if max((snap.total_free[m] for m in models), default=0) >= need:
+        if most_over(snap.total_free, models) >= need:
             got = place(job)
             if got is not None:
                 return ctx.now, got, now_free
         for end, _, r in timeline:
             snap.release(r.job.id)
-            if max((snap.total_free[m] for m in models), default=0) < need:
+            if most_over(snap.total_free, models) < need:
                 continue
+            if whole_workers_fit(snap, models, job.gpus_per_worker) < job.fewest_workers:
+                continue  # not enough of the free GPUs together on nodes: no placement yet
             got = place(job)
             if got is not None:
+                if memo is not None and key is not None and not now_free:
+                    # Read again at a later `now`, the same search gives the same answer while no
+                    # expected end has passed (`max(end, now)` and the release order stay put).
+                    soonest = min((t[0] for t in timeline), default=math.inf)
+                    if soonest > ctx.now:
+                        memo[key] = EarliestStart(end, got, soonest)
                 return end, got, []
     return None
+
+
+def _end_then_id(t: tuple[float, str, RunningJob]) -> tuple[float, str]:
+    return (t[0], t[1])
+
+
+def _own_snapshot(session: Session, ctx: QueueContext) -> bool:
+    """Whether the working snapshot is still the one the cycle began with (nothing placed, taken,
+    evicted or held yet) and no preemption is in flight: `earliest_start` then reads only the
+    caller's snapshot and facts, which `QueueContext.start_memo` is kept for."""
+    return (
+        not session.placed
+        and not session.evicted
+        and not session.set_aside
+        and not session.shared.get(HELD)
+        and not ctx.in_flight
+        and not ctx.freeing
+    )
 
 
 class Reserve:
@@ -261,6 +295,8 @@ class Backfill:
             reasons = (prior.reasons if prior is not None else ()) + (reason,)
             session.pend(holder, Status(StatusCode.UNSCHEDULABLE, reasons))
         session.shared[HELD] = new_holds
+        if not ctx.explain:
+            return
         for job in session.open_jobs():
             pending = session.pending.get(job.id)
             if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:

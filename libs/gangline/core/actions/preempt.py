@@ -31,8 +31,8 @@ from gangline.core.actions.victims import NodeGpus, Place, VictimPool, VictimSet
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import FULL_GPU_MILLI, Job, JobId, WorkerPlacement
-from gangline.core.placement import search
+from gangline.core.model import FULL_GPU_MILLI, GpuMode, Job, JobId, WorkerPlacement
+from gangline.core.placement import search, whole_workers_fit
 from gangline.core.snapshot import RunningJob, Snapshot
 
 NAME = "preempt"
@@ -48,6 +48,12 @@ def placement_oracle(session: Session) -> Place:
     pre_filters = [p for p in session.profile.pre_filters if getattr(p, "name", "") != QUOTA_PLUGIN]
 
     def place(job: Job) -> Candidate | None:
+        snap = session.snapshot
+        if (
+            job.kind is GpuMode.WHOLE
+            and whole_workers_fit(snap, range(len(snap.models)), job.gpus_per_worker) < job.fewest_workers
+        ):
+            return None  # the free GPUs cannot hold the gang on any model: no search can
         state = session.new_state(job)
         for p in pre_filters:
             if not p.pre_filter(state, job).ok:

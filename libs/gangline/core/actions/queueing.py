@@ -178,6 +178,14 @@ class QueueContext:
     freeing: Mapping[JobId, frozenset[GpuId]] = field(default_factory=dict)
     """Per preemptor of an earlier plan still in flight, the GPUs its victims hold or held: those
     already free are kept for it until it is placed, and nothing else is held back for it."""
+    explain: bool = True
+    """Whether the cycle writes the queue's side of why jobs wait (`explain_waiting`, backfill's
+    sentences about reserved GPUs). They decide nothing: a caller that never reads them (the
+    simulator) may leave them out."""
+    start_memo: dict[tuple[object, ...], EarliestStart] | None = None
+    """Reserve's earliest-start searches, kept by the caller across cycles (None: not kept). The
+    caller must empty it whenever its snapshot or its running jobs' facts change; entries are read
+    only while the working snapshot is still the cycle's own (see `backfill.earliest_start`)."""
 
     def lost_hours(self, job_id: JobId) -> float:
         facts = self.run_facts.get(job_id)
@@ -197,6 +205,16 @@ class QueueContext:
 
     def grace(self, job: Job) -> float:
         return float(job.checkpoint_grace_s) if job.checkpoint_grace_s else self.policy.default_grace_s
+
+
+@dataclass(frozen=True, slots=True)
+class EarliestStart:
+    """A remembered earliest start: where and when, and the earliest expected end it was read with
+    (the result holds while the clock has not passed it)."""
+
+    start: float
+    candidate: Any
+    valid_until: float
 
 
 QUEUES: StateKey[QueueContext] = StateKey("queueing.queues")
@@ -343,13 +361,24 @@ def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> li
     items = [Pending(j.queue, j.priority, ctx.submit_time.get(j.id, 0.0), j.id, j) for j in jobs]
     order = FairOrder(items, fair)
     out: list[Job] = []
+    # Requests by shape (read only below), and the (queue, shape)s quota refused: the ledger only
+    # grows here, so a request it refused once it refuses again.
+    requests: dict[tuple[object, ...], dict[Resource, int]] = {}
+    refused: set[tuple[QueueName, tuple[object, ...]]] = set()
     while (p := order.next()) is not None:
-        out.append(p.item)
-        req = request_for_order(p.item, snapshot)
-        if order_ledger.fits(p.item.queue, req):
+        job = p.item
+        out.append(job)
+        shape = (job.gpu_type, job.mig_profile, job.gpu_milli, job.workers, job.gpus_per_worker)
+        req = requests.get(shape)
+        if req is None:
+            req = requests[shape] = request_for_order(job, snapshot)
+        if (job.queue, shape) in refused:
+            order.skipped()
+        elif order_ledger.fits(job.queue, req):
             order_ledger.admit(p.item.queue, req)
             order.admitted(req)
         else:
+            refused.add((job.queue, shape))
             order.skipped()
     return out
 
@@ -373,12 +402,14 @@ def run_queue_cycle(
         session = Session(snapshot, profile, ordered, cycle=cycle, allocation_id=allocation_id)
         shared: dict[StateKey[Any], Any] = session.shared
         shared[QUEUES] = ctx
+        session.explain = ctx.explain
         decisions = decisions_of(session)
         hold_for_preemptors(session, ctx, decisions)
         for action in profile.actions:
             action.execute(session)
         plan = session.plan()
-    explain_waiting(plan, ordered, ctx, decisions)
+    if ctx.explain:
+        explain_waiting(plan, ordered, ctx, decisions)
     return plan, decisions
 
 

@@ -68,6 +68,9 @@ class Session:
         self.placed: dict[JobId, Placed] = {}
         self.pending: dict[JobId, Pending] = {}
         self.evicted: dict[JobId, Evicted] = {}
+        self.explain = True
+        """Whether waiting jobs get their reasons in full (False: only the status code, which is all
+        any action reads; for callers that never show reasons, the simulator)."""
         self.set_aside: set[JobId] = set()
         """Jobs already decided to wait this cycle (holding GPUs being freed for them): actions skip them."""
 

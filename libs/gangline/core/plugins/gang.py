@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from gangline.core.framework.state import Candidate, CycleState
 from gangline.core.framework.status import ReasonCode, Status
 from gangline.core.model import GpuMode, Job
+from gangline.core.snapshot import most_over
 
 NAME = "gang"
 
@@ -39,7 +40,7 @@ class Gang:
                 code=ReasonCode.GANG_SIZE,
                 details={"gpus_per_worker": g, "largest_node": snap.max_per_node},
             )
-        capacity = max((snap.capacity[m] for m in state.models), default=0)
+        capacity = most_over(snap.capacity, state.models)
         if need > capacity:
             return Status.unresolvable(
                 f"gang needs {need} GPUs; the cluster has {capacity} matching GPUs in all",
@@ -47,7 +48,7 @@ class Gang:
                 code=ReasonCode.GANG_SIZE,
                 details={"needed": need, "capacity": capacity},
             )
-        free = max((snap.total_free[m] for m in state.models), default=0)
+        free = most_over(snap.total_free, state.models)
         if need > free:
             return Status.unschedulable(
                 f"gang needs {need} GPUs ({fewest} x {g}); {free} matching GPUs are free",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from gangline.core.framework.state import CycleState
 from gangline.core.framework.status import ReasonCode, Status
 from gangline.core.model import GpuMode, Job
-from gangline.core.snapshot import NodeView
+from gangline.core.snapshot import NodeView, most_over
 
 NAME = "health"
 
@@ -30,10 +30,10 @@ class Health:
             return Status.success()
         snap = state.snapshot
         need = job.fewest_workers * job.gpus_per_worker
-        free = max((snap.total_free[m] for m in state.models), default=0)
+        free = most_over(snap.total_free, state.models)
         if free >= need:
             return Status.success()
-        broken = max((snap.free_unusable[m] for m in state.models), default=0)
+        broken = most_over(snap.free_unusable, state.models)
         if free + broken >= need:
             return Status.unschedulable(
                 f"needs {need} GPUs, {free} free and healthy; "
