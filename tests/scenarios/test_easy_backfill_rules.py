@@ -11,9 +11,9 @@ from scenarios.dsl import gpus, held, job
 from scenarios.queue_world import World, queue
 
 from gangline.core.actions.queueing import RunFacts
+from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import load_profile
 from gangline.core.model import Job, JobId, Seconds
-from gangline.core.queue_profile import queue_registry
 from gangline.sim.policies import EASY_BACKFILL_YAML
 
 
@@ -28,7 +28,7 @@ def _world(profile_yaml: str) -> World:
         running=[held(hinted(job("r0", gpus=8, queue="q"), 900), {"n0": 8})],
         facts={"r0": RunFacts(100.0)},
         now=100.0,
-        profile=load_profile(profile_yaml, queue_registry()),
+        profile=load_profile(profile_yaml, placement_registry()),
     )
 
 
@@ -68,7 +68,7 @@ def test_after_the_head_only_jobs_that_end_before_its_reservation_use_its_gpus()
         running=[held(hinted(job("r0", gpus=8, queue="q"), 900), {"n0": 8})],
         facts={"r0": RunFacts(100.0)},
         now=100.0,
-        profile=load_profile(EASY_BACKFILL_YAML, queue_registry()),
+        profile=load_profile(EASY_BACKFILL_YAML, placement_registry()),
     )
     jobs = [
         hinted(job("gang", gpus=8, workers=2, queue="q"), 60),
