@@ -226,6 +226,10 @@ class JobQueued(_JobEvent):
     gpu_type: Label | None = None
     """The GPU model quota charged this attempt to, when the job named none (its flavour, as Kueue
     says): placement puts it only on GPUs of that model. None: any model the job's spec allows."""
+    replaces: str | None = Field(default=None, max_length=128)
+    """The id of the ``job.queued`` of this attempt whose charge this one moves to ``gpu_type`` (quota
+    moves a job not placed yet when the nodes of the model it was charged to cannot hold it any more):
+    not a new attempt. None: a new attempt."""
 
 
 class PendingReason(BaseModel):

@@ -75,8 +75,9 @@ class JobRecord:
     """Ids of the job.queued events seen (the quota service queues once per attempt)."""
     requeued_attempt: int = 1
     flavour: str | None = None
-    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``), when
-    the job named none: the attempt is placed only on that model, so the quota it holds is the one used."""
+    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``, or
+    the model a later ``job.queued`` moved it to), when the job named none: the attempt is placed only
+    on that model, so the quota it holds is the one used."""
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
     finished: bool = False
@@ -149,7 +150,7 @@ class ClusterFold:
     """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
     live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
-    """Jobs that may be placed now (a cycle orders them by :func:`_order_key`)."""
+    """Jobs that may be placed now (a cycle lines them up by :func:`gangline.core.waiting.waiting_line`)."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
     preemptors: dict[JobId, set[tuple[JobId, AllocationId]]] = field(default_factory=dict)
     """Per job for which running work was asked to give its GPUs back (job.preempting names it), the
@@ -233,7 +234,8 @@ class ClusterFold:
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
-            record.queued.add(envelope.id)
+            if data.replaces is None:
+                record.queued.add(envelope.id)  # a move (``replaces``) is the same attempt, elsewhere
             if data.gpu_type is not None:
                 record.flavour = data.gpu_type
             return self._refresh(record)
