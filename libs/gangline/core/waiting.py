@@ -28,8 +28,9 @@ Fractional and MIG requests are never dropped (their capacity is not counted her
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
@@ -222,6 +223,17 @@ class _FitCounter:
                     n += self._workers_fit(m, per_worker) // fewest
             self._copies[key] = n
         return min(n, limit)
+
+
+def waiting_line(jobs: Iterable[Job], admitted_at: Mapping[JobId, float]) -> list[Job]:
+    """The waiting jobs in the order placement's line keeps them (:func:`cycle_jobs` reads its front):
+    highest priority first, then admitted earliest (``admitted_at``, seconds; unknown: last), then by
+    job id. Every part of it is read from the log, so a restore or a replay lines them up alike."""
+
+    def key(job: Job) -> tuple[int, float, str]:
+        return (-job.priority, admitted_at.get(job.id, math.inf), job.id)
+
+    return sorted(jobs, key=key)
 
 
 def cycle_jobs(snapshot: Snapshot, line: Sequence[Job], head: int) -> list[Job]:
