@@ -21,6 +21,11 @@ too). The core's per-GPU windows over them (:class:`~services.node_health.rates.
 events' time) mark a GPU ``degraded`` once a kind reaches its limit: one ``gpu.health_changed``
 (healthy -> degraded) from node_health, so no new work lands there while the running job may finish.
 The GPU stays degraded until its node registers again (reset / repair).
+
+Which nodes are registered or failed, and each job's grants and releases, are the one lifecycle fold
+(:class:`~gangline.fold.cluster.ClusterFold`, placement's and preemption's): a node is failed from a
+``node.failed`` until a later registration, whatever order the two are read in, so a failure older
+than the node's latest registration is history and releases nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
+from gangline.fold.cluster import ClusterFold
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
 
@@ -58,14 +64,11 @@ class NodeHealthState:
     max_lag: timedelta | None = None
     """How far behind the heartbeats node_health may be and still judge silence; half the silence
     when unset."""
+    cluster: ClusterFold = field(default_factory=lambda: ClusterFold(gated=False))
+    """The one lifecycle fold: which nodes are registered or failed (in whichever order their facts are
+    read), and each job's grants and releases (its live allocations, how many attempts it had)."""
     last_seen: dict[NodeId, datetime] = field(default_factory=dict)
-    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
-    """The time of each node's latest registration folded: an older one read again changes nothing."""
     last_seq: dict[NodeId, int] = field(default_factory=dict)
-    failed: set[NodeId] = field(default_factory=set)
-    live: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
-    released: set[AllocationId] = field(default_factory=set)
-    grants_per_job: dict[JobId, set[AllocationId]] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
     rates: GpuErrorRates = field(default_factory=GpuErrorRates)
@@ -78,26 +81,39 @@ class NodeHealthState:
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
 
+    @property
+    def failed(self) -> frozenset[NodeId]:
+        """The nodes failed since their latest registration."""
+        return frozenset(n for n in self.cluster.failed_at if self.cluster.cordoned(n))
+
+    @property
+    def live(self) -> dict[AllocationId, AllocationGranted]:
+        """Every allocation granted and not released, by id."""
+        out: dict[AllocationId, AllocationGranted] = {}
+        for record in self.cluster.jobs.values():
+            granted = record.live()
+            if granted is not None:
+                out[granted.allocation_id] = granted
+        return out
+
     def fold(self, envelope: Envelope) -> None:
         data = envelope.data
         if isinstance(data, NodeRegistered):
-            latest = self.registered_at.get(data.node)
+            latest = self.cluster.registered_at.get(data.node)
+            self.cluster.fold(envelope)
             if latest is not None and envelope.time <= latest:
                 return  # read again (the restore, then the live poll): it must not undo what came after
-            self.registered_at[data.node] = envelope.time
-            self.failed.discard(data.node)
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
-            if data.node not in self.failed:
+            if not self.cluster.cordoned(data.node):
                 self.last_seen[data.node] = max(envelope.time, self.started)
                 self.last_seq[data.node] = data.seq
-        elif isinstance(data, NodeFailed):
-            self.failed.add(data.node)
         elif isinstance(data, GpuHealthChanged):
+            self.cluster.fold(envelope)
             key = (data.node, data.gpu)
             if envelope.source == SOURCE:
                 if data.state == "degraded":
@@ -108,23 +124,20 @@ class NodeHealthState:
         elif isinstance(data, GpuErrorReported):
             self.gpu_state[(data.node, data.gpu)] = data.state
             self.rates.record(data, envelope.time)
-        elif isinstance(data, AllocationGranted):
-            self.grants_per_job.setdefault(data.job_id, set()).add(data.allocation_id)
-            if data.allocation_id not in self.released:
-                self.live[data.allocation_id] = data
-        elif isinstance(data, AllocationReleased):
-            self.released.add(data.allocation_id)
-            self.live.pop(data.allocation_id, None)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
+        else:
+            self.cluster.fold(envelope)  # node.failed, allocation.granted / released
 
 
 def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     data = envelope.data
     if isinstance(data, NodeFailed):
-        first = data.node not in state.failed
+        first = not state.cluster.cordoned(data.node)
         state.fold(envelope)
-        return release_on(state, data.node, None, now=now) if first else []
+        return (
+            release_on(state, data.node, None, now=now) if first and state.cluster.cordoned(data.node) else []
+        )
     if isinstance(data, GpuHealthChanged):
         state.fold(envelope)
         if envelope.source == SOURCE:
@@ -150,7 +163,7 @@ def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     state.last_check = now
     out: list[Outgoing] = []
     for node, seen in sorted(state.last_seen.items()):
-        if node in state.failed or now - max(seen, state.started) <= state.silence:
+        if state.cluster.cordoned(node) or now - max(seen, state.started) <= state.silence:
             continue
         seq = state.last_seq.get(node)
         silent_s = int((now - seen).total_seconds())
@@ -173,7 +186,11 @@ def check_error_rate(
 ) -> list[Outgoing]:
     """Drain a healthy GPU whose reported errors reached a limit within the window (once)."""
     key = (node, gpu)
-    if key in state.degraded or node in state.failed or state.gpu_state.get(key, "healthy") != "healthy":
+    if (
+        key in state.degraded
+        or state.cluster.cordoned(node)
+        or state.gpu_state.get(key, "healthy") != "healthy"
+    ):
         return []
     verdict = state.rates.over_limit(node, gpu, at)
     if verdict is None:
@@ -194,15 +211,16 @@ def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: da
     """Release every live allocation on ``node`` (or only those using ``gpu`` there) and requeue its job."""
     out: list[Outgoing] = []
     hit = [
-        granted
-        for granted in state.live.values()
-        if any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)
+        (granted, len(record.grants))
+        for record in state.cluster.jobs.values()
+        if (granted := record.live()) is not None
+        and any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)
     ]
-    for granted in sorted(hit, key=lambda g: g.allocation_id):
+    for granted, grants in sorted(hit, key=lambda g: g[0].allocation_id):
         released = AllocationReleased(
             job_id=granted.job_id, allocation_id=granted.allocation_id, reason="node_failed"
         )
-        attempt = len(state.grants_per_job.get(granted.job_id, ())) + 1
+        attempt = grants + 1
         requeued = JobRequeued(
             job_id=granted.job_id,
             reason="node_failed" if gpu is None else "gpu_failed",
