@@ -3,9 +3,10 @@ the others wait.
 
 The queues, their quotas per GPU model and their cohorts come from the queue configuration
 (:mod:`services.common.queues`); the accounting is the core's :class:`~gangline.core.queues.QuotaLedger`
-(borrowing and lending within a cohort) and the order of waiting work is the core's fair order
-(:class:`~gangline.core.fairshare.FairOrder`: priority, then DRF dominant share over decayed usage, then
-admitted time, then job id).
+(borrowing and lending within a cohort), and who is let through, on which model, in which order and
+why the others wait is the core's quota gate (:mod:`gangline.core.quota_gate`: fair order by priority,
+then DRF dominant share over decayed usage, then admitted time, then job id; the rule the core cycle's
+fair order runs too). This module folds the facts, calls the gate and writes what it decided.
 
 Charging. A job is charged to its queue from its ``job.queued`` until the allocation of that attempt
 is released, for any reason, or the job ends (``job.completed``, ``job.failed``, a final release).
@@ -25,8 +26,11 @@ reason naming the model and what its largest node offers (constraint ``hardware`
 ``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction`` or ``topology``). It is not
 failed: nodes may register or recover. Whenever what some node offers changes, the waiting jobs of
 every tree are let through (below), so a job waiting on one model goes to another once that one's
-nodes can hold it. A job already queued stays charged where it is (placement places that attempt on
-that model). Until any node has registered every flavour counts (admission admits nothing before).
+nodes can hold it. A job already queued and not placed yet whose model's nodes cannot hold it any
+more (drained, failed, gone) moves: a ``job.queued`` naming another model it may be charged to and its
+quota admits, that ``replaces`` the one it was queued with (the same attempt; placement places it
+there), or, while none admits it, it stays charged and is looked at again whenever quota or the nodes
+change. Until any node has registered every flavour counts (admission admits nothing before).
 
 Deciding. On ``job.admitted`` / ``job.requeued`` of a waiting job its flavours (``Queues.requests``)
 are tried in order: the first that fits is charged and ``job.queued`` names its model (``gpu_type``,
@@ -46,20 +50,22 @@ queue from lower-priority work. The victims are chosen there, by the core's vict
 cluster's snapshot (it sees where they run, so the set it frees fits the job), and their releases
 lower usage here like any other release.
 
-State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included), and
-the node topics, that does not depend on the order between the topics: per job it counts queued
-attempts against the attempts owed (one, plus one per ``job.requeued``) and against the allocations
-released. The decayed usage history is advanced with event times (never the wall clock), so the same
-events in the same order give the same state. A finished job's record is dropped and only its id
-kept (``retired``): any event about it read again changes nothing. The restore also reads quota's own
-pending reasons, so a restarted quota does not repeat a pending it already sent.
+State is the one lifecycle fold (:class:`~gangline.fold.cluster.ClusterFold`) over ``jobs.events`` and
+``allocations.log`` (our own ``job.queued`` included), and the node topics, which does not depend on
+the order between the topics: per job quota counts queued attempts against the attempts owed (one,
+plus one per ``job.requeued``) and against the allocations released. The decayed usage history is
+advanced with event times (never the wall clock), so the same events in the same order give the same
+state. A job the fold retired (finished, its grants released) and a job of an unlimited queue are
+``retired`` here: any event about it read again changes nothing, and the select skips it. The restore
+also reads quota's own pending reasons, so a restarted quota does not repeat a pending it already sent.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -94,14 +100,14 @@ from gangline.events.jobs import (
     PendingReason,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
-from gangline.events.types import AllocationId, JobId, QueueName
+from gangline.events.types import JobId, NodeId, QueueName
 from gangline.fold.adapter import node_offer, worker_ask
+from gangline.fold.cluster import ClusterFold, JobRecord
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 from services.quota.status import StatusBoard, queue_statuses
 
 SOURCE = "gangline/quota"
-FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 QUOTA_EVENT_TYPES = (
     JobAdmitted,
     JobQueued,
@@ -136,19 +142,13 @@ class Inventory:
     """The nodes as quota needs them: what each one's usable GPUs offer, counted in the core's
     :class:`~gangline.core.hardware.Hardware` (which GPU models can hold a job's workers at all).
 
-    A fold over ``nodes.inventory`` and ``nodes.health`` that does not depend on the order between
-    them: a registration older than the node's latest is read again, not news; it resets the health of
-    GPUs reported before it, not after; a node is out from its ``node.failed`` until it registers again.
-    Failed and degraded GPUs take no new work, so they are not offered (as placement sees them).
+    Read off the one lifecycle fold (``cluster``: ``nodes.inventory`` and ``nodes.health``, folded so
+    the order between them does not matter): a node is out from its ``node.failed`` until it registers
+    again, or when the core cannot model its hardware; failed and degraded GPUs take no new work, so
+    they are not offered (as placement sees them).
     """
 
-    nodes: dict[str, NodeRegistered] = field(default_factory=dict)
-    registered_at: dict[str, datetime] = field(default_factory=dict)
-    failed_at: dict[str, datetime] = field(default_factory=dict)
-    unusable: dict[str, set[str]] = field(default_factory=dict)
-    """Node → its GPUs marked failed or degraded."""
-    health_at: dict[tuple[str, str], datetime] = field(default_factory=dict)
-    """When each GPU's health last changed."""
+    cluster: ClusterFold
     offers: dict[str, NodeOffer] = field(default_factory=dict)
     """What each node is counted for in ``hardware`` now."""
     hardware: Hardware = field(default_factory=Hardware)
@@ -159,42 +159,18 @@ class Inventory:
     def known(self) -> bool:
         """Whether any node registered: until then quota cannot tell what the nodes hold (admission
         admits nothing while no node is registered, so such a job is one read before its nodes)."""
-        return bool(self.nodes)
+        return bool(self.cluster.registered_at)
 
     def fold(self, envelope: Envelope) -> bool:
         """Apply one node fact; True when what some node offers changed."""
         data = envelope.data
-        if isinstance(data, NodeRegistered):
-            latest = self.registered_at.get(data.node)
-            if latest is not None and envelope.time < latest:
-                return False
-            self.nodes[data.node] = data
-            self.registered_at[data.node] = envelope.time
-            marked = self.unusable.get(data.node)
-            if marked:
-                marked -= {g for g in marked if self.health_at[(data.node, g)] <= envelope.time}
-        elif isinstance(data, NodeFailed):
-            self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
-        elif isinstance(data, GpuHealthChanged):
-            registered = self.registered_at.get(data.node)
-            last = self.health_at.get((data.node, data.gpu))
-            stale = (registered is not None and envelope.time < registered) or (
-                last is not None and envelope.time < last
-            )
-            if data.previous == data.state or stale:
-                return False  # a repeated-error report, or older than a re-registration or a newer report
-            self.health_at[(data.node, data.gpu)] = envelope.time
-            marked = self.unusable.setdefault(data.node, set())
-            if data.state == "healthy":
-                marked.discard(data.gpu)
-            else:
-                marked.add(data.gpu)
-        else:
+        if not isinstance(data, NODE_EVENT_TYPES):
             return False
+        self.cluster.fold(envelope)
         return self._recount(data.node)
 
     def _recount(self, node: str) -> bool:
-        offer = self._offer(node)
+        offer = self._offer(NodeId(node))
         before = self.offers.get(node)
         if offer == before:
             return False
@@ -205,65 +181,96 @@ class Inventory:
         self.version += 1
         return True
 
-    def _offer(self, node: str) -> NodeOffer:
-        registered = self.nodes.get(node)
-        failed = self.failed_at.get(node)
-        if registered is None or (failed is not None and failed >= self.registered_at[node]):
+    def _offer(self, node: NodeId) -> NodeOffer:
+        cluster = self.cluster
+        registered = cluster.nodes.get(node)
+        if registered is None or cluster.cordoned(node):
             return NodeOffer()
-        return node_offer(registered, frozenset(self.unusable.get(node, set())))
+        unusable = cluster.failed_gpus.get(node, set()) | cluster.degraded_gpus.get(node, set())
+        return node_offer(registered, frozenset(unusable))
 
 
 @dataclass
 class QuotaJob:
-    job_id: JobId
-    spec: JobSpec | None = None
-    queued: dict[str, str | None] = field(default_factory=dict)
-    """Each ``job.queued`` read (event id → the GPU model it named), in the order read."""
-    moves: set[str] = field(default_factory=set)
-    """Those of ``queued`` that move an attempt's charge (``replaces``): not attempts of their own."""
-    owed: int = 1
-    finished: bool = False
-    released: set[AllocationId] = field(default_factory=set)
-    granted: set[AllocationId] = field(default_factory=set)
-    admitted_at: datetime | None = None
-    """The job.admitted event's time: with the priority, fair share and job id, the order waiting jobs
-    are let through. Read from the log, so it does not depend on how a restore interleaved partitions."""
+    """What quota keeps of a job beyond its lifecycle record (the fold's): what is charged for it, its
+    flavours, and the id of the ``job.queued`` its attempt was last queued with."""
+
+    record: JobRecord
     charge: Charge | None = None
     """What the ledger holds for the job now (None: nothing)."""
     options: list[Flavour] | None = None
     """Its flavours (``Queues.requests``), worked out once."""
     held: tuple[int, list[Flavour], list[Reason]] | None = None
     """Its flavours the nodes can hold, and why the others cannot, as of an inventory version."""
+    latest_queued: str | None = None
+    """The id of the latest ``job.queued`` read (None: none)."""
+
+    @property
+    def job_id(self) -> JobId:
+        return self.record.job_id
+
+    @property
+    def spec(self) -> JobSpec | None:
+        return self.record.spec
+
+    @property
+    def admitted_at(self) -> datetime | None:
+        """The job.admitted event's time: with the priority, fair share and job id, the order waiting
+        jobs are let through. Read from the log, so it does not depend on how a restore interleaved."""
+        return self.record.admitted_at
+
+    @property
+    def queued(self) -> set[str]:
+        """The ``job.queued`` of its attempts read (moves aside)."""
+        return self.record.queued
 
     @property
     def attempts(self) -> int:
-        """The attempts queued (``job.queued`` read, moves aside)."""
-        return len(self.queued) - len(self.moves)
-
-    @property
-    def latest_queued(self) -> str | None:
-        """The id of the latest ``job.queued`` read (None: none)."""
-        return next(reversed(self.queued), None)
+        """The attempts queued."""
+        return len(self.record.queued)
 
     @property
     def due(self) -> bool:
         """Whether its latest queued attempt holds quota (queued, not released, not finished)."""
-        return self.spec is not None and not self.finished and self.attempts > len(self.released)
+        r = self.record
+        return r.spec is not None and not r.finished and len(r.queued) > len(r.released)
 
     @property
     def unplaced(self) -> bool:
         """Charged (``due``) and its latest attempt not granted yet (placement has not placed it)."""
-        return self.due and len(self.granted) < self.attempts
+        return self.due and len(self.record.grants) < self.attempts
 
     @property
     def waiting(self) -> bool:
         """Owed a job.queued (admitted or requeued, not let through yet)."""
-        return self.spec is not None and not self.finished and self.attempts < self.owed
+        r = self.record
+        return r.spec is not None and not r.finished and len(r.queued) < r.requeued_attempt
 
     @property
     def eligible(self) -> bool:
         """Waiting, and its previous attempt's allocation is released: it may be let through."""
         return self.waiting and not self.due
+
+
+class _Settled(AbstractSet[JobId]):
+    """The jobs nothing read about changes quota's state any more (its select skips their records):
+    those the lifecycle fold retired and those of unlimited queues."""
+
+    __slots__ = ("_cluster", "_unlimited")
+
+    def __init__(self, cluster: ClusterFold, unlimited: set[JobId]) -> None:
+        self._cluster = cluster
+        self._unlimited = unlimited
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._cluster.retired or job_id in self._unlimited
+
+    def __iter__(self) -> Iterator[JobId]:
+        yield from self._cluster.retired
+        yield from self._unlimited
+
+    def __len__(self) -> int:
+        return len(self._cluster.retired) + len(self._unlimited)
 
 
 @dataclass
@@ -272,9 +279,12 @@ class QuotaState:
     queues: Queues
     half_life_s: float = 3600.0
     """Fair share's usage half-life; 0: plain DRF on what is charged now."""
+    cluster: ClusterFold = field(default_factory=ClusterFold)
+    """The one lifecycle fold: every job's attempts, grants and ends, and the nodes."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
-    retired: set[JobId] = field(default_factory=set)
-    """Finished jobs, dropped from ``jobs``: nothing read about them any more changes the state."""
+    """Quota's own facts per job of a limited queue, while it is not finished."""
+    unlimited: set[JobId] = field(default_factory=set)
+    """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
@@ -284,13 +294,16 @@ class QuotaState:
     stranded: set[JobId] = field(default_factory=set)
     """Jobs of ``unplaced`` whose model's nodes cannot hold them and that no other flavour took yet."""
     history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
-    inventory: Inventory = field(default_factory=Inventory)
     status: StatusBoard = field(default_factory=StatusBoard)
     """What quota last published on queues.status (services/quota/status.py)."""
     ledger: QuotaLedger = field(init=False)
+    inventory: Inventory = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = QuotaLedger(self.queues.tree)
+        self.inventory = Inventory(self.cluster)
+        self.retired = _Settled(self.cluster, self.unlimited)
+        """Jobs whose records the select may skip: nothing read about them changes the state."""
         tree = self.queues.tree
         self._limited_queues = [Queue(q) for q in tree.queue_names()]
         self._tree_queues: dict[TreeKey, list[Queue]] = {}
@@ -327,36 +340,24 @@ class QuotaState:
         data = envelope.data
         if not isinstance(data, QUOTA_EVENT_TYPES) or data.job_id in self.retired:
             return None
+        if isinstance(data, JobAdmitted) and Queue(data.spec.queue) in self.queues.unlimited:
+            # Nothing to decide: placement takes it once admitted. Whatever is read about it later (its
+            # grant, its end) changes nothing here.
+            self.unlimited.add(data.job_id)
+            self.cluster.jobs.pop(data.job_id, None)
+            self.cluster.waiting.pop(data.job_id, None)
+            return None
+        self.cluster.fold(envelope)
+        record = self.cluster.jobs.get(data.job_id)
         job = self.jobs.get(data.job_id)
         if job is None:
-            job = self.jobs[data.job_id] = QuotaJob(data.job_id)
-        if isinstance(data, JobAdmitted):
-            if Queue(data.spec.queue) in self.queues.unlimited:
-                # Nothing to decide: placement takes it once admitted. Retired at once, so whatever is
-                # read about it later (its grant, its end) changes nothing here.
-                del self.jobs[data.job_id]
-                self.retired.add(data.job_id)
-                return None
-            if job.spec is None:
-                job.spec = data.spec
-                job.admitted_at = envelope.time
-        elif isinstance(data, JobQueued):
-            if envelope.id not in job.queued:
-                job.queued[envelope.id] = data.gpu_type
-                if data.replaces is not None:
-                    job.moves.add(envelope.id)
-        elif isinstance(data, JobRequeued):
-            job.owed = max(job.owed, data.attempt)
-        elif isinstance(data, JobCompleted | JobFailed):
-            job.finished = True
-        elif isinstance(data, AllocationGranted):
-            job.granted.add(
-                data.allocation_id
-            )  # placed: the charge stays (it was charged from its job.queued)
-        elif data.allocation_id not in job.released:
-            job.released.add(data.allocation_id)
-            if data.reason in FINAL_RELEASES:
-                job.finished = True
+            if record is None:
+                return None  # retired by this fact: nothing was charged that is not released below
+            job = self.jobs[data.job_id] = QuotaJob(record)
+        elif record is not None:
+            job.record = record
+        if isinstance(data, JobQueued):
+            job.latest_queued = envelope.id
         return job
 
     def _refresh(self, job: QuotaJob, at: datetime) -> TreeKey | None:
@@ -382,9 +383,8 @@ class QuotaState:
             self.stranded.discard(job.job_id)
         if not job.waiting:
             self.last_pending.pop(job.job_id, None)
-        if job.finished:
+        if job.record.finished or job.job_id not in self.cluster.jobs:
             del self.jobs[job.job_id]
-            self.retired.add(job.job_id)
         return dropped
 
     def _charge_of(self, job: QuotaJob) -> Charge | None:
@@ -392,7 +392,7 @@ class QuotaState:
         if not job.due or job.spec is None:
             return None
         spec = job.spec
-        model = next(reversed(job.queued.values()))
+        model = job.record.flavour
         if not self.queues.limited(spec.queue):
             return Charge(spec.queue, model, {}, limited=False)
         if model is None:  # a job.queued naming no model (written before quota chose one): the first

@@ -8,7 +8,8 @@ mirrors the cluster with it, and the simulator runs both over it.
 A job waits to be placed when it was admitted (or, ``gated``, queued by the quota service; a job of an
 unlimited queue is never held by quota), holds no live allocation, is not finished, and has had fewer
 grants than attempts allowed (one, plus one per ``job.requeued``). A finished job whose grants are all
-released is retired: only its released allocation ids are kept, so state stays bounded by live jobs.
+released (or that had none) is retired: only its released allocation ids are kept, so state stays
+bounded by live jobs.
 
 A registration whose hardware the core cannot model (``core.snapshot.node_problem``) leaves the node
 out (``refused``): its GPUs take no work, every other node is scheduled as before.
@@ -337,9 +338,11 @@ class ClusterFold:
             return new
         self.waiting.pop(record.job_id, None)
         self.last_pending.pop(record.job_id, None)
-        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released.
+        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released;
+        # a job that ended without one (failed by quota, cancelled while waiting) is retired at once (a
+        # grant read after that brings it back, finished: `_absorbed_by_retired`).
         ended_unreleased = any(a not in record.released for a in record.ended)
-        if record.finished and record.grants and record.live() is None and not ended_unreleased:
+        if record.finished and record.live() is None and not ended_unreleased:
             self._retire(record)
         return False
 
