@@ -525,15 +525,22 @@ def _reconsider(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgo
     return out
 
 
-def _move_stranded(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgoing]:
+def _move_stranded(
+    state: QuotaState, cause: Envelope, now: datetime, *, only_stranded: bool = False
+) -> list[Outgoing]:
     """Each job charged to a GPU model and not placed yet whose model's nodes can no longer hold it
     (drained, failed, gone) moves to the first other flavour they can that its quota admits
     (the core's :func:`~gangline.core.quota_gate.stranded_move`): a ``job.queued`` naming the new model
     that ``replaces`` the one it was queued with (the same attempt; placement places it there). One no
-    flavour admits stays charged where it is and is looked at again when quota or the nodes change."""
+    flavour admits stays charged where it is (``stranded``) and is looked at again when quota or the
+    nodes change (``only_stranded``: only those, after a release)."""
     out: list[Outgoing] = []
-    state.stranded.clear()
-    for job in sorted(state.unplaced.values(), key=lambda j: j.job_id):
+    if only_stranded:
+        candidates = [state.unplaced[j] for j in sorted(state.stranded) if j in state.unplaced]
+    else:
+        candidates = sorted(state.unplaced.values(), key=lambda j: j.job_id)
+    for job in candidates:
+        state.stranded.discard(job.job_id)
         charge = job.charge
         if charge is None or not charge.limited or charge.gpu_type is None or job.spec is None:
             continue
@@ -554,7 +561,7 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     :func:`~gangline.core.quota_gate.let_through`); the first of the rest are told why."""
     out: list[Outgoing] = []
     if state.stranded:
-        out += _move_stranded(state, cause, now)
+        out += _move_stranded(state, cause, now, only_stranded=True)
     waiting = list(state.waiting.get(tree, {}).values())
     if not waiting:
         return out
