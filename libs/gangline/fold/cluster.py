@@ -235,11 +235,15 @@ class ClusterFold:
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
+            moved = (
+                data.replaces is not None and data.gpu_type is not None and data.gpu_type != record.flavour
+            )
             if data.replaces is None:
                 record.queued.add(envelope.id)  # a move (``replaces``) is the same attempt, elsewhere
             if data.gpu_type is not None:
                 record.flavour = data.gpu_type
-            return self._refresh(record)
+            new = self._refresh(record)
+            return new or (moved and record.job_id in self.waiting)  # a move: another model may hold it
         if isinstance(data, JobRequeued):
             record = self._record(data.job_id)
             record.requeued_attempt = max(record.requeued_attempt, data.attempt)

@@ -29,8 +29,9 @@ def test_a_moved_job_waits_once_on_its_new_model_and_a_grant_ends_its_wait() -> 
     assert record.placement_spec().gpu_type == "H100"  # type: ignore[union-attr]
 
     moved = JobQueued(job_id=JOB, queue="team-a", gpu_type="GB200", replaces="queued")
-    for _ in range(2):  # read again: the same
-        fold.fold(env(moved, "moved", at=1))
+    assert fold.fold(env(moved, "moved", at=1))  # news: placement runs a cycle for it
+    for _ in range(2):  # read again: the same, and no news
+        assert not fold.fold(env(moved, "moved", at=1))
         assert record.allowed_attempts(gated=True) == 1
         assert record.placement_spec().gpu_type == "GB200"  # type: ignore[union-attr]
 

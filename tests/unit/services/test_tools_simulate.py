@@ -7,14 +7,24 @@ from pathlib import Path
 
 from e2e.sim_world import END, new_simulation, outcome, simulate_world
 
-from gangline.cluster_spec import load_cluster_spec
+from gangline.cluster_spec import ClusterSpec, NodeGroup, load_cluster_spec
+from gangline.core.model import JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.codec import encode
 from gangline.events.jobs import JobCheckpointed, JobPreempting, JobQueued, JobRequeued
 from gangline.events.nodes import NodeFailed, NodeHeartbeat
 from gangline.sim.metrics import summarize
-from gangline.sim.trace import load_trace
-from services.tools.simulate import ServiceSimulation, registrations, simulate_services, unlimited_queues
+from gangline.sim.trace import TraceJob, load_trace
+from services.common.queues import QueuesFile, queues_of
+from services.tools.simulate import (
+    NodeOptions,
+    ServiceOptions,
+    ServiceSimulation,
+    registrations,
+    request_of,
+    simulate_services,
+    unlimited_queues,
+)
 from services.tools.simulate.__main__ import main
 
 SIM = Path(__file__).resolve().parents[1] / "sim"
@@ -175,3 +185,55 @@ def test_gangline_simulate_services_puts_the_services_beside_the_core_in_one_tab
     # On this small world the core's simulator and the services decide the same starts.
     assert runs["default"]["completed"] == runs["services:default"]["completed"] == 4
     assert runs["default"]["mean_wait_s"] == runs["services:default"]["mean_wait_s"]
+
+
+def test_a_queued_job_whose_model_s_nodes_fail_is_moved_by_quota_and_placed_on_another_model() -> None:
+    """Through every service: "mover" (no GPU type) is charged to H100 and waits for the one H100 node;
+    that node fails, quota moves the job's charge to A100 (``job.queued`` replacing the first) and
+    placement places that same attempt on the A100 node."""
+    doc = {
+        "queues": [
+            {
+                "name": "team-a",
+                "quotas": {"H100-SXM5-80GB": {"nominal": 16}, "A100-SXM4-80GB": {"nominal": 8}},
+            }
+        ]
+    }
+    spec = ClusterSpec(
+        name="two-models",
+        groups=(
+            NodeGroup(name="h", count=1, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920),
+            NodeGroup(name="a", count=1, gpu_model="A100-SXM4-80GB", gpus_per_node=8, memory_mib=81920),
+        ),
+    )
+    sim = ServiceSimulation(
+        nodes=spec.registrations(),
+        queues=queues_of(QueuesFile.model_validate(doc)),
+        cluster_name=spec.name,
+        options=ServiceOptions(silence_s=4.0),
+        node_options=NodeOptions(heartbeat_s=1.0),
+        heartbeats="always",
+    )
+    day = 86_400.0
+    fill = TraceJob(JobId("fill"), 1.0, day, QueueName("team-a"), 1, 8, gpu_type="H100-SXM5-80GB")
+    mover = TraceJob(JobId("mover"), 2.0, day, QueueName("team-a"), 1, 4)
+    sim.register_nodes(0.0)
+    sim.request(fill.submit_s, request_of(fill))
+    sim.request(mover.submit_s, request_of(mover))
+    sim.run(until=5.0)
+    [h100] = [n.node for n in spec.registrations() if n.gpus[0].model == "H100-SXM5-80GB"]
+    sim.fail_node(6.0, h100)
+    sim.run(until=30.0)
+
+    queued = [e for e in sim.envelopes(sim.topics.events) if isinstance(e.data, JobQueued)]
+    moves = [e.data for e in queued if e.data.job_id == "mover"]
+    assert [(q.gpu_type, q.replaces is not None) for q in moves] == [
+        ("H100-SXM5-80GB", False),
+        ("A100-SXM4-80GB", True),
+    ]
+    assert moves[1].replaces == next(e.id for e in queued if e.data.job_id == "mover")
+    grants = [e.data for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationGranted)]
+    [placed] = [g for g in grants if g.job_id == "mover"]
+    assert placed.allocation_id == "mover.1"  # the same attempt, not a second one
+    [a100] = [n.node for n in spec.registrations() if n.gpus[0].model == "A100-SXM4-80GB"]
+    assert {p.node for p in placed.placements} == {a100}
