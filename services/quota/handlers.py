@@ -565,12 +565,19 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     waiting = list(state.waiting.get(tree, {}).values())
     if not waiting:
         return out
-    fair = state.fair_share(tree, cause.time)
-    gate = let_through((_pending_item(j) for j in waiting), state.ledger.copy(), fair, state.gate_flavours)
+    gate = let_through(
+        (_pending_item(j) for j in waiting),
+        state.ledger.copy(),
+        state.fair_share(tree, cause.time),
+        state.queues.tree,
+        lambda job: (state.gate_flavours(job), state.held_options(job)[1]),
+        explain=REVIEWS_PER_DECISION,
+    )
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))
-    for job in gate.held[:REVIEWS_PER_DECISION]:
-        out += _hold(state, job, fair, cause, now)
+    for job, why in gate.held:
+        if why is not None:
+            out += _tell(state, job, why, cause, now)
     return out
 
 
@@ -612,10 +619,17 @@ def _fail(
 def _hold(
     state: QuotaState, job: QuotaJob, fair: FairShare, cause: Envelope, now: datetime
 ) -> list[Outgoing]:
-    """``job.pending`` for a job that does not fit, when its reason changed (see :func:`pending_key`)."""
+    """``job.pending`` for a job that does not fit (the core's hold reason), when its reason changed."""
     assert job.spec is not None
     flavours, misfits = state.held_options(job)
     why = hold_reason(Queue(job.spec.queue), flavours, misfits, state.ledger, state.queues.tree, fair)
+    return _tell(state, job, why, cause, now)
+
+
+def _tell(
+    state: QuotaState, job: QuotaJob, why: HoldReason, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`)."""
     reason = _pending_reason(why)
     key = pending_key(reason)
     if state.last_pending.get(job.job_id) == key:

@@ -63,10 +63,14 @@ class HoldReason:
 @dataclass
 class Gate(Generic[T]):
     """What one pass of the gate decided: who goes (with the flavour charged), in fair order, and who
-    is held, in fair order."""
+    is held, in fair order, with why (for the first ones asked for; None for the rest)."""
 
     admitted: list[tuple[T, Flavour]] = field(default_factory=list)
-    held: list[T] = field(default_factory=list)
+    held: list[tuple[T, HoldReason | None]] = field(default_factory=list)
+
+
+Options = Callable[[T], tuple[Sequence[Flavour], Sequence[Reason]]]
+"""A job's flavours its nodes can hold, in the order to try them, and why the others' nodes cannot."""
 
 
 def held_flavours(
@@ -119,9 +123,12 @@ class _Refusals:
 def first_fit(
     ledger: QuotaLedger, queue: QueueName, flavours: Sequence[Flavour], refusals: _Refusals | None = None
 ) -> Flavour | None:
-    """The first of ``flavours`` the queue's quota admits now (None: none)."""
+    """The first of ``flavours`` the queue's quota admits now (None: none); one that charges nothing
+    (an unlimited queue's) always fits."""
     for flavour in flavours:
         request = flavour.request
+        if not request:
+            return flavour
         if refusals is not None and refusals.known(queue, request):
             continue
         if ledger.fits(queue, request):
@@ -143,33 +150,55 @@ def fair_admission(
     to keep the caller's). A held job is skipped: its queue's share does not grow, and the jobs behind
     it may go. ``flavours`` gives a job's flavours in the order to try them (those its nodes can hold).
     """
+    for p, fit in _admission(waiting, ledger, fair, flavours):
+        yield p.item, fit
+
+
+def _admission(
+    waiting: Iterable[Pending[T]],
+    ledger: QuotaLedger,
+    fair: FairShare,
+    flavours: Callable[[T], Sequence[Flavour]],
+) -> Iterator[tuple[Pending[T], Flavour | None]]:
     order = FairOrder(waiting, fair)
     refusals = _Refusals()
     while (p := order.next()) is not None:
         fit = first_fit(ledger, p.queue, flavours(p.item), refusals)
         if fit is None:
             order.skipped()
-            yield p.item, None
+            yield p, None
             continue
         if fit.request:
             ledger.admit(p.queue, fit.request)
         order.admitted(fit.request)
-        yield p.item, fit
+        yield p, fit
 
 
 def let_through(
     waiting: Iterable[Pending[T]],
     ledger: QuotaLedger,
     fair: FairShare,
-    flavours: Callable[[T], Sequence[Flavour]],
+    tree: QuotaTree,
+    options: Options[T],
+    *,
+    explain: int | None = None,
 ) -> Gate[T]:
-    """:func:`fair_admission`, split: the jobs let through (with their flavour) and those held."""
+    """The gate's decisions over ``waiting``: :func:`fair_admission` (``ledger`` and ``fair`` are charged
+    with the jobs let through), then, for the first ``explain`` held jobs (all: None), why they wait
+    (:func:`hold_reason`, against what is charged once every job let through is)."""
     gate: Gate[T] = Gate()
-    for item, fit in fair_admission(waiting, ledger, fair, flavours):
+    held: list[Pending[T]] = []
+    for p, fit in _admission(waiting, ledger, fair, lambda job: options(job)[0]):
         if fit is None:
-            gate.held.append(item)
+            held.append(p)
         else:
-            gate.admitted.append((item, fit))
+            gate.admitted.append((p.item, fit))
+    for k, p in enumerate(held):
+        if explain is not None and k >= explain:
+            gate.held.append((p.item, None))
+            continue
+        flavours, misfits = options(p.item)
+        gate.held.append((p.item, hold_reason(p.queue, flavours, misfits, ledger, tree, fair)))
     return gate
 
 
@@ -197,6 +226,9 @@ def hold_reason(
         )
     first = flavours[0]
     request = first.request
+    if not request:  # charges nothing: not quota's to hold (a queue the configuration does not limit)
+        message = f"queue {queue} is not limited by the queue configuration"
+        return HoldReason("quota", "quota", message, {"queue": queue, "gpu_type": "any"}, message)
     short = next(
         (r for r in sorted(request) if request[r] > ledger.available(queue, r)), next(iter(sorted(request)))
     )

@@ -79,11 +79,14 @@ def test_jobs_go_in_fair_order_while_they_fit_and_a_held_one_lets_smaller_ones_b
         job("b-two", B, at=1),
     ]
 
-    gate = let_through(waiting, ledger, fair(t), lambda j: [gpus(sizes[j])])
+    gate = let_through(waiting, ledger, fair(t), t, lambda j: ([gpus(sizes[j])], []), explain=1)
 
     # Equal shares: the earlier admitted first; then the queue with the smaller share.
     assert [(j, f.model) for j, f in gate.admitted] == [("b-one", H100), ("a-small", H100), ("a-four", H100)]
-    assert gate.held == ["a-big", "b-two"]
+    assert [j for j, _ in gate.held] == ["a-big", "b-two"]
+    [(_, why), (_, unexplained)] = gate.held  # only the first held job is explained
+    assert why is not None and why.constraint == "quota" and "team-a uses 8 of its 8 H100" in why.message
+    assert unexplained is None
     assert ledger.usage(A, Resource(H100)) == 8 and ledger.usage(B, Resource(H100)) == 8
 
 
@@ -177,12 +180,18 @@ def test_the_gate_never_goes_over_quota_and_holds_only_what_does_not_fit(
     sizes = {f"j{k}": n for k, (_, _, n) in enumerate(raw)}
     waiting = [job(f"j{k}", q, priority=p, at=float(k)) for k, (q, p, _) in enumerate(raw)]
 
-    gate = let_through(waiting, ledger, fair(t), lambda j: [gpus(sizes[j])])
+    gate = let_through(waiting, ledger, fair(t), t, lambda j: ([gpus(sizes[j])], []))
 
     for q in (A, B):
         assert ledger.available(q, Resource(H100)) >= 0
         assert ledger.usage(q, Resource(H100)) <= t.nominal(q, Resource(H100)) + 2
     queue_of = {p.item: p.queue for p in waiting}
-    for held in gate.held:  # a held job does not fit even now, after all the others were charged
+    for held, why in gate.held:  # a held job does not fit even now, after all the others were charged
         assert not ledger.fits(queue_of[held], {Resource(H100): sizes[held]})
-    assert sorted([j for j, _ in gate.admitted] + gate.held) == sorted(sizes)
+        assert why is not None and why.code == "quota"
+    assert sorted([j for j, _ in gate.admitted] + [j for j, _ in gate.held]) == sorted(sizes)
+
+
+def test_a_flavour_that_charges_nothing_always_fits() -> None:
+    t = tree()
+    assert first_fit(QuotaLedger(t), QueueName("not-configured"), [Flavour(None, {})]) == Flavour(None, {})
