@@ -328,3 +328,25 @@ def test_a_stranded_job_stays_charged_until_another_model_has_room_then_moves() 
     assert moved.job_id == "four" and moved.gpu_type == GB200 and moved.replaces == four.id
     assert usage(state, "team-a", H100) == 0 and usage(state, "team-a", GB200) == 4
     assert not state.stranded
+
+
+def test_a_job_waiting_on_a_model_whose_nodes_fail_waits_on_another_and_is_told_so() -> None:
+    state = report_cluster(REPORT)
+    for job, model in (("h", H100), ("g", GB200)):
+        [queued] = feed(state, admit(job, gpu_type=model, workers=2, gpus_per_worker=4))
+        assert isinstance(queued.data, JobQueued)
+        assert feed(state, grant(job)) == []
+    [held] = feed(state, admit("waiter", gpus_per_worker=4))
+    assert reason_of(held).details["gpu_type"] == H100  # what preemption would free quota on
+
+    h0, h1 = nodes("h", H100, 2, 8)
+    feed(state, env(NodeFailed(node=h0.node, code="heartbeat_timeout", reason="gone"), at=1))
+    told = feed(state, env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=2))
+
+    [pending] = [e for e in told if isinstance(e.data, JobPending) and e.data.job_id == "waiter"]
+    reason = reason_of(pending)
+    assert reason.details["gpu_type"] == GB200 and f"{H100} cannot hold it" in reason.message
+    through = feed(state, release("g", at=3))
+    assert queued_ids(through) == ["waiter"]
+    [queued] = [e.data for e in through if isinstance(e.data, JobQueued)]
+    assert queued.gpu_type == GB200
