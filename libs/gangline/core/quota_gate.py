@@ -12,6 +12,13 @@ nominal quota (then quota lent in the cohort is reclaimed for it), or that no GP
 nodes that can hold its workers (:func:`held_flavours`, over the core's
 :class:`~gangline.core.hardware.Hardware`).
 
+What the charge means differs by caller, not the rule: the quota service charges a job when the gate
+lets it through to placement (as Kueue admits a workload: it holds that quota until its allocation is
+released, placed or not yet), while the core cycle runs the gate on a copy of its ledger only to order
+its jobs and charges a job's quota when it is placed (the ``quota`` plugin). A job charged to a model
+whose nodes can no longer hold it and not placed yet moves to the first other flavour that fits
+(:func:`stranded_move`).
+
 Pure: the caller hands the facts of its fold (the waiting jobs, a ledger, fair shares, what the nodes
 offer); nothing here reads a clock.
 """
