@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from services.common.env import ServiceSettings
+from pydantic import Field
+
+from services.common.env import METRICS_PORTS, ServiceSettings
 
 
 class AdmissionSettings(ServiceSettings):
     """The queues requests may name and their quotas come from ``queues_file`` (GANGLINE_QUEUES_FILE,
     see :mod:`services.common.queues`); without one, only the unlimited ``default`` queue exists."""
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["admission"], ge=0, le=65535)
