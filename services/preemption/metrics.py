@@ -27,7 +27,7 @@ def watch(metrics: ServiceMetrics, state: PreemptionState) -> None:
             data = envelope.data
             if isinstance(data, JobPreempting):
                 preemptions.labels(queue_of(data.job_id), preemption_reason(data)).inc()
-            elif isinstance(data, JobPreempted) and data.lost_gpu_seconds:
+            elif isinstance(data, JobPreempted):  # a checkpointed one lost nothing, counted as such
                 lost.labels(queue_of(data.job_id)).inc(data.lost_gpu_seconds / 3600)
 
     metrics.on_decided(observe)
