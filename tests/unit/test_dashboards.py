@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gangline.telemetry.metrics import FAMILIES, exposed_names, new_registry
+from gangline.telemetry.metrics import FAMILIES, METRICS_PORTS, exposed_names, new_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "dashboards" / "gangline.json"
@@ -116,3 +116,16 @@ def test_the_check_catches_a_misspelt_metric_and_a_label_it_lacks() -> None:
     assert name not in known
     [(name, labels)] = selected("sum by (queue) (gangline_consumer_lag_records)")
     assert not labels <= known[name]
+
+
+def test_the_readme_table_lists_every_family_with_its_labels_and_port() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in readme.splitlines()
+        if line.startswith("| `gangline_")
+    }
+    assert set(rows) == set(FAMILIES)
+    for name, family in FAMILIES.items():
+        assert all(f"`{label}`" in rows[name] for label in family.labels), name
+        assert all(f"{s} ({METRICS_PORTS[s]})" in rows[name] for s in family.services), name
