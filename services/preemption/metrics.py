@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from gangline.bus import Outgoing
 from gangline.events.jobs import JobPreempted, JobPreempting
+from gangline.events.types import JobId
 from gangline.telemetry.metrics import counting
 from services.common.metrics import ServiceMetrics
 from services.preemption.handlers import PreemptionState, preemption_reason
@@ -19,7 +20,7 @@ def watch(metrics: ServiceMetrics, state: PreemptionState) -> None:
     lost = counting(metrics.registry, "gangline_gpu_hours_lost_total")
 
     def queue_of(job_id: str) -> str:
-        record = state.mirror.jobs.get(job_id)  # type: ignore[call-overload]
+        record = state.mirror.jobs.get(JobId(job_id))
         return record.spec.queue if record is not None and record.spec is not None else UNKNOWN_QUEUE
 
     def observe(outputs: Sequence[Outgoing]) -> None:
