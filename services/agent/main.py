@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from gangline.bus import run_service
 from gangline.cluster_spec import load_cluster_spec, uniform_cluster
 from gangline.telemetry import setup_logging
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.agent import standin
 from services.agent.fake import FakeCluster
 from services.agent.metrics import serving_agents
-from services.common.env import METRICS_PORTS, ServiceSettings, topic_names
+from services.common.env import ServiceSettings, topic_names
 
 HELP = "run a simulated GPU cluster: inventory, heartbeats, placed jobs run for their duration hint"
 

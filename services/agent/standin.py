@@ -29,8 +29,9 @@ from gangline.events.nodes import NodeRegistered
 from gangline.events.types import NodeId
 from gangline.nvml.spec import GpuSpec, NodeSpec
 from gangline.nvml.standin import NvmlStandIn
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.agent.metrics import serving_agents
-from services.common.env import METRICS_PORTS, ServiceSettings, topic_names
+from services.common.env import ServiceSettings, topic_names
 from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)

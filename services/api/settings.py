@@ -7,7 +7,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from gangline.store.pool import DEFAULT_DSN
-from services.common.env import METRICS_PORTS, ServiceSettings
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.common.env import ServiceSettings
 
 
 class ApiSettings(ServiceSettings):

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from gangline.bus import ProcessorSettings
 from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
-from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.topics import TopicNames
 
 PREFIX = "GANGLINE_"
@@ -30,9 +29,6 @@ takes records as soon as they come makes one fetch, one pass of the loop and one
 per handful of records; those fixed costs, not the records, were most of these services' CPU on a
 busy cluster. Waiting 100 ms between batches cut it by about half (make bench-e2e), at up to 100 ms
 on decisions whose own deadlines are seconds (checkpoints, silences)."""
-
-
-__all__ = ["METRICS_PORTS", "ServiceSettings", "env_values", "processor_settings", "topic_names"]
 
 
 class ServiceSettings(BaseModel):

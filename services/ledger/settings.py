@@ -6,7 +6,8 @@ from pydantic import Field, SecretStr
 
 from gangline.events import topics
 from gangline.store.pool import DEFAULT_DSN
-from services.common.env import METRICS_PORTS, ServiceSettings
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.common.env import ServiceSettings
 
 
 class LedgerSettings(ServiceSettings):

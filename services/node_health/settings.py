@@ -7,7 +7,8 @@ from datetime import timedelta
 from pydantic import Field
 
 from gangline.core.health import DrainPolicy
-from services.common.env import LAZY_LINGER_MS, METRICS_PORTS, ServiceSettings
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.common.env import LAZY_LINGER_MS, ServiceSettings
 
 _DRAIN = DrainPolicy()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from gangline.core.waiting import FRONT_OF_LINE
-from services.common.env import METRICS_PORTS, ServiceSettings
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.common.env import ServiceSettings
 
 
 class PlacementSettings(ServiceSettings):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from services.common.env import METRICS_PORTS, ServiceSettings
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.common.env import ServiceSettings
 from services.quota.status import STATUS_INTERVAL_S
 
 

@@ -17,8 +17,9 @@ from pydantic import BaseModel
 
 from gangline.cluster_spec import load_cluster_spec
 from gangline.store.pool import DSN_ENV
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.api.auth import load_tokens
-from services.common.env import METRICS_PORTS, PREFIX, ServiceSettings
+from services.common.env import PREFIX, ServiceSettings
 from services.common.queues import DEFAULT_QUEUE, QueuesFile, load_queues
 
 ROOT = Path(__file__).resolve().parents[2]
