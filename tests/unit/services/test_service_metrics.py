@@ -189,3 +189,28 @@ def test_a_service_not_consuming_yet_serves_its_families_without_series() -> Non
         families
     )
     assert families["gangline_consumer_lag_records"].samples == []
+
+
+def test_each_service_has_its_own_metrics_port_which_the_environment_moves_or_turns_off() -> None:
+    from gangline.telemetry.metrics import METRICS_PORTS
+    from services.admission.settings import AdmissionSettings
+    from services.api.settings import ApiSettings
+    from services.ledger.settings import LedgerSettings
+    from services.node_health.settings import NodeHealthSettings
+    from services.placement.settings import PlacementSettings
+    from services.quota.settings import QuotaSettings
+
+    classes = {
+        "admission": AdmissionSettings,
+        "quota": QuotaSettings,
+        "placement": PlacementSettings,
+        "preemption": PreemptionSettings,
+        "node_health": NodeHealthSettings,
+        "ledger": LedgerSettings,
+        "api": ApiSettings,
+    }
+    for service, cls in classes.items():
+        settings = cls.from_env({})
+        assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", METRICS_PORTS[service])
+    assert PlacementSettings.from_env({"GANGLINE_METRICS_PORT": "19473"}).metrics_port == 19473
+    assert PlacementSettings.from_env({"GANGLINE_METRICS_PORT": "off"}).metrics_port is None
