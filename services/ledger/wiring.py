@@ -25,6 +25,7 @@ from opentelemetry.trace import Span, SpanKind
 from prometheus_client.core import Metric
 
 from gangline.bus import Delivery, EventConsumer, dead_letter
+from gangline.bus.processor import position_now
 from gangline.bus.records import HANDLER_FAILED
 from gangline.bus.security import client_options
 from gangline.events.codec import encode
@@ -197,17 +198,21 @@ class Ledger:
 
     async def _commit(self, consumer: EventConsumer) -> None:
         """Commit the consumer's positions: past every transaction marker it stepped over (KAFKA-6607)."""
-        positions = {tp: await consumer.raw.position(tp) for tp in consumer.raw.assignment()}
-        await consumer.raw.commit(positions)
-        self._committed.update(positions)
+        found = {tp: position_now(consumer.raw, tp) for tp in consumer.raw.assignment()}
+        positions = {tp: position for tp, position in found.items() if position is not None}
+        if positions:
+            await consumer.raw.commit(positions)
+            self._committed.update(positions)
 
     async def _commit_moved(self, consumer: EventConsumer) -> None:
         """After a poll that returned nothing: commit a position that moved past the committed offset (a
         fetch that held only transaction markers), so lag reads 0 once caught up."""
         moved = False
         for tp in consumer.raw.assignment():
-            position = await consumer.raw.position(tp)
-            moved = moved or (tp in self._committed and position > self._committed[tp])
+            position = position_now(consumer.raw, tp)
+            moved = moved or (
+                position is not None and tp in self._committed and position > self._committed[tp]
+            )
         if moved:
             try:
                 await self._commit(consumer)

@@ -605,7 +605,7 @@ class Processor:
         consumer = self._consumer
         if consumer is None or self._polled_last.get(tp) != records[-1].offset:
             return after
-        position = _position_now(consumer, tp)
+        position = position_now(consumer, tp)
         return after if position is None else max(after, position)
 
     async def _step_over_markers(self, consumer: AIOKafkaConsumer, generation: int) -> None:
@@ -616,7 +616,7 @@ class Processor:
             if generation != self._generation:
                 return
             for tp, handled in list(self._handled.items()):
-                position = _position_now(consumer, tp)
+                position = position_now(consumer, tp)
                 if position is not None and position > handled:
                     self._handled[tp] = self._pending_offsets[tp] = position
 
@@ -929,9 +929,10 @@ class Processor:
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 
 
-def _position_now(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+def position_now(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     """The consumer's fetch position of ``tp`` without waiting (None when it has none now, or ``tp`` is
-    not assigned). ``AIOKafkaConsumer.position`` would wait for a reset; the state it reads is this one."""
+    not assigned): the offset to commit once what it returned is handled, past the transaction markers
+    it stepped over. ``AIOKafkaConsumer.position`` would wait for a reset; the state it reads is this."""
     subscription = consumer._subscription.subscription
     assignment = subscription.assignment if subscription is not None else None
     if assignment is None or tp not in assignment.tps:
