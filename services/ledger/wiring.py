@@ -172,6 +172,15 @@ class Ledger:
             await dlq.stop()
             log.info("ledger stopped", extra={"stats": vars(self.stats)})
 
+    def dead_letters(self) -> dict[tuple[str, str], int]:
+        """Per ``(dead-letter topic, code)``: the events the ledger could not store, and the records its
+        consumer could not read (this run's consumer)."""
+        out = dict(self.stats.dead_letters)
+        if self._consumer is not None:
+            for key, count in self._consumer.dead_letters.items():
+                out[key] = out.get(key, 0) + count
+        return out
+
     def consumer_lag(self) -> dict[str, int]:
         """Records of each topic past the group's committed offsets, counted as the processor counts them
         (:meth:`gangline.bus.Processor.consumer_lag`). Empty while not consuming."""
@@ -298,6 +307,6 @@ def ledger_figures(ledger: Ledger) -> list[Metric]:
     for topic, records in sorted(ledger.consumer_lag().items()):
         lag.add_metric([SERVICE, topic], records)
     letters = counter("gangline_dead_letters_total")
-    for (topic, code), count in sorted(ledger.stats.dead_letters.items()):
+    for (topic, code), count in sorted(ledger.dead_letters().items()):
         letters.add_metric([topic, code], count)
     return [lag, letters]

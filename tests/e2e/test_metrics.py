@@ -181,6 +181,8 @@ async def test_every_service_serves_its_metrics_and_lag_reads_zero_once_caught_u
     admission = scraped["admission"]
     letters = dead_letter_topic(topics.requests)
     assert value(admission, "gangline_dead_letters_total", topic=letters) == 1
+    # The ledger reads jobs.requests too, and dead-letters what it cannot read as well.
+    assert value(scraped["ledger"], "gangline_dead_letters_total", topic=letters) == 1
     assert value(admission, "gangline_decisions_total", service="admission", kind="job.admitted") == 4
     assert value(admission, "gangline_transactions_total", service="admission", result="committed") >= 3
     assert value(scraped["api"], "gangline_http_requests_total", route="/healthz", code="200") >= 1
