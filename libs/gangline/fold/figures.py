@@ -103,7 +103,10 @@ def fragmented_gpus(fold: ClusterFold) -> dict[str, float]:
     if not needs:
         return {}
     waited_for = {need[0] for need in needs}
-    by_model = fragmentation_by_model(fold.snapshot(), needs)
+    cached = fold._snapshot
+    snapshot = fold.snapshot()
+    fold._snapshot = cached  # a scrape leaves the fold as it found it: it builds, it does not cache
+    by_model = fragmentation_by_model(snapshot, needs)
     return {
         str(model): frag
         for model, (frag, _) in by_model.items()

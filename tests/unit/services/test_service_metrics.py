@@ -214,3 +214,14 @@ def test_each_service_has_its_own_metrics_port_which_the_environment_moves_or_tu
         assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", METRICS_PORTS[service])
     assert PlacementSettings.from_env({"GANGLINE_METRICS_PORT": "19473"}).metrics_port == 19473
     assert PlacementSettings.from_env({"GANGLINE_METRICS_PORT": "off"}).metrics_port is None
+
+
+def test_a_scrape_leaves_placements_fold_as_it_found_it() -> None:
+    state = new_state(("a", 1, 8))
+    place(state, admitted("j1", gpus_per_worker=6))
+    place(state, admitted("j2", gpus_per_worker=4))  # waits: the fragmentation figure needs a snapshot
+    state._snapshot = None
+    figures = placement_metrics.cluster_figures(state)
+    assert state._snapshot is None
+    [fragmented] = [m for m in figures if m.name == "gangline_fragmented_gpus"]
+    assert [s.value for s in fragmented.samples] == [2]
