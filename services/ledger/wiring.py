@@ -25,7 +25,7 @@ from opentelemetry.trace import Span, SpanKind
 from prometheus_client.core import Metric
 
 from gangline.bus import Delivery, EventConsumer, dead_letter
-from gangline.bus.processor import position_now
+from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.records import HANDLER_FAILED
 from gangline.bus.security import client_options
 from gangline.events.codec import encode
@@ -187,12 +187,7 @@ class Ledger:
         consumer = self._consumer
         if consumer is None:
             return {}
-        lag = dict.fromkeys(self._settings.input_topics, 0)
-        for tp in consumer.raw.assignment():
-            end = consumer.raw.highwater(tp)
-            if end is not None:
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - self._committed.get(tp, 0))
-        return lag
+        return lag_by_topic(consumer.raw, self._committed, self._settings.input_topics)
 
     async def _note_committed(self, consumer: EventConsumer) -> None:
         """Read the committed offset of each partition newly assigned (once; then the ledger keeps it)."""

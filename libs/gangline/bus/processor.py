@@ -8,7 +8,9 @@ For each batch polled from the input topics the processor
    is the producer's span (from the record's W3C headers),
 3. produces the handler's outputs, each stamped with ``causationid`` = the consumed event's id
    and the trace context of the consumer span,
-4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits.
+4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits. The
+   offset of a partition whose polled records the batch ends is the consumer's position, past the
+   transaction markers that follow them (:mod:`gangline.bus.lag`), so lag reads 0 once caught up.
    Offsets of a batch that published nothing are held back (``idle_commit_ms``); so are those of
    every batch when ``offsets_in_every_transaction`` is off (single-leader services whose state
    folds their own outputs: an input read again after a crash decides nothing again).
@@ -96,6 +98,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.positions import (
     BATCH_HEADER,
     INCARNATION_HEADER,
@@ -627,12 +630,7 @@ class Processor:
         consumer = self._consumer
         if consumer is None:
             return {}
-        lag = dict.fromkeys(self._settings.input_topics, 0)
-        for tp in consumer.assignment():
-            end = consumer.highwater(tp)
-            if end is not None:
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - self._group_offsets.get(tp, 0))
-        return lag
+        return lag_by_topic(consumer, self._group_offsets, self._settings.input_topics)
 
     def _idle_commit_due(self) -> bool:
         """Whether offsets held back by idle batches are old enough to commit on their own."""
@@ -927,18 +925,6 @@ class Processor:
 
 
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
-
-
-def position_now(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
-    """The consumer's fetch position of ``tp`` without waiting (None when it has none now, or ``tp`` is
-    not assigned): the offset to commit once what it returned is handled, past the transaction markers
-    it stepped over. ``AIOKafkaConsumer.position`` would wait for a reset; the state it reads is this."""
-    subscription = consumer._subscription.subscription
-    assignment = subscription.assignment if subscription is not None else None
-    if assignment is None or tp not in assignment.tps:
-        return None
-    state = assignment.state_value(tp)
-    return int(state.position) if state.has_valid_position else None
 
 
 def _blames_the_input(error: Exception) -> bool:
