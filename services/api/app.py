@@ -46,6 +46,7 @@ from gangline.telemetry.tracing import get_tracer
 from services.api import queries
 from services.api.auth import Authenticator, Principal, load_tokens
 from services.api.limits import RateLimiter, RequestGuard, retry_after
+from services.api.metrics import CountRequests, api_metrics
 from services.api.problems import ApiProblem, document, problem, problems, render
 from services.api.settings import ApiSettings
 from services.common.queues import Queues, load_queues
@@ -255,6 +256,8 @@ def create_app(
     # Submissions accepted here that the ledger may not have yet: job id -> the request's data.
     recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
+    metrics, requests_answered = api_metrics()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if resources is not None:
@@ -266,7 +269,8 @@ def create_app(
         try:
             await producer.start()
             state["r"] = Resources(pool, producer)
-            yield
+            async with metrics.serve(settings):
+                yield
         finally:
             await producer.stop()
             await pool.close()
@@ -278,6 +282,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(CountRequests, requests=requests_answered)
     bearer = HTTPBearer(auto_error=False)
 
     def openapi() -> dict[str, Any]:

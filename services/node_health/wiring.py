@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from gangline.bus import Outgoing, RecordMeta
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.node_health.handlers import NodeHealthState, decide
@@ -38,6 +39,7 @@ def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState
 
 
 async def main(settings: NodeHealthSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings, now=datetime.now(UTC))
     topics = state.topics
 
@@ -45,15 +47,17 @@ async def main(settings: NodeHealthSettings) -> None:
         return decide(envelope, state, now=datetime.now(UTC))
 
     inputs = [topics.inventory, topics.health, topics.allocations, topics.heartbeats]
-    await restore_and_process(
-        processor_settings(settings, SERVICE, [*inputs, topics.events]),
-        state,
-        handle,
-        # Old heartbeats say nothing about now: restore counts silence from the service's start.
-        restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
-        select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
-        lock_topic=topics.inventory,
-        # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
-        record_inputs=True,
-        started=state.started,
-    )
+    async with metrics.serve(settings):
+        await restore_and_process(
+            processor_settings(settings, SERVICE, [*inputs, topics.events]),
+            state,
+            handle,
+            # Old heartbeats say nothing about now: restore counts silence from the service's start.
+            restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
+            select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
+            lock_topic=topics.inventory,
+            # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
+            record_inputs=True,
+            started=state.started,
+            metrics=metrics,
+        )

@@ -356,6 +356,15 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
     return out
 
 
+RECLAIMS = "reclaims the quota its queue lent to the cohort"
+"""How a ``job.preempting`` of a reclaim says why (the others: the preemptor needs the GPUs)."""
+
+
+def preemption_reason(preempting: JobPreempting) -> str:
+    """``reclaim`` (a lender takes its quota back) or ``priority`` (more urgent work needs the GPUs)."""
+    return "reclaim" if RECLAIMS in preempting.reason else "priority"
+
+
 def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -> list[Outgoing]:
     """``job.preempting`` for each victim of the core's plan still running and not asked already."""
     out: list[Outgoing] = []
@@ -367,10 +376,8 @@ def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -
             continue
         if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
-        if plan.kind == RECLAIM:
-            why = f"reclaims the quota its queue lent to the cohort ({victim.reason})"
-        else:
-            why = f"needs the GPUs ({victim.reason})"
+        needs = RECLAIMS if plan.kind == RECLAIM else "needs the GPUs"
+        why = f"{needs} ({victim.reason})"
         out.append(_ask(state, record, granted, preemptor, why, victim.lost_gpu_hours, now=now))
     return out
 

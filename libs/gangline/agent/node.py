@@ -47,7 +47,7 @@ import re
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -108,6 +108,8 @@ from gangline.nvml.health import (
 from gangline.nvml.reader import NvmlApi, NvmlEventWatcher, NvmlReader
 from gangline.nvml.standin import NvmlStandIn
 from gangline.nvml.types import (
+    GpuEvent,
+    GpuEventKind,
     GpuHealthSample,
     GpuState,
     GpuUuid,
@@ -378,6 +380,7 @@ class NodeAgent:
         self._nvml_gpu: dict[GpuId, NvmlGpuInfo] = {}
         self._health: dict[GpuId, HealthState] = {}
         self._last_sample: dict[GpuId, GpuHealthSample] = {}
+        self._xids: dict[tuple[GpuId, int], int] = {}
         self._seq = 0
         self._heartbeats_on = True
 
@@ -561,6 +564,16 @@ class NodeAgent:
     @property
     def health(self) -> dict[GpuId, HealthState]:
         return dict(self._health)
+
+    @property
+    def gpu_samples(self) -> Mapping[GpuId, GpuHealthSample]:
+        """Each GPU's latest health sample (temperature, ECC, remapped rows), read every heartbeat."""
+        return self._last_sample
+
+    @property
+    def xid_errors(self) -> Mapping[tuple[GpuId, int], int]:
+        """How many XID events of each code each GPU reported since the agent started."""
+        return self._xids
 
     @property
     def heartbeats_sent(self) -> int:
@@ -917,6 +930,7 @@ class NodeAgent:
                     log.debug("agent %s: NVML event issue %s %s", s.node, issue.call, issue.error)
                 now = self._clock()
                 for event in result.events:
+                    self._count_xid(event)
                     findings = self._monitor.observe_event(event, now)
                     self._apply(findings)
                     self._report_errors()
@@ -926,6 +940,12 @@ class NodeAgent:
                 result = None
             if result is None or not result.events:
                 await asyncio.sleep(s.xid_idle_s)
+
+    def _count_xid(self, event: GpuEvent) -> None:
+        gid = self._id_of.get(event.uuid) if event.uuid is not None else None
+        if event.kind is GpuEventKind.XID and event.xid is not None and gid is not None:
+            key = (gid, int(event.xid))
+            self._xids[key] = self._xids.get(key, 0) + 1
 
     def _apply(self, findings: list[HealthFinding]) -> None:
         """Publish ``gpu.health_changed`` for every GPU whose state moved (findings may also clear)."""

@@ -173,6 +173,12 @@ def fragmentation(snapshot: Snapshot, waiting: Sequence[Job]) -> tuple[float, fl
 
 def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, float]:
     """`fragmentation` given the distinct worker needs of the waiting jobs."""
+    by_model = fragmentation_by_model(snapshot, needs).values()
+    return sum(frag for frag, _ in by_model), sum(free for _, free in by_model)
+
+
+def fragmentation_by_model(snapshot: Snapshot, needs: Iterable[Need]) -> dict[GpuModel, tuple[float, float]]:
+    """`fragmentation_of` per GPU model: model → (free GPUs no waiting worker can use, free GPUs)."""
     snap = snapshot
     n_models = len(snap.models)
     whole_min = [math.inf] * n_models
@@ -186,9 +192,10 @@ def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, 
                 whole_min[m] = min(whole_min[m], size)
             elif kind is GpuMode.SHARED:
                 share_min[m] = min(share_min[m], size)
-    frag = 0.0
-    free_total = 0.0
+    out: dict[GpuModel, tuple[float, float]] = {}
     for m in range(n_models):
+        frag = 0.0
+        free_total = 0.0
         if snap.capacity[m]:
             need = whole_min[m]
             for k, bucket in enumerate(snap.buckets[m]):
@@ -214,7 +221,8 @@ def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, 
                         free_total += left / FULL_GPU_MILLI
                         if left < need_milli:
                             frag += left / FULL_GPU_MILLI
-    return frag, free_total
+        out[snap.models[m]] = (frag, free_total)
+    return out
 
 
 def _need(job: TraceJob) -> Need:
