@@ -21,6 +21,14 @@ too). The core's per-GPU windows over them (:class:`~services.node_health.rates.
 events' time) mark a GPU ``degraded`` once a kind reaches its limit: one ``gpu.health_changed``
 (healthy -> degraded) from node_health, so no new work lands there while the running job may finish.
 The GPU stays degraded until its node registers again (reset / repair).
+
+Operators' drains (``node.cordoned`` mode drain on nodes.operator; the cordon state is the one fold of
+:mod:`gangline.fold.cordons`, the rule when work must leave :mod:`gangline.core.cordon`): once the
+drain's ``drain_grace_s`` has passed, every live allocation on the node is asked to leave with a
+``job.preempting`` (deadline: now + the job's ``checkpoint_grace_s``, no preemptor), once per
+allocation. The agent sends the checkpoint signal; preemption, which carries out every
+``job.preempting`` in the log, releases the GPUs at the checkpoint or the deadline and requeues the
+job, and placement puts it elsewhere (the node is cordoned). A plain cordon asks nothing.
 """
 
 from __future__ import annotations
@@ -32,17 +40,27 @@ from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobCheckpointed, JobRequeued
+from gangline.events.jobs import (
+    JobAdmitted,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPreempting,
+    JobRequeued,
+)
 from gangline.events.nodes import (
     GpuErrorReported,
     GpuHealthChanged,
     HealthCause,
     HealthState,
+    NodeCordoned,
     NodeFailed,
     NodeHeartbeat,
     NodeRegistered,
+    NodeUncordoned,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
+from gangline.fold.cordons import NodeCordons
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
 
@@ -74,6 +92,12 @@ class NodeHealthState:
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
     """GPUs node_health itself drained for repeated errors."""
+    cordons: NodeCordons = field(default_factory=NodeCordons)
+    """Operators' cordons and drains (nodes.operator)."""
+    checkpoint_grace: dict[JobId, int] = field(default_factory=dict)
+    """Per job not ended yet, its ``checkpoint_grace_s`` (from job.admitted): what a drain gives it."""
+    asked_to_leave: set[AllocationId] = field(default_factory=set)
+    """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -115,11 +139,26 @@ class NodeHealthState:
         elif isinstance(data, AllocationReleased):
             self.released.add(data.allocation_id)
             self.live.pop(data.allocation_id, None)
+            self.asked_to_leave.discard(data.allocation_id)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
+        elif isinstance(data, NodeCordoned | NodeUncordoned):
+            self.cordons.fold(envelope)
+        elif isinstance(data, JobAdmitted):
+            self.checkpoint_grace[data.job_id] = data.spec.checkpoint_grace_s
+        elif isinstance(data, JobPreempting):
+            if data.allocation_id not in self.released:
+                self.asked_to_leave.add(data.allocation_id)
+        elif isinstance(data, JobCompleted | JobFailed):
+            self.checkpoint_grace.pop(data.job_id, None)
 
 
 def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    out = _decide(envelope, state, now=now)
+    return out + drain(state, now=now) if state.cordons.latest else out
+
+
+def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     data = envelope.data
     if isinstance(data, NodeFailed):
         first = data.node not in state.failed
@@ -188,6 +227,29 @@ def check_error_rate(
     envelope = _envelope(changed, cause, f"degraded-{gpu}", at)
     state.fold(envelope)
     return [(state.topics.health, envelope)]
+
+
+def drain(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    """Ask every live allocation on a node whose drain grace has passed to leave (once each)."""
+    out: list[Outgoing] = []
+    for node in state.cordons.evicting(now):
+        cordon = state.cordons.of(node)
+        why = f" ({cordon.reason})" if cordon is not None and cordon.reason else ""
+        for granted in sorted(state.live.values(), key=lambda g: g.allocation_id):
+            here = any(p.node == node for p in granted.placements)
+            if not here or granted.allocation_id in state.asked_to_leave:
+                continue
+            grace = state.checkpoint_grace.get(granted.job_id, 0)
+            asked = JobPreempting(
+                job_id=granted.job_id,
+                allocation_id=granted.allocation_id,
+                deadline=now + timedelta(seconds=grace),
+                reason=f"node {node} is drained by an operator{why}; checkpoint within {grace} s",
+            )
+            envelope = _envelope(asked, granted.allocation_id, f"drained-{node}", now)
+            state.fold(envelope)
+            out.append((state.topics.events, envelope))
+    return out
 
 
 def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: datetime) -> list[Outgoing]:

@@ -166,7 +166,9 @@ class Placement(Consumer):
         self.state = placement_state(settings, queues)
         t = self.state.topics
         self._requests, self._heartbeats = t.requests, t.heartbeats
-        self.topics = frozenset({t.inventory, t.health, t.events, t.allocations, t.heartbeats, t.requests})
+        self.topics = frozenset(
+            {t.inventory, t.health, t.operator, t.events, t.allocations, t.heartbeats, t.requests}
+        )
         self._kinds = frozenset(FOLDED_EVENTS) - {"allocation.granted"}  # its own grants it holds
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
@@ -190,7 +192,7 @@ class Preemption(Consumer):
         self.state = preemption_state(settings, queues)
         t = self.state.mirror.topics
         self._heartbeats = t.heartbeats
-        self.topics = frozenset({t.inventory, t.health, t.events, t.allocations, t.heartbeats})
+        self.topics = frozenset({t.inventory, t.health, t.operator, t.events, t.allocations, t.heartbeats})
         self._kinds = frozenset({*FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
@@ -211,7 +213,7 @@ class NodeHealth(Consumer):
     def __init__(self, settings: NodeHealthSettings) -> None:
         self.state = node_health_state(settings, now=EPOCH)
         t = self.state.topics
-        self.topics = frozenset({t.inventory, t.health, t.allocations, t.heartbeats, t.events})
+        self.topics = frozenset({t.inventory, t.health, t.operator, t.allocations, t.heartbeats, t.events})
         self._kinds = frozenset(NODE_HEALTH_EVENTS)
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
