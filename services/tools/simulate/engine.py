@@ -5,7 +5,8 @@ What runs is what the live services run: admission's ``on_request``, quota's ``d
 ``decide``, each on the state its ``wiring.new_state`` builds, each reading the topics its wiring
 consumes and selecting the event types its wiring's ``select`` decodes. The simulated nodes act like
 ``fake-nodes`` (:class:`services.agent.fake.FakeCluster`): they register, heartbeat, start each grant
-on their nodes (``job.started``), complete it after its duration hint (``job.completed``), stop a job
+on their nodes (``job.started``), complete it after its duration hint (``job.completed``) or stop it at
+its ``time_limit_s`` when that comes first (``job.checkpointed``, then ``job.failed`` time_limit), stop a job
 whose allocation is released, and answer ``job.preempting`` with ``job.checkpointed`` after a delay;
 a failed node goes silent (and may report an XID first).
 
@@ -55,6 +56,7 @@ from gangline.events.jobs import (
     JobCancelRequested,
     JobCheckpointed,
     JobCompleted,
+    JobFailed,
     JobPreempting,
     JobRequested,
     JobStarted,
@@ -260,6 +262,8 @@ class SimNodes(Consumer):
         self.topics = frozenset({t.events, t.allocations})
         self.silent: set[NodeId] = set()
         self.durations: dict[JobId, int | None] = {}
+        self.limits: dict[JobId, int] = {}
+        """Jobs with a ``time_limit_s``: each run is stopped there (checkpoint, then ``job.failed``)."""
         self.running: dict[AllocationId, _Running] = {}
         self.running_jobs: dict[JobId, int] = {}
         self.undated: dict[JobId, AllocationId] = {}
@@ -285,6 +289,8 @@ class SimNodes(Consumer):
         t = self.sim.topics
         if isinstance(data, JobAdmitted):
             self.durations[data.job_id] = data.spec.duration_hint_s
+            if data.spec.time_limit_s is not None:
+                self.limits[data.job_id] = data.spec.time_limit_s
             undated = self.undated.pop(data.job_id, None)
             if undated is not None:
                 self._start_timer(undated)
@@ -325,9 +331,16 @@ class SimNodes(Consumer):
         job_id = running.granted.job_id
         hint = self.durations.get(job_id)
         duration = float(hint) if hint is not None else self.options.default_duration_s
-        if duration is None:
+        limit = self.limits.get(job_id)
+        left = max(1.0, duration - self.saved_s.get(job_id, 0.0)) if duration is not None else None
+        if limit is not None and (left is None or limit < left):
+            # The agent stops the run at its limit: checkpoint signal, acknowledgement, job.failed.
+            token = running.timer = next(self._tokens)
+            at = max(self.sim.now, running.started + limit + self.options.checkpoint_delay_s)
+            self.sim.at(at, lambda: self._time_limit(allocation_id, token, limit))
+            return
+        if left is None:
             return  # runs until released
-        left = max(1.0, duration - self.saved_s.get(job_id, 0.0))
         token = running.timer = next(self._tokens)
         at = max(self.sim.now, running.started + left)
         self.sim.at(at, lambda: self._complete(allocation_id, token))
@@ -358,6 +371,40 @@ class SimNodes(Consumer):
         self.durations.pop(granted.job_id, None)  # a completed job is never granted again
         self.sim.publish(
             self.name, [(self.sim.topics.events, self.envelope(done, derived_id(allocation_id, "completed")))]
+        )
+
+    def _time_limit(self, allocation_id: AllocationId, token: int, limit: int) -> None:
+        running = self.running.get(allocation_id)
+        if running is None or running.timer != token:
+            return
+        granted = running.granted
+        if any(p.node in self.silent for p in granted.placements):
+            return
+        self._stop(allocation_id)
+        held = self.sim.now - running.started
+        node = granted.placements[0].node
+        ack = JobCheckpointed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            node=node,
+            checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
+        )
+        failed = JobFailed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            code="time_limit",
+            reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
+            gpu_seconds=Seconds(int(held * granted.whole_gpus)),
+        )
+        self.durations.pop(granted.job_id, None)
+        self.limits.pop(granted.job_id, None)
+        events = self.sim.topics.events
+        self.sim.publish(
+            self.name,
+            [
+                (events, self.envelope(ack, derived_id(allocation_id, "time-limit", "checkpointed"))),
+                (events, self.envelope(failed, derived_id(allocation_id, "time-limit", "failed"))),
+            ],
         )
 
     def _checkpoint(self, asked: JobPreempting, event_id: str) -> None:

@@ -36,7 +36,7 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.core.model import GpuMode, Job, JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobRejected, JobRequested, Topology
+from gangline.events.jobs import MAX_TIME_LIMIT_S, JobRejected, JobRequested, Topology
 from gangline.events.nodes import NodeRegistered
 from gangline.sim.metrics import Recorder, RunResult
 from gangline.sim.run import entitlement_weights
@@ -87,6 +87,9 @@ def request_of(job: TraceJob) -> JobRequested:
         preemptible=job.preemptible,
         topology=Topology(level="node") if job.same_node else None,
         duration_hint_s=max(1, math.ceil(job.duration_s)),
+        time_limit_s=(
+            min(MAX_TIME_LIMIT_S, max(1, math.ceil(job.time_limit_s))) if job.time_limit_s is not None else None
+        ),
     )
 
 

@@ -175,3 +175,32 @@ def test_gangline_simulate_services_puts_the_services_beside_the_core_in_one_tab
     # On this small world the core's simulator and the services decide the same starts.
     assert runs["default"]["completed"] == runs["services:default"]["completed"] == 4
     assert runs["default"]["mean_wait_s"] == runs["services:default"]["mean_wait_s"]
+
+
+def test_a_job_past_its_time_limit_is_stopped_by_the_simulated_nodes_and_fails() -> None:
+    from gangline.core.model import JobId, QueueName
+    from gangline.events.jobs import JobCompleted, JobFailed
+    from gangline.sim.trace import TraceJob
+    from services.tools.simulate import request_of
+
+    sim = new_simulation()
+    sim.register_nodes(0.0)
+    job = TraceJob(
+        id=JobId("limited"),
+        submit_s=1.0,
+        duration_s=3600.0,
+        queue=QueueName("default"),
+        workers=1,
+        time_limit_s=60.0,
+    )
+    sim.request(1.0, request_of(job))
+    sim.run(until=300.0)
+    ends = [e for e in sim.envelopes(sim.topics.events) if isinstance(e.data, JobFailed | JobCompleted)]
+    assert [(type(e.data).__name__, e.data.code) for e in ends] == [("JobFailed", "time_limit")]  # type: ignore[union-attr]
+    [granted] = [e for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationGranted)]
+    [released] = [
+        e.data for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationReleased)
+    ]
+    assert released.reason == "failed"
+    ran = (ends[0].time - granted.time).total_seconds()
+    assert 60.0 <= ran <= 61.0  # at the limit (and the checkpoint's acknowledgement), not the hour
