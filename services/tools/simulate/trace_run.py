@@ -76,6 +76,7 @@ def unlimited_queues(trace_queues: Iterable[str]) -> Queues:
 def request_of(job: TraceJob) -> JobRequested:
     """The trace job as a producer asks for it."""
     shared = job.gpu_milli is not None
+    limit = job.time_limit_s
     return JobRequested(
         job_id=job.id,
         queue=job.queue,
@@ -87,9 +88,7 @@ def request_of(job: TraceJob) -> JobRequested:
         preemptible=job.preemptible,
         topology=Topology(level="node") if job.same_node else None,
         duration_hint_s=max(1, math.ceil(job.duration_s)),
-        time_limit_s=(
-            min(MAX_TIME_LIMIT_S, max(1, math.ceil(job.time_limit_s))) if job.time_limit_s is not None else None
-        ),
+        time_limit_s=min(MAX_TIME_LIMIT_S, max(1, math.ceil(limit))) if limit is not None else None,
     )
 
 
