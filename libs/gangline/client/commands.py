@@ -1,7 +1,9 @@
 """The client subcommands: for each, a help line, a ``configure_*`` that adds its arguments and a
 runner (``submit``, ``status``, ...) that returns the exit status; ``gangline.cli`` lists them.
 
-Handlers print plain-text tables to stdout and errors to stderr (exit 1).
+Handlers print plain-text tables to stdout and errors to stderr (exit 1). The operators' commands
+(``jobs``, ``history``, ``share``, ``cordon``, ``uncordon``, ``drain``, ``top``, each with
+``-o table|wide|json``) are :mod:`gangline.client.operator`'s, registered here the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gangline.client import operator
 from gangline.client.api_client import ApiClient, ApiError
 from gangline.client.tables import table
 
@@ -258,6 +261,13 @@ why = _handler(run_why)
 cancel = _handler(run_cancel)
 queues = _handler(run_queues)
 nodes = _handler(run_nodes)
+jobs = _handler(operator.handler(operator.RUNS["jobs"]))
+history = _handler(operator.handler(operator.RUNS["history"]))
+share = _handler(operator.handler(operator.RUNS["share"]))
+cordon = _handler(operator.handler(operator.RUNS["cordon"]))
+uncordon = _handler(operator.handler(operator.RUNS["uncordon"]))
+drain = _handler(operator.handler(operator.RUNS["drain"]))
+top = _handler(operator.handler(operator.RUNS["top"]))
 
 COMMANDS: tuple[
     tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]], ...
@@ -268,6 +278,13 @@ COMMANDS: tuple[
     ("cancel", CANCEL_HELP, configure_cancel, cancel),
     ("queues", QUEUES_HELP, configure_nothing, queues),
     ("nodes", NODES_HELP, configure_nothing, nodes),
+    ("jobs", operator.JOBS_HELP, operator.configure_jobs, jobs),
+    ("history", operator.HISTORY_HELP, operator.configure_history, history),
+    ("share", operator.SHARE_HELP, operator.configure_share, share),
+    ("cordon", operator.CORDON_HELP, operator.configure_node_action(drain=False), cordon),
+    ("uncordon", operator.UNCORDON_HELP, operator.configure_node_action(drain=False), uncordon),
+    ("drain", operator.DRAIN_HELP, operator.configure_node_action(drain=True), drain),
+    ("top", operator.TOP_HELP, operator.configure_top, top),
 )
 """The client subcommands as (name, help, configure, run), in the order ``gangline --help`` lists them."""
 
