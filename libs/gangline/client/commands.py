@@ -208,7 +208,7 @@ def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
     rows = [
         [
             n["node"],
-            n["state"],
+            n["state"] if not n.get("cordon") else f"{n['state']},{n['cordon']['mode']}ed",
             n["gpu_model"],
             f"{n['gpus_held']}/{n['gpu_count']}",
             ",".join(n["cordoned_gpus"]) or None,

@@ -374,5 +374,7 @@ async def test_cordon_drain_uncordon_are_admin_only_operator_events(
     cordons = {n["node"]: n["cordon"] for n in frame["nodes"]}
     assert cordons[node]["mode"] == "cordon" and cordons[node]["reason"] == "bios update"
     assert cordons[as_team.node] is None  # uncordoned again
+    listed = run_cli(capsys, "nodes")[1]
+    assert next(line for line in listed.splitlines() if line.startswith(node)).split()[1] == "ready,cordoned"
     held_here = {a["job_id"] for a in frame["allocations"] if a["node"] in (node, as_team.node)}
     assert held_here == {as_team.job("run")}
