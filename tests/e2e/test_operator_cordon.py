@@ -25,9 +25,11 @@ from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.jobs import JobPending, JobPreempting, JobRequeued
 from gangline.events.nodes import NodeCordoned, NodeUncordoned
+from gangline.replay.kafka import KafkaSource
 from services.api.app import Resources, create_app
 from services.api.auth import Authenticator, Tenant, TokenConfig
 from services.api.settings import ApiSettings
+from services.common.replay import decider_topics, load
 from services.ledger.settings import LedgerSettings
 from services.ledger.wiring import Ledger
 
@@ -185,3 +187,16 @@ async def test_a_cordoned_node_takes_no_new_work_and_a_drained_node_empties(
         finally:
             await tasks.stop()
             ledger.request_stop()
+        records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))
+
+    # The operators' words are in the log the decisions are replayed from: the same decisions again.
+    for service in ("placement", "preemption", "node_health"):
+        result = load(service).replay_log(records, prefix=topics.prefix, gated=True)
+        assert result.ok, (service, [d.message for d in result.differences[:10]])
+        assert result.compared > 0, service
+    drained_asks = [
+        r
+        for r in records
+        if r.type == "gangline.job.preempting.v1" and r.envelope["source"] == "gangline/node-health"
+    ]
+    assert len(drained_asks) == 1
