@@ -319,7 +319,7 @@ def cluster_map(frame: Frame, *, wide: bool) -> str:
                 else:
                     cells.append(CORDONED if out_of_service else FREE)
             cordon = n.get("cordon")
-            note = n["state"] if cordon is None else f"{n['state']}, {cordon['mode']}ed"
+            note = n["state"] if cordon is None else f"{n['state']}, {out_of_service_word(cordon, cells)}"
             if wide and cordon is not None and cordon.get("reason"):
                 note += f": {cordon['reason']}"
             if wide and n.get("health_reason"):
@@ -331,6 +331,14 @@ def cluster_map(frame: Frame, *, wide: bool) -> str:
         + (f"  {legend}" if legend else "")
     )
     return "\n".join(lines)
+
+
+def out_of_service_word(cordon: Mapping[str, Any], cells: Sequence[str]) -> str:
+    """``cordoned``; a drain is ``draining`` while work still holds GPUs there, then ``drained``."""
+    if cordon.get("mode") != "drain":
+        return "cordoned"
+    busy = any(c not in (FREE, FAILED, DEGRADED, CORDONED) for c in cells)
+    return "draining" if busy else "drained"
 
 
 def draw(frame: Frame, *, output: str, now: datetime) -> str:
