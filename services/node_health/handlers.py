@@ -96,6 +96,8 @@ class NodeHealthState:
     """Operators' cordons and drains (nodes.operator)."""
     checkpoint_grace: dict[JobId, int] = field(default_factory=dict)
     """Per job not ended yet, its ``checkpoint_grace_s`` (from job.admitted): what a drain gives it."""
+    live_on: dict[NodeId, set[AllocationId]] = field(default_factory=dict)
+    """The live allocations with a rank on each node (what a drain sends away)."""
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
@@ -136,9 +138,17 @@ class NodeHealthState:
             self.grants_per_job.setdefault(data.job_id, set()).add(data.allocation_id)
             if data.allocation_id not in self.released:
                 self.live[data.allocation_id] = data
+                for p in data.placements:
+                    self.live_on.setdefault(p.node, set()).add(data.allocation_id)
         elif isinstance(data, AllocationReleased):
             self.released.add(data.allocation_id)
-            self.live.pop(data.allocation_id, None)
+            gone = self.live.pop(data.allocation_id, None)
+            for p in gone.placements if gone is not None else ():
+                here = self.live_on.get(p.node)
+                if here is not None:
+                    here.discard(data.allocation_id)
+                    if not here:
+                        del self.live_on[p.node]
             self.asked_to_leave.discard(data.allocation_id)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
@@ -155,7 +165,7 @@ class NodeHealthState:
 
 def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     out = _decide(envelope, state, now=now)
-    return out + drain(state, now=now) if state.cordons.latest else out
+    return out + drain(state, now=now) if state.cordons.evicts_at else out
 
 
 def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
@@ -235,10 +245,8 @@ def drain(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     for node in state.cordons.evicting(now):
         cordon = state.cordons.of(node)
         why = f" ({cordon.reason})" if cordon is not None and cordon.reason else ""
-        for granted in sorted(state.live.values(), key=lambda g: g.allocation_id):
-            here = any(p.node == node for p in granted.placements)
-            if not here or granted.allocation_id in state.asked_to_leave:
-                continue
+        for allocation_id in sorted(state.live_on.get(node, set()) - state.asked_to_leave):
+            granted = state.live[allocation_id]
             grace = state.checkpoint_grace.get(granted.job_id, 0)
             asked = JobPreempting(
                 job_id=granted.job_id,

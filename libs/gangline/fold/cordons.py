@@ -23,6 +23,8 @@ class NodeCordons:
     """Per node, the time of the latest operator event and the cordon it left (None: uncordoned)."""
 
     latest: dict[NodeId, tuple[datetime, Cordon | None]] = field(default_factory=dict)
+    evicts_at: dict[NodeId, float] = field(default_factory=dict)
+    """The standing drains: when each one's running work must leave (what :meth:`evicting` reads)."""
 
     def fold(self, envelope: Envelope) -> bool:
         """Apply a node.cordoned / node.uncordoned; True when it changed a node's cordon."""
@@ -43,6 +45,11 @@ class NodeCordons:
             else None
         )
         self.latest[data.node] = (envelope.time, cordon)
+        at = cordon.evicts_at if cordon is not None else None
+        if at is None:
+            self.evicts_at.pop(data.node, None)
+        else:
+            self.evicts_at[data.node] = at
         return previous is None or previous[1] != cordon
 
     def of(self, node: NodeId) -> Cordon | None:
@@ -56,4 +63,4 @@ class NodeCordons:
     def evicting(self, now: datetime) -> list[NodeId]:
         """The drained nodes whose running work must be asked to leave at ``now``, in id order."""
         at = now.timestamp()
-        return sorted(n for n, (_, c) in self.latest.items() if c is not None and c.evicts(at))
+        return sorted(n for n, due in self.evicts_at.items() if at >= due)
