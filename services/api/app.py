@@ -531,11 +531,13 @@ def create_app(
         caller: Caller,
         queue: QueueQuery = None,
         state: JobState | None = None,
+        active: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: CursorQuery = None,
     ) -> Page:
-        """Jobs, newest first; filter by queue and state; page with ``cursor``. A tenant sees the jobs of
-        its queues and, in ``default``, the jobs it submitted."""
+        """Jobs, newest first; filter by queue and state, or ``active`` (true: not over yet, as squeue
+        lists; false: completed, failed, cancelled or rejected); page with ``cursor``. A tenant sees the
+        jobs of its queues and, in ``default``, the jobs it submitted."""
         if queue is not None:
             require(caller, queue)
         after = _cursor(cursor, (datetime, str))
@@ -547,6 +549,7 @@ def create_app(
                 state=state,
                 limit=limit,
                 after=(after[0], after[1]) if after else None,
+                active=active,
             )
         return Page(items=items, next_cursor=next_cursor)
 

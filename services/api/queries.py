@@ -107,6 +107,9 @@ def requested_job(data: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+FINAL_STATES = ("completed", "failed", "cancelled", "rejected")
+"""Job states after which nothing more happens to the job."""
+
 _VISIBLE = """($1::text[] IS NULL OR {q} = ANY($1::text[]) OR ({q} = 'default' AND {by} = $2))"""
 """The rows a tenant may see ($1 its queues, NULL for an admin; $2 the tenant, for its jobs in default)."""
 
@@ -123,8 +126,10 @@ async def jobs(
     state: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
+    active: bool | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of the jobs ``seen`` allows (None: all), newest first, and the next page's cursor."""
+    """A page of the jobs ``seen`` allows (None: all), newest first, and the next page's cursor;
+    ``active`` true: only jobs not over yet (false: only those over)."""
     rows = await conn.fetch(
         f"""
         SELECT job_id, queue, state, priority, workers, gpus_per_worker, gpu_type, reason, reason_code,
@@ -137,6 +142,7 @@ async def jobs(
           AND ($3::text IS NULL OR queue = $3)
           AND ($4::text IS NULL OR state = $4)
           AND ($5::timestamptz IS NULL OR (submitted_at, job_id) < ($5, $6))
+          AND ($8::boolean IS NULL OR (state <> ALL($9::text[])) = $8)
         ORDER BY submitted_at DESC, job_id DESC
         LIMIT $7
         """,
@@ -146,6 +152,8 @@ async def jobs(
         after[0] if after else None,
         after[1] if after else None,
         limit + 1,
+        active,
+        list(FINAL_STATES),
     )
     page = [dict(r) for r in rows[:limit]]
     more = len(rows) > limit

@@ -1,6 +1,7 @@
 """The operators' commands, as Slurm's tools are to a Slurm cluster, each with ``-o table|wide|json``:
 
-- ``gangline jobs [--queue Q] [--state S]`` (``squeue``): id, queue, state, GPUs, nodes, age, reason;
+- ``gangline jobs [--queue Q] [--state S] [--all]`` (``squeue``): id, queue, state, GPUs, nodes, age,
+  reason, of the jobs not over yet (``--all``: finished ones too);
 - ``gangline history [--since T] [--queue Q]`` (``sacct``): jobs from the ledger, runs, elapsed, GPU-hours;
 - ``gangline share`` (``sshare`` / ``sprio``): per queue nominal, used, quota's decayed fair share and
   the queue's fair-share position (the figures the quota service orders waiting work by);
@@ -149,6 +150,8 @@ def run_jobs(client: ApiClient, args: argparse.Namespace, out: TextIO, now: date
         params["queue"] = args.queue
     if args.state:
         params["state"] = args.state
+    elif not args.all:
+        params["active"] = "true"  # as squeue: what is not over yet; finished jobs are history's
     items = client.pages("/v1/jobs", most=args.max, **params)
     print(render(items, job_columns(now), args.output), file=out)
 
@@ -408,6 +411,7 @@ def _output(parser: argparse.ArgumentParser) -> None:
 def configure_jobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", help="only this queue's jobs")
     parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument("--all", action="store_true", help="finished jobs too (by default: jobs not over)")
     parser.add_argument("--max", type=int, default=MOST_ROWS, help="at most this many rows (newest first)")
     _output(parser)
 

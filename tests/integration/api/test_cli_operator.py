@@ -240,11 +240,8 @@ def test_jobs_lists_like_squeue_in_every_format(as_team: Ops, capsys: pytest.Cap
     lines = out.splitlines()
     assert cells(lines[0]) == ["JOB", "QUEUE", "STATE", "GPUS", "NODES", "AGE", "REASON"]
     by_job = {cells(line)[0]: cells(line) for line in lines[1:]}
-    assert set(by_job) == {
-        as_team.job("done"),
-        as_team.job("run"),
-        as_team.job("wait"),
-    }  # the other tenant's job in default is not shown
+    # As squeue: the jobs not over yet; and not the other tenant's job in default.
+    assert set(by_job) == {as_team.job("run"), as_team.job("wait")}
     assert by_job[as_team.job("run")][:5] == [
         as_team.job("run"),
         as_team.queue,
@@ -255,7 +252,10 @@ def test_jobs_lists_like_squeue_in_every_format(as_team: Ops, capsys: pytest.Cap
     assert re.fullmatch(r"\d+(s|m\d\ds|h\d\dm|d\d+h)", by_job[as_team.job("run")][5])  # an age, e.g. 1h00m
     assert by_job[as_team.job("wait")][:4] == [as_team.job("wait"), as_team.queue, "pending", "1x8 H100"]
     assert by_job[as_team.job("wait")][-1] == "quota"  # squeue's reason column: the code
-    assert by_job[as_team.job("done")][2] == "completed"
+    finished = run_cli(capsys, "jobs", "--all")[1]
+    assert next(cells(line) for line in finished.splitlines() if line.startswith(as_team.job("done")))[2] == (
+        "completed"
+    )
 
     wide = run_cli(capsys, "jobs", "-o", "wide")[1].splitlines()
     assert cells(wide[0])[:7] == ["JOB", "QUEUE", "STATE", "GPUS", "NODES", "AGE", "REASON"]
@@ -263,7 +263,7 @@ def test_jobs_lists_like_squeue_in_every_format(as_team: Ops, capsys: pytest.Cap
     waiting = next(cells(line) for line in wide if line.startswith(as_team.job("wait")))
     assert waiting[-1] == "queue is at its nominal quota of 8 H100" and f"team-{as_team.run}" in waiting
 
-    items = json.loads(run_cli(capsys, "jobs", "-o", "json")[1])["items"]
+    items = json.loads(run_cli(capsys, "jobs", "--all", "-o", "json")[1])["items"]
     assert {j["job_id"] for j in items} == {as_team.job("done"), as_team.job("run"), as_team.job("wait")}
     assert next(j for j in items if j["job_id"] == as_team.job("run"))["nodes"] == [as_team.node]
 
