@@ -9,6 +9,7 @@ Handlers print plain-text tables to stdout and errors to stderr (exit 1). The op
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -158,6 +159,9 @@ NOT_REPORTED = {"not_reported_yet": "not-reported", "unlimited": "unlimited"}
 def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
     """The queues with the quota service's fair-share figures (the figure it orders waiting work by)."""
     body = client.queues()
+    if args.output == "json":
+        print(json.dumps(body, indent=2, sort_keys=True, default=str), file=out)
+        return
     rows = []
     for q in body["items"]:
         jobs = q["jobs"]
@@ -205,6 +209,10 @@ def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
 
 
 def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
+    body = client.nodes()
+    if args.output == "json":
+        print(json.dumps(body, indent=2, sort_keys=True, default=str), file=out)
+        return
     rows = [
         [
             n["node"],
@@ -216,7 +224,7 @@ def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
             n["last_heartbeat_at"],
             n["health_reason"],
         ]
-        for n in client.nodes()["items"]
+        for n in body["items"]
     ]
     print(
         table(
@@ -251,8 +259,9 @@ def configure_cancel(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", help="a sentence for the job's history")
 
 
-def configure_nothing(parser: argparse.ArgumentParser) -> None:
-    del parser  # the command takes no arguments
+def configure_listing(parser: argparse.ArgumentParser) -> None:
+    """``queues`` and ``nodes``: ``-o json`` prints what the API returned (``wide`` is the table)."""
+    operator.add_output(parser)
 
 
 submit = _handler(run_submit)
@@ -276,8 +285,8 @@ COMMANDS: tuple[
     ("status", STATUS_HELP, configure_job, status),
     ("why", WHY_HELP, configure_job, why),
     ("cancel", CANCEL_HELP, configure_cancel, cancel),
-    ("queues", QUEUES_HELP, configure_nothing, queues),
-    ("nodes", NODES_HELP, configure_nothing, nodes),
+    ("queues", QUEUES_HELP, configure_listing, queues),
+    ("nodes", NODES_HELP, configure_listing, nodes),
     ("jobs", operator.JOBS_HELP, operator.configure_jobs, jobs),
     ("history", operator.HISTORY_HELP, operator.configure_history, history),
     ("share", operator.SHARE_HELP, operator.configure_share, share),

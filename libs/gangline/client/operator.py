@@ -402,7 +402,8 @@ DRAIN_HELP = "admin: no new work on a node, and its running work leaves after a 
 TOP_HELP = "a live view of the cluster map (a cell per GPU) and the queues"
 
 
-def _output(parser: argparse.ArgumentParser) -> None:
+def add_output(parser: argparse.ArgumentParser) -> None:
+    """``-o table|wide|json``."""
     parser.add_argument(
         "-o", "--output", choices=FORMATS, default="table", help="table (default), wide or json"
     )
@@ -413,18 +414,18 @@ def configure_jobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", choices=STATES, help="only jobs in this state")
     parser.add_argument("--all", action="store_true", help="finished jobs too (by default: jobs not over)")
     parser.add_argument("--max", type=int, default=MOST_ROWS, help="at most this many rows (newest first)")
-    _output(parser)
+    add_output(parser)
 
 
 def configure_history(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", help="jobs submitted or ended since: a time (RFC 3339) or an age (2h, 7d)")
     parser.add_argument("--queue", help="only this queue's jobs")
     parser.add_argument("--max", type=int, default=MOST_ROWS, help="at most this many rows (newest first)")
-    _output(parser)
+    add_output(parser)
 
 
 def configure_share(parser: argparse.ArgumentParser) -> None:
-    _output(parser)
+    add_output(parser)
 
 
 def configure_node_action(*, drain: bool) -> Callable[[argparse.ArgumentParser], None]:
@@ -437,7 +438,7 @@ def configure_node_action(*, drain: bool) -> Callable[[argparse.ArgumentParser],
                 type=int,
                 help="seconds running work may still run before it is asked to checkpoint (default 600)",
             )
-        _output(parser)
+        add_output(parser)
 
     return configure
 
@@ -445,7 +446,7 @@ def configure_node_action(*, drain: bool) -> Callable[[argparse.ArgumentParser],
 def configure_top(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between views (default 2)")
-    _output(parser)
+    add_output(parser)
 
 
 Run = Callable[[ApiClient, argparse.Namespace, TextIO, datetime], None]

@@ -378,3 +378,13 @@ async def test_cordon_drain_uncordon_are_admin_only_operator_events(
     assert next(line for line in listed.splitlines() if line.startswith(node)).split()[1] == "ready,cordoned"
     held_here = {a["job_id"] for a in frame["allocations"] if a["node"] in (node, as_team.node)}
     assert held_here == {as_team.job("run")}
+
+
+def test_queues_and_nodes_print_json_too(as_team: Ops, capsys: pytest.CaptureFixture[str]) -> None:
+    until(lambda: as_team.node in run_cli(capsys, "nodes")[1], lambda: run_cli(capsys, "nodes"))
+    listed = json.loads(run_cli(capsys, "nodes", "-o", "json")[1])["items"]
+    mine = next(n for n in listed if n["node"] == as_team.node)
+    assert (mine["gpu_count"], mine["leaf"], mine["gpus_held"]) == (8, "leaf1", 8)
+    queues_listed = json.loads(run_cli(capsys, "queues", "-o", "json")[1])["items"]
+    assert as_team.queue in {q["queue"] for q in queues_listed}
+    assert run_cli(capsys, "queues", "-o", "wide")[1] == run_cli(capsys, "queues")[1]  # the table is wide
