@@ -28,10 +28,11 @@ Heartbeats
 With ``heartbeats="always"`` every live node beats every ``heartbeat_s`` (one transaction per tick),
 as fake-nodes do. With ``"when_needed"`` (long traces) ticks are delivered only while a heartbeat can
 decide something: a node is silent and not yet declared failed (node_health's silence check), a victim
-is being asked to checkpoint (preemption finishes overdue victims on any event), or placement owes a
-first cycle with jobs waiting. Before the first tick after a pause, node_health folds the last
-skipped round (every live node heard at the previous tick, with its sequence number), which is all a
-check during the pause could have seen: every node heard within the silence limit, nothing declared.
+is being asked to checkpoint (preemption finishes overdue victims on any event), placement owes a
+first cycle with jobs waiting, or an operator's drain still has work on its node (node_health asks it
+to leave on the first event after the grace). Before the first tick after a pause, node_health folds
+the last skipped round (every live node heard at the previous tick, with its sequence number), which
+is all a check during the pause could have seen: every node heard within the silence limit, nothing declared.
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ from gangline.events.jobs import (
     JobRequested,
     JobStarted,
 )
-from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    GpuStatus,
+    HealthCause,
+    NodeCordoned,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeUncordoned,
+)
 from gangline.events.types import AllocationId, JobId, NodeId, Seconds
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.admission.handlers import on_request
@@ -600,6 +609,12 @@ class ServiceSimulation:
         event = JobCancelRequested(job_id=JobId(job_id), reason=reason)
         self._produce(at, self.topics.requests, event, derived_id(PRODUCER_SOURCE, job_id, "cancel"))
 
+    def operate(self, at: float, event: NodeCordoned | NodeUncordoned) -> None:
+        """An operator's cordon, drain or uncordon of a node on nodes.operator at ``at``, as the API
+        writes it (placement, preemption and node_health honour it as live)."""
+        eid = derived_id(PRODUCER_SOURCE, event.node, event.TYPE, at)
+        self._produce(at, self.topics.operator, event, eid)
+
     def fail_node(self, at: float, node: str, *, xid: int | None = None) -> None:
         """At ``at`` the node goes silent (optionally reporting an XID first), as fake-nodes' fail_node."""
 
@@ -658,6 +673,9 @@ class ServiceSimulation:
             return True
         if self.preemption.state.in_flight:
             return True
+        health = self.node_health.state
+        if any(health.live_on.get(n, set()) - health.asked_to_leave for n in health.cordons.evicts_at):
+            return True  # a drain will send work away when its grace has passed: ticks are its clock
         placement = self.placement.state
         return placement.needs_cycle and bool(placement.waiting)
 
