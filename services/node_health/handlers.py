@@ -26,6 +26,15 @@ Which nodes are registered or failed, and each job's grants and releases, are th
 (:class:`~gangline.fold.cluster.ClusterFold`, placement's and preemption's): a node is failed from a
 ``node.failed`` until a later registration, whatever order the two are read in, so a failure older
 than the node's latest registration is history and releases nothing.
+
+Operators' drains (``node.cordoned`` mode drain on nodes.operator; the cordon state is the one fold of
+:mod:`gangline.fold.cordons`, the rule when work must leave :mod:`gangline.core.cordon`): once the
+drain's ``drain_grace_s`` has passed, every live allocation on the node is asked to leave with a
+``job.preempting`` (deadline: now + the job's ``checkpoint_grace_s``, no preemptor), once per
+allocation. The agent sends the checkpoint signal; preemption, which carries out every
+``job.preempting`` in the log, releases the GPUs at the checkpoint or the deadline and requeues the
+job, and placement puts it elsewhere (the node is cordoned). A plain cordon asks nothing. The
+cordons are the fold's too (:attr:`ClusterFold.cordons`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,11 @@ from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobCheckpointed, JobRequeued
+from gangline.events.jobs import (
+    JobCheckpointed,
+    JobPreempting,
+    JobRequeued,
+)
 from gangline.events.nodes import (
     GpuErrorReported,
     GpuHealthChanged,
@@ -49,6 +62,7 @@ from gangline.events.nodes import (
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
 from gangline.fold.cluster import ClusterFold
+from gangline.fold.cordons import NodeCordons
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
 
@@ -77,14 +91,30 @@ class NodeHealthState:
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
     """GPUs node_health itself drained for repeated errors."""
+    asked_to_leave: set[AllocationId] = field(default_factory=set)
+    """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
 
     @property
+    def cordons(self) -> NodeCordons:
+        """Operators' cordons and drains (nodes.operator), as the one fold keeps them."""
+        return self.cluster.cordons
+
+    @property
     def failed(self) -> frozenset[NodeId]:
         """The nodes failed since their latest registration."""
-        return frozenset(n for n in self.cluster.failed_at if self.cluster.cordoned(n))
+        return frozenset(n for n in self.cluster.failed_at if self.cluster.node_failed(n))
+
+    def live_on(self, node: NodeId) -> dict[AllocationId, AllocationGranted]:
+        """The live allocations with a rank on ``node`` (what a drain sends away)."""
+        return {a: g for a, g in self.live.items() if any(p.node == node for p in g.placements)}
+
+    def checkpoint_grace(self, job_id: JobId) -> int:
+        """The job's ``checkpoint_grace_s`` (from job.admitted): what a drain gives it."""
+        record = self.cluster.jobs.get(job_id)
+        return record.spec.checkpoint_grace_s if record is not None and record.spec is not None else 0
 
     @property
     def live(self) -> dict[AllocationId, AllocationGranted]:
@@ -109,7 +139,7 @@ class NodeHealthState:
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
-            if not self.cluster.cordoned(data.node):
+            if not self.cluster.node_failed(data.node):
                 self.last_seen[data.node] = max(envelope.time, self.started)
                 self.last_seq[data.node] = data.seq
         elif isinstance(data, GpuHealthChanged):
@@ -127,16 +157,32 @@ class NodeHealthState:
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
         else:
-            self.cluster.fold(envelope)  # node.failed, allocation.granted / released
+            if isinstance(data, JobPreempting) and not self._released(data.job_id, data.allocation_id):
+                self.asked_to_leave.add(data.allocation_id)
+            elif isinstance(data, AllocationReleased):
+                self.asked_to_leave.discard(data.allocation_id)
+            # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
+            self.cluster.fold(envelope)
+
+    def _released(self, job_id: JobId, allocation_id: AllocationId) -> bool:
+        record = self.cluster.jobs.get(job_id)
+        return record is None or allocation_id in record.released or allocation_id not in record.grants
 
 
 def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    out = _decide(envelope, state, now=now)
+    return out + drain(state, now=now) if state.cordons.evicts_at else out
+
+
+def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     data = envelope.data
     if isinstance(data, NodeFailed):
-        first = not state.cluster.cordoned(data.node)
+        first = not state.cluster.node_failed(data.node)
         state.fold(envelope)
         return (
-            release_on(state, data.node, None, now=now) if first and state.cluster.cordoned(data.node) else []
+            release_on(state, data.node, None, now=now)
+            if first and state.cluster.node_failed(data.node)
+            else []
         )
     if isinstance(data, GpuHealthChanged):
         state.fold(envelope)
@@ -163,7 +209,7 @@ def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     state.last_check = now
     out: list[Outgoing] = []
     for node, seen in sorted(state.last_seen.items()):
-        if state.cluster.cordoned(node) or now - max(seen, state.started) <= state.silence:
+        if state.cluster.node_failed(node) or now - max(seen, state.started) <= state.silence:
             continue
         seq = state.last_seq.get(node)
         silent_s = int((now - seen).total_seconds())
@@ -188,7 +234,7 @@ def check_error_rate(
     key = (node, gpu)
     if (
         key in state.degraded
-        or state.cluster.cordoned(node)
+        or state.cluster.node_failed(node)
         or state.gpu_state.get(key, "healthy") != "healthy"
     ):
         return []
@@ -205,6 +251,28 @@ def check_error_rate(
     envelope = _envelope(changed, cause, f"degraded-{gpu}", at)
     state.fold(envelope)
     return [(state.topics.health, envelope)]
+
+
+def drain(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    """Ask every live allocation on a node whose drain grace has passed to leave (once each)."""
+    out: list[Outgoing] = []
+    for node in state.cordons.evicting(now):
+        cordon = state.cordons.of(node)
+        why = f" ({cordon.reason})" if cordon is not None and cordon.reason else ""
+        live = state.live_on(node)
+        for allocation_id in sorted(set(live) - state.asked_to_leave):
+            granted = live[allocation_id]
+            grace = state.checkpoint_grace(granted.job_id)
+            asked = JobPreempting(
+                job_id=granted.job_id,
+                allocation_id=granted.allocation_id,
+                deadline=now + timedelta(seconds=grace),
+                reason=f"node {node} is drained by an operator{why}; checkpoint within {grace} s",
+            )
+            envelope = _envelope(asked, granted.allocation_id, f"drained-{node}", now)
+            state.fold(envelope)
+            out.append((state.topics.events, envelope))
+    return out
 
 
 def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: datetime) -> list[Outgoing]:

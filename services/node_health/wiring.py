@@ -25,6 +25,12 @@ NODE_HEALTH_EVENTS = (
     "allocation.granted",
     "allocation.released",
     "job.checkpointed",
+    "node.cordoned",
+    "node.uncordoned",
+    "job.admitted",
+    "job.preempting",
+    "job.completed",
+    "job.failed",
 )
 
 
@@ -46,14 +52,20 @@ async def main(settings: NodeHealthSettings) -> None:
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
         return decide(envelope, state, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.allocations, topics.heartbeats]
+    inputs = [topics.inventory, topics.health, topics.operator, topics.allocations, topics.heartbeats]
     async with metrics.serve(settings):
         await restore_and_process(
             processor_settings(settings, SERVICE, [*inputs, topics.events]),
             state,
             handle,
             # Old heartbeats say nothing about now: restore counts silence from the service's start.
-            restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
+            restore_topics=[
+                topics.inventory,
+                topics.health,
+                topics.operator,
+                topics.allocations,
+                topics.events,
+            ],
             select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
             lock_topic=topics.inventory,
             # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).

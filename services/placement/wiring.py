@@ -52,7 +52,7 @@ async def main(settings: PlacementSettings) -> None:
         # One scheduling cycle per batch: every event of the poll is folded first.
         return end_batch(state, cause=cause, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
+    inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
     async with metrics.serve(settings):
         await restore_and_process(
             # Heartbeats are the clock: after a restart the first one starts a cycle even when all is quiet.

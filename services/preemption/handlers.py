@@ -79,7 +79,7 @@ from gangline.events.jobs import (
     JobQueued,
     JobRequeued,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
+from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import AllocationId, JobId, Seconds
 from gangline.fold.adapter import core_job
 from gangline.fold.cluster import ClusterFold, JobRecord
@@ -194,7 +194,7 @@ class PreemptionState:
                     job=core_job(data.job_id, record.spec) if record.spec is not None else None,
                 )
                 self.replan = True
-        elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged):
+        elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged | NodeCordoned | NodeUncordoned):
             self.replan = True
         elif isinstance(data, JobCheckpointed):
             if data.job_id in self.mirror.jobs:

@@ -57,7 +57,7 @@ async def main(settings: PreemptionSettings) -> None:
         # One victim search per batch, for the jobs found pending in it.
         return end_batch(state, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
+    inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
     async with metrics.serve(settings):
         await restore_and_process(
             processor_settings(settings, SERVICE, [*inputs, topics.heartbeats]),

@@ -184,7 +184,7 @@ class Inventory:
     def _offer(self, node: NodeId) -> NodeOffer:
         cluster = self.cluster
         registered = cluster.nodes.get(node)
-        if registered is None or cluster.cordoned(node):
+        if registered is None or cluster.node_failed(node):
             return NodeOffer()
         unusable = cluster.failed_gpus.get(node, set()) | cluster.degraded_gpus.get(node, set())
         return node_offer(registered, frozenset(unusable))

@@ -66,8 +66,8 @@ def group_key(job: Job) -> GroupKey:
 
 
 def group_key_with_hint(job: Job) -> GroupKey:
-    """`group_key` and the duration hint: for rules that read the hint (EASY backfill)."""
-    return (*group_key(job), job.duration_hint_s)
+    """`group_key` and the run bound (limit or hint): for rules that read it (EASY backfill)."""
+    return (*group_key(job), job.run_bound_s)
 
 
 class WaitingIndex:
@@ -95,8 +95,8 @@ class WaitingIndex:
         else:
             insort(group, entry, key=lambda e: e[0])
         self._where[job.id] = (key, line)
-        if job.duration_hint_s is not None:
-            insort(self._hints.setdefault(key, []), (float(job.duration_hint_s), line, job), key=_hint_key)
+        if job.run_bound_s is not None:
+            insort(self._hints.setdefault(key, []), (float(job.run_bound_s), line, job), key=_hint_key)
 
     def line_of(self, job_id: JobId) -> LineKey:
         """The line key `job_id` waits with."""
@@ -112,9 +112,9 @@ class WaitingIndex:
         job = group.pop(bisect_left(group, line, key=lambda e: e[0]))[1]
         if not group:
             del self._groups[key]
-        if job.duration_hint_s is not None:
+        if job.run_bound_s is not None:
             hints = self._hints[key]
-            del hints[bisect_left(hints, (float(job.duration_hint_s), line), key=_hint_key)]
+            del hints[bisect_left(hints, (float(job.run_bound_s), line), key=_hint_key)]
             if not hints:
                 del self._hints[key]
 

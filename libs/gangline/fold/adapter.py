@@ -118,6 +118,7 @@ def core_job(job_id: JobId, spec: JobSpec) -> Job:
         topology=topology,
         min_workers=spec.min_workers,
         duration_hint_s=Seconds(spec.duration_hint_s) if spec.duration_hint_s is not None else None,
+        time_limit_s=Seconds(spec.time_limit_s) if spec.time_limit_s is not None else None,
     )
 
 

@@ -11,6 +11,11 @@ grants than attempts allowed (one, plus one per ``job.requeued``). A finished jo
 released (or that had none) is retired: only its released allocation ids are kept, so state stays
 bounded by live jobs.
 
+An operator's cordon or drain (``node.cordoned`` on nodes.operator, :mod:`gangline.fold.cordons`)
+marks the node cordoned in the snapshot until ``node.uncordoned``, as a failed node is: the core's
+health filter gives it no new work, and its running work stays (node_health sends a drained node's
+work away once the drain's grace has passed).
+
 A registration whose hardware the core cannot model (``core.snapshot.node_problem``) leaves the node
 out (``refused``): its GPUs take no work, every other node is scheduled as before.
 
@@ -42,9 +47,17 @@ from gangline.events.jobs import (
     JobRequeued,
     JobSpec,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered, NodeRejected
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    NodeCordoned,
+    NodeFailed,
+    NodeRegistered,
+    NodeRejected,
+    NodeUncordoned,
+)
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_node
+from gangline.fold.cordons import CORDON_EVENTS, NodeCordons
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,7 @@ FOLDED_EVENTS = (
     "node.rejected",
     "node.failed",
     "gpu.health_changed",
+    *CORDON_EVENTS,
     "job.admitted",
     "job.queued",
     "job.requeued",
@@ -162,6 +176,8 @@ class ClusterFold:
     """Nodes whose latest registration the core cannot model: its event id and why (they take no work)."""
     rejections_sent: set[str] = field(default_factory=set)
     """Registrations whose ``node.rejected`` is in the log (ours, read back) or sent by this run."""
+    cordons: NodeCordons = field(default_factory=NodeCordons)
+    """Operators' cordons and drains (nodes.operator): those nodes take no new work."""
     _snapshot: Snapshot | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -197,6 +213,11 @@ class ClusterFold:
             if data.registration_id is not None:
                 self.rejections_sent.add(data.registration_id)
             return False
+        if isinstance(data, NodeCordoned | NodeUncordoned):
+            if not self.cordons.fold(envelope):
+                return False
+            self._snapshot = None
+            return isinstance(data, NodeUncordoned)  # back in service: room for waiting jobs
         if isinstance(data, NodeFailed):
             self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
             self._snapshot = None
@@ -353,6 +374,11 @@ class ClusterFold:
     # -- the cluster as the core sees it ---------------------------------------------------
 
     def cordoned(self, node: NodeId) -> bool:
+        """No new work on ``node``: it failed (since its latest registration) or an operator cordoned it."""
+        return self.cordons.cordoned(node) or self.node_failed(node)
+
+    def node_failed(self, node: NodeId) -> bool:
+        """Whether ``node`` failed since its latest registration (whatever order the two were read in)."""
         failed = self.failed_at.get(node)
         return failed is not None and failed >= self.registered_at.get(node, failed)
 

@@ -50,6 +50,8 @@ class JobRecord:
     end: float | None
     preemptions: int
     lost_gpu_hours: float
+    timed_out: bool = False
+    """Stopped at its time limit (the live system's ``job.failed`` code time_limit), not completed."""
 
     @property
     def wait(self) -> float | None:
@@ -253,6 +255,7 @@ class Recorder:
         self.info: dict[JobId, TraceJob] = {}
         self.preemptions: dict[JobId, int] = {}
         self.lost: dict[JobId, float] = {}
+        self.timed_out: set[JobId] = set()
         self.waiting = 0
         self.running = 0.0
         self.q_running: dict[QueueName, float] = {}
@@ -295,8 +298,10 @@ class Recorder:
         self.running += job.gpus
         self.q_running[job.queue] = self.q_running.get(job.queue, 0.0) + job.gpus
 
-    def finished(self, job: TraceJob, t: float) -> None:
+    def finished(self, job: TraceJob, t: float, *, timed_out: bool = False) -> None:
         self.end[job.id] = t
+        if timed_out:
+            self.timed_out.add(job.id)
         self.running -= job.gpus
         self.q_running[job.queue] -= job.gpus
 
@@ -382,6 +387,7 @@ class Recorder:
                 end=self.end.get(jid),
                 preemptions=self.preemptions.get(jid, 0),
                 lost_gpu_hours=self.lost.get(jid, 0.0),
+                timed_out=jid in self.timed_out,
             )
             for jid, j in self.info.items()
         ]

@@ -200,8 +200,8 @@ class QueueContext:
         facts = self.run_facts.get(job.id)
         if facts is not None and facts.expected_end is not None:
             return facts.expected_end
-        if facts is not None and job.duration_hint_s is not None:
-            return facts.started_at + job.duration_hint_s
+        if facts is not None and job.run_bound_s is not None:
+            return facts.started_at + job.run_bound_s
         return None
 
     def grace(self, job: Job) -> float:
