@@ -105,6 +105,7 @@ class JobRecord:
     """When each grant was written (its event's time): a running job's start, for the core's run facts."""
     _core: Job | None = None
     _core_of: JobSpec | None = None
+    _narrowed: tuple[JobSpec, str, JobSpec] | None = None
 
     def core(self) -> Job | None:
         """The core's job for :meth:`placement_spec` (converted once per spec)."""
@@ -116,11 +117,16 @@ class JobRecord:
         return self._core
 
     def placement_spec(self) -> JobSpec | None:
-        """The spec to place: the job's own, narrowed to the model quota charged it to, if any."""
+        """The spec to place: the job's own, narrowed to the model quota charged it to, if any (the
+        narrowed copy is kept while spec and flavour stay, so :meth:`core` converts it once)."""
         spec = self.spec
         if spec is None or self.flavour is None or spec.gpu_type is not None:
             return spec
-        return spec.model_copy(update={"gpu_type": self.flavour})
+        narrowed = self._narrowed
+        if narrowed is None or narrowed[0] is not spec or narrowed[1] != self.flavour:
+            narrowed = (spec, self.flavour, spec.model_copy(update={"gpu_type": self.flavour}))
+            self._narrowed = narrowed
+        return narrowed[2]
 
     def live(self) -> AllocationGranted | None:
         for allocation_id, granted in self.grants.items():

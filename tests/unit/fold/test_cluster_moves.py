@@ -43,3 +43,19 @@ def test_a_moved_job_waits_once_on_its_new_model_and_a_grant_ends_its_wait() -> 
     )
     fold.fold(env(granted, "granted", at=2))
     assert JOB not in fold.waiting  # one attempt, granted: no second grant is owed
+
+
+def test_a_charged_job_is_converted_for_the_core_once_until_quota_moves_it() -> None:
+    fold = ClusterFold(gated=True)
+    spec = JobSpec(queue="team-a", workers=1, gpus_per_worker=4)
+    fold.fold(env(JobAdmitted(job_id=JOB, spec=spec), "admitted"))
+    fold.fold(env(JobQueued(job_id=JOB, queue="team-a", gpu_type="H100"), "queued"))
+    record = fold.jobs[JOB]
+    first = record.core()
+    assert first is not None and record.core() is first  # each cycle reuses the conversion
+    assert record.placement_spec() is record.placement_spec()
+
+    fold.fold(env(JobQueued(job_id=JOB, queue="team-a", gpu_type="GB200", replaces="queued"), "moved", at=1))
+    moved = record.core()
+    assert moved is not None and moved is not first
+    assert record.placement_spec().gpu_type == "GB200"  # type: ignore[union-attr]
