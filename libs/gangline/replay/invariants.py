@@ -7,13 +7,14 @@
   **completed**, **failed**; **waiting**: jobs whose last word is a ``job.pending`` (it names its
   reasons);
 * **lost**: a requested job never answered (neither admitted nor rejected);
-* **duplicated_grants**: an allocation granted twice, or a job granted while another of its
-  allocations still holds GPUs;
+* **duplicated_grants**: an allocation granted twice, a job granted while another of its
+  allocations still holds GPUs, or a job granted after it completed or failed;
 * **gpus_double_held**: a grant of a GPU another live allocation holds (whole GPUs alone; MIG slices
   by GPU instance; shared slots up to 1,000 milli per GPU);
 * **partial_gangs**: a grant whose ranks are not 0..W-1 for the W workers the job asked for (an
   elastic job: between its minimum and W);
-* **stuck**: an admitted job that is neither finished (completed, failed) nor waiting with a reason;
+* **stuck**: an admitted job that is neither finished (completed, failed) nor waiting with a reason
+  (a job that ended stays ended: what is written about it later is counted in **after_final**);
 * **recovery** per kill (`Kill`): how long the killed service took to be processing again (measured
   by whoever killed it) and to write its first output after the kill; and per node fault (`Fault`):
   how long until the allocations on that node were released, and their jobs granted again.
@@ -88,6 +89,8 @@ class Summary:
     failed: int = 0
     requeued: int = 0
     waiting: int = 0
+    after_final: int = 0
+    """Lifecycle events written about a job after it completed or failed (a preemption racing the end)."""
     problems: list[Problem] = field(default_factory=list)
     recovery: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -115,6 +118,7 @@ class Summary:
             "failed": self.failed,
             "requeued": self.requeued,
             "waiting": self.waiting,
+            "after_final": self.after_final,
             **self.violations,
             "ok": self.ok,
             "recovery": self.recovery,
@@ -198,8 +202,11 @@ class _Checker:
         known = self.state.get(job)
         if kind == "job.rejected" and known not in (None, "job.rejected"):
             return  # another request for a known job refused (duplicate_job): the job goes on
-        if kind in ("job.started", "job.checkpointed") and known in FINAL:
-            return  # an agent's report read after the job ended (a release raced it): not a state
+        if known in FINAL:
+            # A job that ended stays ended: a preemption racing its completion may still write
+            # job.preempted and job.requeued for it (counted; a grant after its end is a violation).
+            self.summary.after_final += 1
+            return
         if kind in ("job.admitted", "job.rejected"):
             self.answered.add(job)
         self.state[job] = kind
@@ -214,6 +221,8 @@ class _Checker:
         if alloc in self.live or alloc in self.released_ever:
             self.problem("duplicated_grants", r, f"allocation {alloc} of {job} granted again")
             return
+        if self.state.get(job) in FINAL:
+            self.problem("duplicated_grants", r, f"{job} granted {alloc} after it {self.state[job][4:]}")
         others = [h.allocation_id for h in self.live.values() if h.job_id == job]
         if others:
             self.problem("duplicated_grants", r, f"{job} granted {alloc} while it holds {others}")

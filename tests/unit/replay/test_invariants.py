@@ -277,3 +277,20 @@ def test_topics_under_a_prefix() -> None:
     prefixed = [replace(r, topic=f"p.{r.topic}") for r in log.records]
     assert check_log(prefixed, prefix="p.").violations["lost"] == 1
     assert check_log(prefixed).offered == 0
+
+
+def test_a_job_that_ended_stays_ended_and_a_grant_after_its_end_is_a_duplicate() -> None:
+    log = Log()
+    log.run("a", "a.1", ("n0", ["g0"]))
+    # A preemption that raced the completion still writes about the job: it is not stuck for that.
+    log.event("a", "preempted", allocation_id="a.1")
+    log.event("a", "requeued", attempt=2)
+    summary = check_log(log.records)
+    assert summary.ok, summary.problems
+    assert (summary.after_final, summary.completed) == (2, 1)
+    # Run again after its end: a duplicate.
+    log.grant("a", "a.2", ("n1", ["g0"]))
+    log.release("a", "a.2")
+    summary = check_log(log.records)
+    assert summary.violations["duplicated_grants"] == 1
+    assert "after it completed" in summary.problems[0].message
