@@ -116,11 +116,13 @@ PYEOF
 }
 
 admin_password() {
-    local name password
+    local name password found=""
+    # Read every line: leaving early breaks the reader's pipe (a BrokenPipeError on stderr).
     while read -r name password; do
-        [[ "$name" == "$ADMIN_USER" ]] && { echo "$password"; return; }
+        [[ "$name" == "$ADMIN_USER" && -z "$found" ]] && found="$password"
     done < <(credentials)
-    die "no password for the super user '$ADMIN_USER' in $CREDENTIALS"
+    [[ -n "$found" ]] || die "no password for the super user '$ADMIN_USER' in $CREDENTIALS"
+    echo "$found"
 }
 
 # server.properties for data dir $1, on stdout (it holds the admin password: written 0600).

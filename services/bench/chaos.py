@@ -86,8 +86,11 @@ def now_ms() -> int:
 
 
 def job_spec(rng: random.Random, k: int) -> dict[str, Any]:
-    """One job of the mix: mostly singles, some gangs, a few urgent; half in the limited queue."""
+    """One job of the mix: mostly singles, some gangs, a few urgent; half in the limited queue; one in
+    fifty a request admission must reject (no workers), which stays in the log the replay reads."""
     queue = "team" if k % 2 else "default"
+    if k % 50 == 49:
+        return {"queue": queue, "workers": 0, "gpus_per_worker": 1}
     roll = rng.random()
     spec: dict[str, Any]
     if roll < 0.6:
@@ -212,9 +215,9 @@ def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
     moments = sorted((rng.uniform(*window), service) for service in SERVICES for _ in range(kills))
     return Plan(
         kills=moments,
-        broker_at=rng.uniform(0.35 * load_s, 0.55 * load_s),
+        broker_at=rng.uniform(0.5 * load_s, 0.65 * load_s),
         silent_at=rng.uniform(0.15 * load_s, 0.3 * load_s),
-        xid_at=rng.uniform(0.6 * load_s, 0.75 * load_s),
+        xid_at=rng.uniform(0.35 * load_s, 0.45 * load_s),
     )
 
 
@@ -385,10 +388,14 @@ class Chaos:
 
     async def kill(self, name: str) -> None:
         service = self.services[name]
-        ready = service.ready_count()
+        for _ in range(300):  # between runs (it exited: the supervisor starts it again), 60 s at most
+            if service.proc is not None:
+                break
+            await asyncio.sleep(0.2)
         if service.proc is None:
-            self.note(f"{name} is between runs; not killed now")
+            self.note(f"{name} did not run again within 60 s; not killed")
             return
+        ready = service.ready_count()
         at = now_ms()
         service.kill9()
         self.note(f"kill -9 {name}")
