@@ -261,8 +261,15 @@ class ClusterFold:
                 return False
             record.grants[data.allocation_id] = data
             record.granted_at.setdefault(data.allocation_id, envelope.time)
-            if data.allocation_id not in record.released and self._snapshot is not None:
-                self._grant_in_snapshot(self._snapshot, record, data)
+            mirrored = self._snapshot
+            # Its GPUs may look taken (a release not read yet): then the snapshot is rebuilt from the
+            # records when next wanted, by the same rule whenever that is (see _holders).
+            if (
+                data.allocation_id not in record.released
+                and mirrored is not None
+                and not self._grant_in_snapshot(mirrored, record, data)
+            ):
+                self._snapshot = None
             self._note_end(record, data.allocation_id)
             self._refresh(record)
             return False
@@ -399,12 +406,13 @@ class ClusterFold:
         return kept[::-1]
 
     @staticmethod
-    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> None:
+    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> bool:
         spec = record.spec or JobSpec(queue=granted.queue, workers=granted.workers, gpus_per_worker=1)
         status = snap.grant(core_job(record.job_id, spec), core_allocation(granted))
         if not status.ok:
             # The log is the truth; a grant we cannot mirror (e.g. a node not registered yet) is logged.
             log.warning("cannot mirror a grant in the snapshot: %s", status.message)
+        return bool(status.ok)
 
     def running(self) -> list[RunningJob]:
         return list(self.snapshot().running.values())

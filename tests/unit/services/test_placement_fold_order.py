@@ -81,7 +81,7 @@ def test_waiting_jobs_are_decided_in_the_same_order_whatever_order_they_were_fol
 
 def test_two_live_grants_of_one_gpu_mirror_the_newer_whatever_order_they_were_read_in() -> None:
     """x held gpu0..3 and was released (on a partition not read yet); y was granted gpu0..1 since."""
-    from gangline.events.allocations import AllocationGranted, Placement
+    from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
     from gangline.events.types import AllocationId, GpuId, NodeId, QueueName
 
     [node] = [env(n, at=0) for n in cluster(("a", 1, 8)).registrations()]
@@ -105,3 +105,18 @@ def test_two_live_grants_of_one_gpu_mirror_the_newer_whatever_order_they_were_re
         snapshot = _state([node, *admitted, *grants]).snapshot()
         assert sorted(snapshot.running) == ["y"], grants
         assert sum(sum(per_node) for per_node in snapshot.free) == 6
+        # The same when the snapshot was built before the grants were read (as a service that planned
+        # in between has it), and once x's release is read too: y holds its two GPUs.
+        state = _state([node, *admitted])
+        state.snapshot()
+        for envelope in grants:
+            state.fold(envelope)
+        assert sorted(state.snapshot().running) == ["y"], grants
+        state.fold(
+            env(
+                AllocationReleased(job_id=JobId("x"), allocation_id=AllocationId("x.1"), reason="completed"),
+                at=4,
+            )
+        )
+        assert sorted(state.snapshot().running) == ["y"]
+        assert sum(sum(per_node) for per_node in state.snapshot().free) == 6
