@@ -233,8 +233,6 @@ class Chaos:
         self.kills: list[Kill] = []
         self.faults: list[Fault] = []
         self.offered: list[str] = []
-        self.events: list[str] = []
-        self.broker_down = asyncio.Event()
         self.services = {
             name: Service(name, self.env(name), self.logs / f"{name}.log", args.restart_delay_s)
             for name in SERVICES
@@ -255,9 +253,7 @@ class Chaos:
         }
 
     def note(self, what: str) -> None:
-        line = f"[chaos {time.strftime('%H:%M:%S')}] {what}"
-        self.events.append(line)
-        print(line, file=sys.stderr, flush=True)
+        print(f"[chaos {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
 
     async def run(self) -> dict[str, Any]:
         # This process's own clients (load, nodes, reader) are the broker's super user.
@@ -276,7 +272,19 @@ class Chaos:
             os.environ.pop(key, None)
         self.note(f"broker on {self.bootstrap} (own data dir), logs in {self.logs}")
         await asyncio.to_thread(kafka_sh, "down", self.args.port)  # a fresh log: nothing of an earlier run
-        await asyncio.to_thread(kafka_sh, "up", self.args.port)
+        try:
+            await asyncio.to_thread(kafka_sh, "up", self.args.port)
+            summary = await self.under_chaos()
+            summary["replay"] = await asyncio.to_thread(self.replay)
+        finally:
+            if not self.args.keep:
+                await asyncio.to_thread(kafka_sh, "down", self.args.port)
+        summary["service_exits"] = {name: s.exits for name, s in self.services.items()}
+        summary["logs"] = str(self.logs)
+        return summary
+
+    async def under_chaos(self) -> dict[str, Any]:
+        """The services and nodes under load and faults, then drained; the checker's figures."""
         cluster = FakeCluster(
             spec=load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
             bootstrap=self.bootstrap,
@@ -314,12 +322,6 @@ class Chaos:
                     await task
             for service in self.services.values():
                 service.stop()
-        replay = await asyncio.to_thread(self.replay)
-        summary["replay"] = replay
-        summary["service_exits"] = {name: s.exits for name, s in self.services.items()}
-        if not self.args.keep:
-            await asyncio.to_thread(kafka_sh, "down", self.args.port)
-        summary["logs"] = str(self.logs)
         return summary
 
     async def until_ready(self, timeout_s: float) -> None:
@@ -367,12 +369,14 @@ class Chaos:
                 await self.restart_broker()
             else:
                 node = self.victim(cluster)
-                self.faults.append(Fault(node, what, now_ms()))
                 if what == "silent":
+                    self.faults.append(Fault(node, what, now_ms()))
                     self.note(f"node {node} goes silent")
                     await cluster.fail_node(NodeId(node))
                 else:
-                    self.note(f"node {node} reports XID 79 on its GPU 0")
+                    gpu = cluster.nodes[NodeId(node)].gpus[0].id
+                    self.faults.append(Fault(node, what, now_ms(), gpu=gpu))
+                    self.note(f"node {node} reports XID 79 on {gpu}")
                     await cluster.report_xid(NodeId(node), 79)
 
     def victim(self, cluster: FakeCluster) -> str:
@@ -492,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-s", type=float, default=150.0, help="how long jobs arrive")
     p.add_argument("--rate", type=float, default=3.0, help="jobs per second")
     p.add_argument("--kills", type=int, default=3, help="kill -9 of each service")
-    p.add_argument("--drain-s", type=float, default=90.0, help="at most this long for the jobs to finish")
+    p.add_argument("--drain-s", type=float, default=150.0, help="at most this long for the jobs to finish")
     p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per second of a job's hint")
     p.add_argument("--restart-delay-s", type=float, default=1.0, help="the supervisor's delay")
     p.add_argument("--session-timeout-ms", type=int, default=4000)

@@ -64,6 +64,8 @@ class Fault:
     node: str
     kind: str
     at_ms: int
+    gpu: str | None = None
+    """The GPU that failed (an XID): only the allocations holding it are affected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +354,7 @@ def _recovery(kill: Kill, ordered: Sequence[LogRecord]) -> dict[str, Any]:
 
 
 def _fault(fault: Fault, ordered: Sequence[LogRecord], checker: _Checker) -> dict[str, Any]:
-    """The allocations on the node when it failed; how long until released, and granted again."""
+    """The allocations on the node (its GPU) when it failed; how long until released, and granted again."""
     live: dict[str, str] = {}
     for r in ordered:
         if (r.timestamp_ms or 0) > fault.at_ms:
@@ -361,8 +363,14 @@ def _fault(fault: Fault, ordered: Sequence[LogRecord], checker: _Checker) -> dic
         kind = kind_of(r)
         if r.topic != checker.allocations:
             continue
-        nodes = {p.get("node") for p in data.get("placements") or () if isinstance(p, dict)}
-        if kind == "allocation.granted" and fault.node in nodes:
+        held = {
+            (p.get("node"), gpu)
+            for p in data.get("placements") or ()
+            if isinstance(p, dict)
+            for gpu in p.get("gpus") or ()
+        }
+        hit = any(n == fault.node and (fault.gpu is None or g == fault.gpu) for n, g in held)
+        if kind == "allocation.granted" and hit:
             live[str(data.get("allocation_id"))] = str(data.get("job_id"))
         elif kind == "allocation.released":
             live.pop(str(data.get("allocation_id")), None)
@@ -374,6 +382,7 @@ def _fault(fault: Fault, ordered: Sequence[LogRecord], checker: _Checker) -> dic
     done_regranted = [t for t in regranted if t is not None]
     return {
         "node": fault.node,
+        **({"gpu": fault.gpu} if fault.gpu is not None else {}),
         "kind": fault.kind,
         "at_ms": fault.at_ms,
         "allocations": len(live),

@@ -294,3 +294,19 @@ def test_a_job_that_ended_stays_ended_and_a_grant_after_its_end_is_a_duplicate()
     summary = check_log(log.records)
     assert summary.violations["duplicated_grants"] == 1
     assert "after it completed" in summary.problems[0].message
+
+
+def test_an_xid_counts_only_the_allocations_on_its_gpu() -> None:
+    log = Log()
+    for job, gpu in (("a", "g0"), ("b", "g1")):
+        log.request(job)
+        log.event(job, "admitted")
+        log.grant(job, f"{job}.1", ("n0", [gpu]))
+    log.release("a", "a.1", "node_failed")
+    log.event("a", "requeued", attempt=2)
+    log.grant("a", "a.2", ("n1", ["g0"]))
+    for job in ("a", "b"):
+        log.event(job, "completed")
+    at = log.records[5].timestamp_ms or 0  # b's grant: both run on n0 then
+    [fault] = check_log(log.records, faults=[Fault("n0", "xid", at_ms=at, gpu="g0")]).faults
+    assert (fault["gpu"], fault["allocations"], fault["released"], fault["granted_again"]) == ("g0", 1, 1, 1)
