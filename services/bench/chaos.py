@@ -233,6 +233,8 @@ class Chaos:
         self.kills: list[Kill] = []
         self.faults: list[Fault] = []
         self.offered: list[str] = []
+        self.recovering: dict[str, asyncio.Task[None]] = {}
+        """Per service, the timing of its recovery from the latest kill."""
         self.services = {
             name: Service(name, self.env(name), self.logs / f"{name}.log", args.restart_delay_s)
             for name in SERVICES
@@ -310,11 +312,13 @@ class Chaos:
             tasks.append(faults)
             await self.load(began)
             await faults
+            await asyncio.gather(*self.recovering.values())
             self.note("load over; draining")
             summary = await self.drain()
             if nodes.done():
                 raise RuntimeError("the simulated nodes stopped") from nodes.exception()
         finally:
+            tasks += self.recovering.values()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -391,7 +395,11 @@ class Chaos:
         return self.rng.choice([n for n in nodes if busy.get(n, 0) == best])
 
     async def kill(self, name: str) -> None:
+        """SIGKILL ``name`` once it processes again after its last kill; its recovery is timed meanwhile."""
         service = self.services[name]
+        previous = self.recovering.get(name)
+        if previous is not None:
+            await previous
         for _ in range(300):  # between runs (it exited: the supervisor starts it again), 60 s at most
             if service.proc is not None:
                 break
@@ -403,8 +411,11 @@ class Chaos:
         at = now_ms()
         service.kill9()
         self.note(f"kill -9 {name}")
-        ready_ms = await self.ready_after(service, ready)
-        self.kills.append(Kill(name, at, (SOURCES[name],), ready_ms))
+
+        async def recovered() -> None:
+            self.kills.append(Kill(name, at, (SOURCES[name],), await self.ready_after(service, ready)))
+
+        self.recovering[name] = asyncio.create_task(recovered())
 
     async def ready_after(self, service: Service, ready: int, timeout_s: float = 60) -> int | None:
         """When ``service`` logged that a run after this moment processes (None: not within the bound)."""
@@ -427,7 +438,8 @@ class Chaos:
         deadline = time.monotonic() + self.args.drain_s
         while True:
             records = await KafkaSource(self.bootstrap).fetch(decider_topics(""))
-            summary = check_log(records, kills=self.kills, faults=self.faults)
+            kills = sorted(self.kills, key=lambda k: k.at_ms)
+            summary = check_log(records, kills=kills, faults=self.faults)
             if summary.ok or time.monotonic() > deadline:
                 break
             await asyncio.sleep(2)
@@ -500,11 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per second of a job's hint")
     p.add_argument("--restart-delay-s", type=float, default=1.0, help="the supervisor's delay")
     p.add_argument("--session-timeout-ms", type=int, default=4000)
-    p.add_argument("--short", action="store_true", help="the suite's version: 40 s of load, 1 kill each")
+    p.add_argument("--short", action="store_true", help="the suite's version: 30 s of load, 1 kill each")
     p.add_argument("--keep", action="store_true", help="leave the broker and its data for inspection")
     args = p.parse_args(argv)
     if args.short:
-        args.load_s, args.kills, args.drain_s = 40.0, 1, 60.0
+        args.load_s, args.kills, args.drain_s = 30.0, 1, 90.0
     if args.port == 9092:
         p.error("chaos restarts its broker: give it one of its own (--port), never the shared 9092")
     summary = asyncio.run(Chaos(args).run())
