@@ -106,6 +106,7 @@ up() {
     done
     log "up: Kafka $GANGLINE_KAFKA_BOOTSTRAP, topics prefix '${GANGLINE_TOPIC_PREFIX:-}', cluster $CLUSTER"
     log "API: http://127.0.0.1:$GANGLINE_PORT (OpenAPI at /docs); logs in $RUN/"
+    log "Metrics: http://127.0.0.1:9471/metrics (admission) .. 9478 (fake nodes); the table in the README"
     log "CLI: export GANGLINE_API_URL=http://127.0.0.1:$GANGLINE_PORT GANGLINE_TOKEN=dev-ops-admin-token; .venv/bin/gangline queues"
 }
 

@@ -10,6 +10,7 @@ from gangline.events.base import Envelope
 from services.admission.handlers import AdmissionState, on_request, rejection_of_dead_letter
 from services.admission.settings import AdmissionSettings
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, load_queues
 from services.common.shell import restore_and_process
 
@@ -25,6 +26,7 @@ def new_state(settings: AdmissionSettings, queues: Queues | None = None) -> Admi
 
 
 async def main(settings: AdmissionSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
     topics = state.topics
 
@@ -34,12 +36,14 @@ async def main(settings: AdmissionSettings) -> None:
     def reject_unreadable(letter: DeadLetter) -> Sequence[Outgoing]:
         return rejection_of_dead_letter(letter, state, now=datetime.now(UTC))
 
-    await restore_and_process(
-        processor_settings(settings, SERVICE, [topics.requests, topics.inventory]),
-        state,
-        decide,
-        restore_topics=[topics.inventory, topics.events],
-        dead_letter_outputs=reject_unreadable,
-        # Outputs name the batch and positions they were decided on (services/admission/replay.py).
-        record_inputs=True,
-    )
+    async with metrics.serve(settings):
+        await restore_and_process(
+            processor_settings(settings, SERVICE, [topics.requests, topics.inventory]),
+            state,
+            decide,
+            restore_topics=[topics.inventory, topics.events],
+            dead_letter_outputs=reject_unreadable,
+            # Outputs name the batch and positions they were decided on (services/admission/replay.py).
+            record_inputs=True,
+            metrics=metrics,
+        )

@@ -5,7 +5,9 @@ publishes ``node.registered`` once per node and ``node.heartbeat`` every ``heart
 ``allocations.log`` and ``jobs.events`` and, for each grant on its nodes, publishes ``job.started``,
 then after the job's ``duration_hint_s`` (times ``time_scale``) ``job.completed`` with the
 GPU-seconds held (placement then writes ``allocation.released``: agents never write allocations.log,
-DESIGN §3). A release read stops the job here (preempted, node failed, cancelled). It answers
+DESIGN §3). A job with a ``time_limit_s`` shorter than that is stopped at the limit as the real agent
+stops it: the checkpoint is acknowledged (``job.checkpointed``) and the job ends ``job.failed`` code
+``time_limit``. A release read stops the job here (preempted, node failed, cancelled). It answers
 ``job.preempting`` with ``job.checkpointed``.
 ``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would;
 ``report_xid`` reports a GPU failed on a node that lives on.
@@ -38,7 +40,14 @@ from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobAdmitted, JobCheckpointed, JobCompleted, JobPreempting, JobStarted
+from gangline.events.jobs import (
+    JobAdmitted,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPreempting,
+    JobStarted,
+)
 from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, Seconds
 from gangline.telemetry.tracing import get_tracer
@@ -94,6 +103,7 @@ class FakeCluster:
     def __post_init__(self) -> None:
         self.nodes = {n.node: n for n in self.spec.registrations()}
         self._durations: dict[JobId, int | None] = {}
+        self._limits: dict[JobId, int] = {}
         self._running: dict[AllocationId, _Running] = {}
         self._running_jobs: dict[JobId, int] = {}
         """Allocations running per job (a requeued job may be granted again before its release is read)."""
@@ -241,6 +251,8 @@ class FakeCluster:
         data = envelope.data
         if isinstance(data, JobAdmitted):
             self._durations[data.job_id] = data.spec.duration_hint_s
+            if data.spec.time_limit_s is not None:
+                self._limits[data.job_id] = data.spec.time_limit_s
             undated = self._undated.pop(data.job_id, None)
             if undated is not None:
                 self._start_timer(undated)
@@ -279,10 +291,20 @@ class FakeCluster:
         if running is None or any(p.node in self.silent for p in running.granted.placements):
             return
         duration = self._durations.get(running.granted.job_id) or self.default_duration_s
+        limit = self._limits.get(running.granted.job_id)
+        elapsed = (datetime.now(UTC) - running.started).total_seconds()
+        loop = asyncio.get_running_loop()
+        if limit is not None and (duration is None or limit < duration):
+            running.timer = loop.call_later(
+                max(0.0, limit * self.time_scale - elapsed) + self.checkpoint_delay_s,
+                self._time_limit,
+                allocation_id,
+                limit,
+            )
+            return
         if duration is None:
             return  # runs until released
-        elapsed = (datetime.now(UTC) - running.started).total_seconds()
-        running.timer = asyncio.get_running_loop().call_later(
+        running.timer = loop.call_later(
             max(0.0, duration * self.time_scale - elapsed), self._complete, allocation_id
         )
 
@@ -308,6 +330,38 @@ class FakeCluster:
         self._durations.pop(granted.job_id, None)  # a completed job is never granted again
         self._outbox.append((self.topics.events, done, derived_id(allocation_id, "completed")))
         self.stats.completed += 1
+        self._flush_soon()
+
+    def _time_limit(self, allocation_id: AllocationId, limit: int) -> None:
+        """The run reached its limit: checkpointed after the signal, then failed (code time_limit)."""
+        running = self._stop(allocation_id)
+        if running is None:
+            return
+        granted = running.granted
+        node = granted.placements[0].node
+        if any(p.node in self.silent for p in granted.placements):
+            return
+        held = (datetime.now(UTC) - running.started).total_seconds() / max(self.time_scale, 1e-9)
+        ack = JobCheckpointed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            node=node,
+            checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
+        )
+        failed = JobFailed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            code="time_limit",
+            reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
+            gpu_seconds=Seconds(int(held * granted.whole_gpus)),
+        )
+        self._durations.pop(granted.job_id, None)
+        self._limits.pop(granted.job_id, None)
+        self._outbox.append(
+            (self.topics.events, ack, derived_id(allocation_id, "time-limit", "checkpointed"))
+        )
+        self._outbox.append((self.topics.events, failed, derived_id(allocation_id, "time-limit", "failed")))
+        self.stats.checkpointed += 1
         self._flush_soon()
 
     def _checkpointed(self, asked: JobPreempting, event_id: str) -> None:

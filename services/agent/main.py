@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from gangline.bus import run_service
 from gangline.cluster_spec import load_cluster_spec, uniform_cluster
 from gangline.telemetry import setup_logging
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.agent import standin
 from services.agent.fake import FakeCluster
+from services.agent.metrics import serving_agents
 from services.common.env import ServiceSettings, topic_names
 
 HELP = "run a simulated GPU cluster: inventory, heartbeats, placed jobs run for their duration hint"
@@ -63,7 +65,10 @@ async def simulate(args: argparse.Namespace, settings: ServiceSettings) -> None:
     for item in args.fail:
         node, _, seconds = item.partition("@")
         failures.append(asyncio.create_task(_fail_later(cluster, node, float(seconds or 0))))
-    await cluster.run()
+    # The lightweight fake reads no NVML: its /metrics has the process's families and no GPU series.
+    port = settings.metrics_port if settings.metrics_port is not None else METRICS_PORTS["agent"]
+    async with serving_agents(list, host=settings.metrics_host, port=port):
+        await cluster.run()
 
 
 async def _fail_later(cluster: FakeCluster, node: str, seconds: float) -> None:

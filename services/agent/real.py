@@ -18,10 +18,13 @@ from gangline.agent.runner import ProcessRunner
 from gangline.agent.settings import NodeAgentSettings
 from gangline.bus import run_service
 from gangline.telemetry import setup_logging
+from services.agent.metrics import serving_agents
 
 
 async def serve_node(settings: NodeAgentSettings) -> None:
-    async with NodeAgent(settings, nvml_api=pynvml, runner=ProcessRunner()):
+    agent = NodeAgent(settings, nvml_api=pynvml, runner=ProcessRunner())
+    host, port = settings.metrics_host, settings.metrics_port
+    async with agent, serving_agents(lambda: [agent], host=host, port=port):
         await asyncio.Event().wait()
 
 

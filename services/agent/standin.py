@@ -29,6 +29,8 @@ from gangline.events.nodes import NodeRegistered
 from gangline.events.types import NodeId
 from gangline.nvml.spec import GpuSpec, NodeSpec
 from gangline.nvml.standin import NvmlStandIn
+from gangline.telemetry.metrics import METRICS_PORTS
+from services.agent.metrics import serving_agents
 from services.common.env import ServiceSettings, topic_names
 from services.common.topics import TopicNames
 
@@ -231,8 +233,10 @@ async def simulate(spec: ClusterSpec, args: argparse.Namespace, settings: Servic
         extra={"cluster": spec.name, "nodes": spec.node_count, "gpus": spec.total_gpus},
     )
     injections = [asyncio.create_task(cluster.inject_later(x)) for x in args.xid]
+    port = settings.metrics_port if settings.metrics_port is not None else METRICS_PORTS["agent"]
     try:
-        await cluster.run()
+        async with serving_agents(lambda: cluster.agents.values(), host=settings.metrics_host, port=port):
+            await cluster.run()
     finally:
         for task in injections:
             task.cancel()

@@ -39,6 +39,7 @@ from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
 from gangline.events.jobs import NO_NUL, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.nodes import DEFAULT_DRAIN_GRACE_S, MAX_DRAIN_GRACE_S, NodeCordoned, NodeUncordoned
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
 from gangline.store.pool import create_pool
 from gangline.telemetry.propagation import extract_context
@@ -46,6 +47,7 @@ from gangline.telemetry.tracing import get_tracer
 from services.api import queries
 from services.api.auth import Authenticator, Principal, load_tokens
 from services.api.limits import RateLimiter, RequestGuard, retry_after
+from services.api.metrics import CountRequests, api_metrics
 from services.api.problems import ApiProblem, document, problem, problems, render
 from services.api.settings import ApiSettings
 from services.common.queues import Queues, load_queues
@@ -77,6 +79,7 @@ JobIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=SAFE_ID_PA
 QueueQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SAFE_ID_PATTERN)]
 JobIdQuery = Annotated[str | None, Query(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
 NodeQuery = Annotated[str | None, Query(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
+NodePath = Annotated[str, Path(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
 CursorQuery = Annotated[
     str | None,
     Query(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_-]+$", description="a page's next_cursor"),
@@ -166,6 +169,28 @@ class Cancelled(BaseModel):
     event_id: str
 
 
+class CordonRequest(BaseModel):
+    """Why the node is taken out of (or put back into) service, for its history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    reason: Reason | None = None
+
+
+class DrainRequest(CordonRequest):
+    grace_s: Annotated[int, Field(ge=0, le=MAX_DRAIN_GRACE_S)] = DEFAULT_DRAIN_GRACE_S
+    """Seconds running work may still run before it is asked to checkpoint and leave (default 600)."""
+
+
+class OperatorAction(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    action: Literal["cordon", "drain", "uncordon"]
+    event_id: str
+    drain_grace_s: int | None = None
+
+
 class Page(BaseModel):
     items: list[dict[str, Any]]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
@@ -251,9 +276,12 @@ def create_app(
     limiter = RateLimiter(rate=settings.rate_limit_per_s, burst=settings.rate_limit_burst, clock=monotonic)
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
+    operator_topic = settings.topic_prefix + topics.NODES_OPERATOR
     state: dict[str, Resources] = {}
     # Submissions accepted here that the ledger may not have yet: job id -> the request's data.
     recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    metrics, requests_answered = api_metrics()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -266,7 +294,8 @@ def create_app(
         try:
             await producer.start()
             state["r"] = Resources(pool, producer)
-            yield
+            async with metrics.serve(settings):
+                yield
         finally:
             await producer.stop()
             await pool.close()
@@ -278,13 +307,14 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(CountRequests, requests=requests_answered)
     bearer = HTTPBearer(auto_error=False)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = FastAPI.openapi(app)
             schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (JobSubmission, CancelRequest):
+            for model in (JobSubmission, CancelRequest, CordonRequest, DrainRequest):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 schemas.update(body.pop("$defs", {}))
                 schemas[model.__name__] = body
@@ -377,13 +407,13 @@ def create_app(
         log.exception("unhandled error")  # a bug: the body says nothing of it
         return problem(500, "the API failed on this request; it is logged", kind="internal")
 
-    async def publish(request: Request, name: str, data: Event) -> str:
+    async def publish(request: Request, name: str, data: Event, *, topic: str | None = None) -> str:
         event_id = event_ids()
         headers = [(k, v.encode()) for k, v in request.headers.items() if k in ("traceparent", "tracestate")]
         with tracer.start_as_current_span(name, context=extract_context(headers), kind=SpanKind.SERVER):
             envelope = make_envelope(data, event_id=event_id, source=SOURCE, time=clock())
             try:
-                await res().producer.publish(requests_topic, envelope)
+                await res().producer.publish(topic or requests_topic, envelope)
             except MessageSizeTooLargeError as error:
                 raise ApiProblem(
                     status.HTTP_413_CONTENT_TOO_LARGE,
@@ -506,11 +536,13 @@ def create_app(
         caller: Caller,
         queue: QueueQuery = None,
         state: JobState | None = None,
+        active: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         cursor: CursorQuery = None,
     ) -> Page:
-        """Jobs, newest first; filter by queue and state; page with ``cursor``. A tenant sees the jobs of
-        its queues and, in ``default``, the jobs it submitted."""
+        """Jobs, newest first; filter by queue and state, or ``active`` (true: not over yet, as squeue
+        lists; false: completed, failed, cancelled or rejected); page with ``cursor``. A tenant sees the
+        jobs of its queues and, in ``default``, the jobs it submitted."""
         if queue is not None:
             require(caller, queue)
         after = _cursor(cursor, (datetime, str))
@@ -522,6 +554,7 @@ def create_app(
                 state=state,
                 limit=limit,
                 after=(after[0], after[1]) if after else None,
+                active=active,
             )
         return Page(items=items, next_cursor=next_cursor)
 
@@ -551,9 +584,124 @@ def create_app(
 
     @app.get("/v1/nodes", tags=["nodes"], responses=problems(*READ))
     async def list_nodes(caller: Caller) -> dict[str, Any]:
-        """Every node: state, GPUs, topology, health, cordoned GPUs, last heartbeat, GPUs held."""
+        """Every node: state, GPUs, topology, health, cordoned GPUs, last heartbeat, GPUs held, and the
+        operator's ``cordon`` (mode cordon or drain, reason, since, drain grace) where one stands."""
         async with res().pool.acquire() as conn:
-            return {"items": await queries.nodes(conn)}
+            items = await queries.nodes(conn)
+            cordons = await queries.cordons(conn)
+        return {"items": [{**n, "cordon": cordons.get(n["node"])} for n in items]}
+
+    async def operate(
+        caller: Principal,
+        request: Request,
+        node: str,
+        event: NodeCordoned | NodeUncordoned,
+        action: Literal["cordon", "drain", "uncordon"],
+    ) -> OperatorAction:
+        if not caller.admin:
+            raise ApiProblem(
+                status.HTTP_403_FORBIDDEN,
+                f"tenant {caller.tenant!r} may not {action} nodes: only an admin token may",
+                kind="forbidden",
+            )
+        async with res().pool.acquire() as conn:
+            if not await queries.node_known(conn, node):
+                raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no node {node!r}", kind="not-found")
+        event_id = await publish(request, f"POST /v1/nodes/{{node}}/{action}", event, topic=operator_topic)
+        grace = event.drain_grace_s if isinstance(event, NodeCordoned) else None
+        return OperatorAction(node=node, action=action, event_id=event_id, drain_grace_s=grace)
+
+    @app.post(
+        "/v1/nodes/{node}/cordon",
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["nodes"],
+        responses=problems(*WRITE, 403, 404),
+        openapi_extra=body_schema(CordonRequest, required=False),
+    )
+    async def cordon(
+        caller: Caller,
+        node: NodePath,
+        request: Request,
+        body: Annotated[CordonRequest | None, Depends(strict_body(CordonRequest, optional=True))],
+    ) -> OperatorAction:
+        """Admin only: no new work on the node; what runs there runs on (node.cordoned on nodes.operator)."""
+        reason = body.reason if body else None
+        event = NodeCordoned(node=node, mode="cordon", reason=reason, requested_by=caller.tenant)
+        return await operate(caller, request, node, event, "cordon")
+
+    @app.post(
+        "/v1/nodes/{node}/drain",
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["nodes"],
+        responses=problems(*WRITE, 403, 404),
+        openapi_extra=body_schema(DrainRequest, required=False),
+    )
+    async def drain(
+        caller: Caller,
+        node: NodePath,
+        request: Request,
+        body: Annotated[DrainRequest | None, Depends(strict_body(DrainRequest, optional=True))],
+    ) -> OperatorAction:
+        """Admin only: no new work on the node, and after ``grace_s`` (default 600) every job still there is
+        asked to checkpoint (its own checkpoint grace), then requeued to run elsewhere: the node empties."""
+        body = body or DrainRequest()
+        event = NodeCordoned(
+            node=node,
+            mode="drain",
+            reason=body.reason,
+            requested_by=caller.tenant,
+            drain_grace_s=body.grace_s,
+        )
+        return await operate(caller, request, node, event, "drain")
+
+    @app.post(
+        "/v1/nodes/{node}/uncordon",
+        status_code=status.HTTP_202_ACCEPTED,
+        tags=["nodes"],
+        responses=problems(*WRITE, 403, 404),
+        openapi_extra=body_schema(CordonRequest, required=False),
+    )
+    async def uncordon(
+        caller: Caller,
+        node: NodePath,
+        request: Request,
+        body: Annotated[CordonRequest | None, Depends(strict_body(CordonRequest, optional=True))],
+    ) -> OperatorAction:
+        """Admin only: the node takes new work again (node.uncordoned on nodes.operator)."""
+        event = NodeUncordoned(node=node, reason=body.reason if body else None, requested_by=caller.tenant)
+        return await operate(caller, request, node, event, "uncordon")
+
+    @app.get("/v1/history", tags=["jobs"], responses=problems(*READ, 403))
+    async def job_history(
+        caller: Caller,
+        since: datetime | None = None,
+        queue: QueueQuery = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        cursor: CursorQuery = None,
+    ) -> Page:
+        """Accounting (as ``sacct``): jobs submitted or ended at or after ``since`` (RFC 3339), newest
+        first, with their runs, start, end, elapsed seconds and the GPU-hours their allocations held.
+        A tenant sees the jobs of its queues and, in ``default``, the jobs it submitted."""
+        if queue is not None:
+            require(caller, queue)
+        if since is not None and since.tzinfo is None:
+            raise ApiProblem(
+                status.HTTP_400_BAD_REQUEST,
+                "since needs a time zone (e.g. 2026-01-01T00:00:00Z)",
+                kind="bad-time",
+            )
+        after = _cursor(cursor, (datetime, str))
+        async with res().pool.acquire() as conn:
+            items, next_cursor = await queries.history(
+                conn,
+                seen=seen_by(caller),
+                since=since,
+                queue=queue,
+                now=clock(),
+                limit=limit,
+                after=(after[0], after[1]) if after else None,
+            )
+        return Page(items=items, next_cursor=next_cursor)
 
     @app.get("/v1/queues", tags=["queues"], response_model=QueueList, responses=problems(*READ))
     async def list_queues(caller: Caller) -> dict[str, Any]:

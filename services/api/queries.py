@@ -107,6 +107,9 @@ def requested_job(data: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+FINAL_STATES = ("completed", "failed", "cancelled", "rejected")
+"""Job states after which nothing more happens to the job."""
+
 _VISIBLE = """($1::text[] IS NULL OR {q} = ANY($1::text[]) OR ({q} = 'default' AND {by} = $2))"""
 """The rows a tenant may see ($1 its queues, NULL for an admin; $2 the tenant, for its jobs in default)."""
 
@@ -123,17 +126,23 @@ async def jobs(
     state: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
+    active: bool | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """A page of the jobs ``seen`` allows (None: all), newest first, and the next page's cursor."""
+    """A page of the jobs ``seen`` allows (None: all), newest first, and the next page's cursor;
+    ``active`` true: only jobs not over yet (false: only those over)."""
     rows = await conn.fetch(
         f"""
         SELECT job_id, queue, state, priority, workers, gpus_per_worker, gpu_type, reason, reason_code,
-               submitted_by, submitted_at, updated_at, attempt, allocation_id
+               submitted_by, submitted_at, updated_at, attempt, allocation_id,
+               coalesce((SELECT array_agg(DISTINCT a.node ORDER BY a.node) FROM allocations a
+                          WHERE a.allocation_id = jobs.allocation_id AND a.released_at IS NULL),
+                        '{{}}') AS nodes
         FROM jobs
         WHERE {_VISIBLE.format(q="queue", by="submitted_by")}
           AND ($3::text IS NULL OR queue = $3)
           AND ($4::text IS NULL OR state = $4)
           AND ($5::timestamptz IS NULL OR (submitted_at, job_id) < ($5, $6))
+          AND ($8::boolean IS NULL OR (state <> ALL($9::text[])) = $8)
         ORDER BY submitted_at DESC, job_id DESC
         LIMIT $7
         """,
@@ -143,8 +152,73 @@ async def jobs(
         after[0] if after else None,
         after[1] if after else None,
         limit + 1,
+        active,
+        list(FINAL_STATES),
     )
     page = [dict(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return page, encode_cursor(page[-1]["submitted_at"], page[-1]["job_id"]) if more and page else None
+
+
+async def history(
+    conn: asyncpg.Connection,
+    *,
+    seen: Visible | None,
+    since: datetime | None,
+    queue: str | None,
+    now: datetime,
+    limit: int,
+    after: tuple[datetime, str] | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Accounting, as ``sacct`` shows it: a page of the jobs ``seen`` allows that were submitted, or
+    ended, at or after ``since``, newest first, each with its runs (allocations), when it first
+    started and ended, and the GPU-hours its allocations held (to ``now`` for one still held).
+
+    GPU-hours count whole GPUs held, a shared slot by its fraction and a MIG slice as one device.
+    """
+    rows = await conn.fetch(
+        f"""
+        SELECT j.job_id, j.queue, j.state, j.reason_code, j.reason, j.submitted_by, j.priority, j.workers,
+               j.gpus_per_worker, j.gpu_type, j.mig_profile, j.submitted_at, j.finished_at,
+               (j.spec->>'time_limit_s')::integer AS time_limit_s,
+               u.first_granted_at AS started_at, coalesce(u.runs, 0) AS runs,
+               coalesce(u.gpu_hours, 0.0) AS gpu_hours,
+               coalesce(u.nodes, '{{}}') AS nodes
+        FROM jobs j
+        LEFT JOIN LATERAL (
+            SELECT min(a.granted_at) AS first_granted_at,
+                   count(DISTINCT a.allocation_id) AS runs,
+                   array_agg(DISTINCT a.node ORDER BY a.node) AS nodes,
+                   sum(
+                       (CASE WHEN j.spec ? 'gpu_fraction_milli' AND j.spec->>'gpu_fraction_milli' IS NOT NULL
+                             THEN (j.spec->>'gpu_fraction_milli')::float8 / 1000.0
+                             ELSE cardinality(a.gpus)::float8 END)
+                       * extract(epoch FROM (coalesce(a.released_at, $7) - a.granted_at)) / 3600.0
+                   ) AS gpu_hours
+            FROM allocations a WHERE a.job_id = j.job_id
+        ) u ON true
+        WHERE {_VISIBLE.format(q="j.queue", by="j.submitted_by")}
+          AND ($3::timestamptz IS NULL OR j.submitted_at >= $3 OR j.finished_at >= $3)
+          AND ($4::text IS NULL OR j.queue = $4)
+          AND ($5::timestamptz IS NULL OR (j.submitted_at, j.job_id) < ($5, $6))
+        ORDER BY j.submitted_at DESC, j.job_id DESC
+        LIMIT $8
+        """,
+        *_visible(seen),
+        since,
+        queue,
+        after[0] if after else None,
+        after[1] if after else None,
+        now,
+        limit + 1,
+    )
+    page = []
+    for r in rows[:limit]:
+        item = dict(r)
+        started, ended = item["started_at"], item["finished_at"]
+        item["elapsed_s"] = None if started is None else max(0.0, ((ended or now) - started).total_seconds())
+        item["gpu_hours"] = round(float(item["gpu_hours"]), 6)
+        page.append(item)
     more = len(rows) > limit
     return page, encode_cursor(page[-1]["submitted_at"], page[-1]["job_id"]) if more and page else None
 
@@ -211,6 +285,42 @@ async def nodes(conn: asyncpg.Connection) -> list[dict[str, Any]]:
         for key in ("gpus", "labels", "gpu_health"):
             item[key] = _loaded(item[key])
         out.append(item)
+    return out
+
+
+async def node_known(conn: asyncpg.Connection, node: str) -> bool:
+    """Whether the ledger has seen ``node`` (registered, or reported on)."""
+    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM nodes WHERE node = $1)", node))
+
+
+CORDON_TYPES = ("gangline.node.cordoned.v1", "gangline.node.uncordoned.v1")
+
+
+async def cordons(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
+    """Per node an operator's cordon or drain stands for: its mode, reason, since, grace, who asked.
+
+    The latest ``node.cordoned`` / ``node.uncordoned`` of each node in the ledger (nodes.operator).
+    """
+    rows = await conn.fetch(
+        """
+        SELECT DISTINCT ON (subject) subject, type, time, data FROM events
+        WHERE type = ANY($1::text[])
+        ORDER BY subject, time DESC, recorded_at DESC
+        """,
+        list(CORDON_TYPES),
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["type"] != CORDON_TYPES[0]:
+            continue
+        data = _loaded(r["data"])
+        out[r["subject"]] = {
+            "mode": data.get("mode", "cordon"),
+            "reason": data.get("reason"),
+            "since": r["time"],
+            "drain_grace_s": data.get("drain_grace_s"),
+            "requested_by": data.get("requested_by"),
+        }
     return out
 
 

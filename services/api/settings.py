@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from gangline.store.pool import DEFAULT_DSN
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
 
 
@@ -18,6 +19,8 @@ class ApiSettings(ServiceSettings):
     come from ``queues_file`` (GANGLINE_QUEUES_FILE, the file admission and quota read); see
     :mod:`services.common.queues`.
     """
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["api"], ge=0, le=65535)
 
     pg_dsn: SecretStr = SecretStr(DEFAULT_DSN)
     host: str = "127.0.0.1"

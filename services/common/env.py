@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from gangline.bus import ProcessorSettings
 from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -68,6 +68,15 @@ class ServiceSettings(BaseModel):
     :mod:`services.common.queues`. Unset: one unlimited ``default`` queue."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
+    metrics_host: str = "127.0.0.1"
+    """GANGLINE_METRICS_HOST: where ``/metrics`` listens (loopback unless a scraper elsewhere needs it)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """GANGLINE_METRICS_PORT: the ``/metrics`` port (``METRICS_PORTS`` per service; ``off``: none)."""
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _metrics_off(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:

@@ -679,6 +679,7 @@ def decider_topics(prefix: str) -> list[str]:
         topics.inventory,
         topics.heartbeats,
         topics.health,
+        topics.operator,
         topics.queue_status,
     ]
 

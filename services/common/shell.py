@@ -60,6 +60,7 @@ from gangline.bus.security import client_options
 from gangline.events.base import Envelope
 from services.common.ids import Fingerprint, fingerprint
 from services.common.leader import Leadership
+from services.common.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,19 @@ EndBatch = Callable[[str], Sequence[Outgoing]]
 class Replayed:
     """Wraps a state-changing handler so a retried event gets the outputs of its first call."""
 
-    def __init__(self, decide: Decide, *, end_batch: EndBatch | None = None, remember: int = 10_000) -> None:
+    def __init__(
+        self,
+        decide: Decide,
+        *,
+        end_batch: EndBatch | None = None,
+        remember: int = 10_000,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
         # A retry re-handles one uncommitted batch (max_batch_records, 500 by default): remembering many
         # more outputs only keeps objects alive for the garbage collector to walk.
         self._decide = decide
         self._end_batch = end_batch
+        self._metrics = metrics
         self._remember = remember
         self._outputs: OrderedDict[str, tuple[Fingerprint, Sequence[Outgoing]]] = OrderedDict()
 
@@ -91,10 +100,13 @@ class Replayed:
         if self._end_batch is None or not given:
             return []
         cause = given[-1].id
+        started = time.perf_counter()
         outputs = [
             (topic, envelope.model_copy(update={"causationid": cause}))
             for topic, envelope in self._end_batch(cause)
         ]
+        if self._metrics is not None:
+            self._metrics.decided(outputs, time.perf_counter() - started)
         done = self._outputs.get(cause)
         if outputs and done is not None:
             # A retry of this batch replays the cause with these outputs (the state already holds them).
@@ -106,7 +118,12 @@ class Replayed:
         done = self._outputs.get(envelope.id)
         if done is not None and done[0] == key:
             return done[1]
+        started = time.perf_counter()
         outputs = self._decide(envelope, meta)
+        if self._metrics is not None:
+            # With a per-batch cycle that cycle is what is timed; folding one event is not a decision's cost.
+            seconds = time.perf_counter() - started if self._end_batch is None else None
+            self._metrics.decided(outputs, seconds)
         self._outputs[envelope.id] = (key, outputs)
         if len(self._outputs) > self._remember:
             self._outputs.popitem(last=False)
@@ -198,8 +215,12 @@ async def restore_and_process(
     record_inputs: bool = False,
     started: datetime | None = None,
     refusal: Refusal | None = None,
+    metrics: ServiceMetrics | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
+
+    With ``metrics`` the decisions are counted and timed, and the processor is watched (its
+    transactions, dead letters and lag: :mod:`services.common.metrics`).
 
     With ``refusal`` an event whose outputs say it was refused is dead-lettered as well (the bus's
     :data:`~gangline.bus.Refusal`).
@@ -227,7 +248,7 @@ async def restore_and_process(
         return _restore_and_process(
             settings,
             state,
-            Replayed(decide, end_batch=end_batch, remember=_remember(settings)),
+            Replayed(decide, end_batch=end_batch, remember=_remember(settings), metrics=metrics),
             restore_topics,
             dead_letter_outputs,
             select,
@@ -235,6 +256,7 @@ async def restore_and_process(
             record_inputs,
             started,
             refusal,
+            metrics,
         )
 
     if lock_topic is None:
@@ -302,6 +324,7 @@ async def _restore_and_process(
     record_inputs: bool = False,
     state_started: datetime | None = None,
     refusal: Refusal | None = None,
+    metrics: ServiceMetrics | None = None,
 ) -> None:
     await fence(settings)
     started = time.perf_counter()
@@ -330,4 +353,6 @@ async def _restore_and_process(
         inputs=inputs,
         refusal=refusal,
     )
+    if metrics is not None:
+        metrics.watch(processor)
     await processor.run()

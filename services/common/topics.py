@@ -9,7 +9,7 @@ from gangline.bus.admin import TopicSpec
 
 
 class TopicNames(BaseModel):
-    """The seven public topic names, each ``prefix + <catalogue name>`` (prefix "" in production)."""
+    """The eight public topic names, each ``prefix + <catalogue name>`` (prefix "" in production)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -41,6 +41,10 @@ class TopicNames(BaseModel):
     @property
     def health(self) -> str:
         return self._name(catalogue.NODES_HEALTH)
+
+    @property
+    def operator(self) -> str:
+        return self._name(catalogue.NODES_OPERATOR)
 
     @property
     def queue_status(self) -> str:

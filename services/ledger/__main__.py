@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from gangline.store.migrate import migrate
 from gangline.store.pool import create_pool
+from services.common.metrics import ServiceMetrics
 from services.common.process import run_main
 from services.ledger.settings import LedgerSettings
-from services.ledger.wiring import SERVICE, Ledger
+from services.ledger.wiring import SERVICE, Ledger, ledger_figures
 
 
 async def main(settings: LedgerSettings) -> None:
@@ -14,7 +15,11 @@ async def main(settings: LedgerSettings) -> None:
     try:
         async with pool.acquire() as conn:
             await migrate(conn)  # serialised by an advisory lock; a no-op when up to date
-        await Ledger(settings, pool).run()
+        ledger = Ledger(settings, pool)
+        metrics = ServiceMetrics(SERVICE, decides=False)
+        metrics.add_figures(lambda: ledger_figures(ledger))
+        async with metrics.serve(settings):
+            await ledger.run()
     finally:
         await pool.close()
 

@@ -6,11 +6,14 @@ from pydantic import Field, SecretStr
 
 from gangline.events import topics
 from gangline.store.pool import DEFAULT_DSN
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
 
 
 class LedgerSettings(ServiceSettings):
     """``pg_dsn`` (GANGLINE_PG_DSN) is a secret: it may carry a password."""
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["ledger"], ge=0, le=65535)
 
     pg_dsn: SecretStr = SecretStr(DEFAULT_DSN)
     poll_timeout_ms: int = Field(default=500, ge=1)

@@ -15,20 +15,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
+from prometheus_client.core import Metric
 
 from gangline.bus import Delivery, EventConsumer, dead_letter
+from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.records import HANDLER_FAILED
 from gangline.bus.security import client_options
 from gangline.events.codec import encode
 from gangline.events.registry import Registry, default_registry
 from gangline.telemetry import semconv
+from gangline.telemetry.metrics import counter, gauge
 from gangline.telemetry.propagation import context_from_traceparent, extract_context
 from gangline.telemetry.tracing import get_tracer
 from services.ledger.settings import LedgerSettings
@@ -52,6 +55,8 @@ class LedgerStats:
     events_new: int = 0
     retries: int = 0
     dead_lettered: int = 0
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Per ``(dead-letter topic, code)`` (for the metrics)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,9 @@ class Ledger:
         self.stats = LedgerStats()
         self.started = asyncio.Event()
         """Set once the consumer has its first partitions."""
+        self._consumer: EventConsumer | None = None
+        self._committed: dict[TopicPartition, int] = {}
+        """The group's committed offset per assigned partition, as this ledger knows it (for the lag)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -125,6 +133,7 @@ class Ledger:
         await dlq.start()
         try:
             async with consumer:
+                self._consumer = consumer
                 log.info("ledger started", extra={"topics": list(settings.input_topics)})
                 attempt = 0
                 while not self._stop.is_set():
@@ -133,7 +142,9 @@ class Ledger:
                     )
                     if consumer.raw.assignment():
                         self.started.set()
+                    await self._note_committed(consumer)
                     if not deliveries:
+                        await self._commit_moved(consumer)
                         continue
                     try:
                         if attempt + 1 < self._max_attempts:
@@ -151,14 +162,66 @@ class Ledger:
                     if self._after_db_commit is not None:
                         await self._after_db_commit(deliveries)
                     try:
-                        await consumer.commit()
+                        await self._commit(consumer)
                     except KafkaError as error:
                         # E.g. a rebalance took the partitions: their new owner re-reads the batch,
                         # which the ledger already holds, so the second write is a no-op.
                         log.warning("offsets not committed: %s", error)
         finally:
+            self._consumer = None
             await dlq.stop()
             log.info("ledger stopped", extra={"stats": vars(self.stats)})
+
+    def dead_letters(self) -> dict[tuple[str, str], int]:
+        """Per ``(dead-letter topic, code)``: the events the ledger could not store, and the records its
+        consumer could not read (this run's consumer)."""
+        out = dict(self.stats.dead_letters)
+        if self._consumer is not None:
+            for key, count in self._consumer.dead_letters.items():
+                out[key] = out.get(key, 0) + count
+        return out
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records of each topic past the group's committed offsets, counted as the processor counts them
+        (:meth:`gangline.bus.Processor.consumer_lag`). Empty while not consuming."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        return lag_by_topic(consumer.raw, self._committed, self._settings.input_topics)
+
+    async def _note_committed(self, consumer: EventConsumer) -> None:
+        """Read the committed offset of each partition newly assigned (once; then the ledger keeps it)."""
+        assigned = consumer.raw.assignment()
+        for tp in list(self._committed):
+            if tp not in assigned:
+                del self._committed[tp]
+        for tp in assigned - self._committed.keys():
+            with contextlib.suppress(KafkaError, TimeoutError):
+                committed = await asyncio.wait_for(consumer.raw.committed(tp), 5)
+                self._committed[tp] = committed or 0
+
+    async def _commit(self, consumer: EventConsumer) -> None:
+        """Commit the consumer's positions: past every transaction marker it stepped over (KAFKA-6607)."""
+        found = {tp: position_now(consumer.raw, tp) for tp in consumer.raw.assignment()}
+        positions = {tp: position for tp, position in found.items() if position is not None}
+        if positions:
+            await consumer.raw.commit(positions)
+            self._committed.update(positions)
+
+    async def _commit_moved(self, consumer: EventConsumer) -> None:
+        """After a poll that returned nothing: commit a position that moved past the committed offset (a
+        fetch that held only transaction markers), so lag reads 0 once caught up."""
+        moved = False
+        for tp in consumer.raw.assignment():
+            position = position_now(consumer.raw, tp)
+            moved = moved or (
+                position is not None and tp in self._committed and position > self._committed[tp]
+            )
+        if moved:
+            try:
+                await self._commit(consumer)
+            except KafkaError as error:
+                log.warning("offsets not committed: %s", error)
 
     async def _write(self, deliveries: Sequence[Delivery]) -> None:
         spans = [self._span(d) for d in deliveries]
@@ -192,6 +255,8 @@ class Ledger:
                     letter.topic, value=letter.value, key=letter.key, headers=letter.headers
                 )
                 self.stats.dead_lettered += 1
+                counted = (letter.topic, letter.code)
+                self.stats.dead_letters[counted] = self.stats.dead_letters.get(counted, 0) + 1
                 log.error(
                     "dead-lettered an event the ledger cannot store", extra={"event_id": delivery.envelope.id}
                 )
@@ -229,3 +294,14 @@ def _rewind(consumer: EventConsumer, deliveries: Sequence[Delivery]) -> None:
     for tp, offset in first.items():
         with contextlib.suppress(Exception):  # a partition revoked meanwhile restarts from its commit
             consumer.raw.seek(tp, offset)
+
+
+def ledger_figures(ledger: Ledger) -> list[Metric]:
+    """The ledger's lag and dead letters, as the decision services serve theirs."""
+    lag = gauge("gangline_consumer_lag_records")
+    for topic, records in sorted(ledger.consumer_lag().items()):
+        lag.add_metric([SERVICE, topic], records)
+    letters = counter("gangline_dead_letters_total")
+    for (topic, code), count in sorted(ledger.dead_letters().items()):
+        letters.add_metric([topic, code], count)
+    return [lag, letters]

@@ -25,6 +25,20 @@ too). The core's per-GPU windows over them (:class:`~services.node_health.rates.
 events' time) mark a GPU ``degraded`` once a kind reaches its limit: one ``gpu.health_changed``
 (healthy -> degraded) from node_health, so no new work lands there while the running job may finish.
 The GPU stays degraded until its node registers again (reset / repair).
+
+Which nodes are registered or failed, and each job's grants and releases, are the one lifecycle fold
+(:class:`~gangline.fold.cluster.ClusterFold`, placement's and preemption's): a node is failed from a
+``node.failed`` until a later registration, whatever order the two are read in, so a failure older
+than the node's latest registration is history and releases nothing.
+
+Operators' drains (``node.cordoned`` mode drain on nodes.operator; the cordon state is the one fold of
+:mod:`gangline.fold.cordons`, the rule when work must leave :mod:`gangline.core.cordon`): once the
+drain's ``drain_grace_s`` has passed, every live allocation on the node is asked to leave with a
+``job.preempting`` (deadline: now + the job's ``checkpoint_grace_s``, no preemptor), once per
+allocation. The agent sends the checkpoint signal; preemption, which carries out every
+``job.preempting`` in the log, releases the GPUs at the checkpoint or the deadline and requeues the
+job, and placement puts it elsewhere (the node is cordoned). A plain cordon asks nothing. The
+cordons are the fold's too (:attr:`ClusterFold.cordons`).
 """
 
 from __future__ import annotations
@@ -36,7 +50,11 @@ from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobCheckpointed, JobRequeued
+from gangline.events.jobs import (
+    JobCheckpointed,
+    JobPreempting,
+    JobRequeued,
+)
 from gangline.events.nodes import (
     GpuErrorReported,
     GpuHealthChanged,
@@ -47,6 +65,8 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
+from gangline.fold.cluster import ClusterFold
+from gangline.fold.cordons import NodeCordons
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
 
@@ -62,14 +82,11 @@ class NodeHealthState:
     max_lag: timedelta | None = None
     """How far behind the heartbeats node_health may be and still judge silence; half the silence
     when unset."""
+    cluster: ClusterFold = field(default_factory=lambda: ClusterFold(gated=False))
+    """The one lifecycle fold: which nodes are registered or failed (in whichever order their facts are
+    read), and each job's grants and releases (its live allocations, how many attempts it had)."""
     last_seen: dict[NodeId, datetime] = field(default_factory=dict)
-    registered_at: dict[NodeId, datetime] = field(default_factory=dict)
-    """The time of each node's latest registration folded: an older one read again changes nothing."""
     last_seq: dict[NodeId, int] = field(default_factory=dict)
-    failed: set[NodeId] = field(default_factory=set)
-    live: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
-    released: set[AllocationId] = field(default_factory=set)
-    grants_per_job: dict[JobId, set[AllocationId]] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
     heard_at: datetime | None = None
@@ -82,18 +99,48 @@ class NodeHealthState:
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
     """GPUs node_health itself drained for repeated errors."""
+    asked_to_leave: set[AllocationId] = field(default_factory=set)
+    """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
 
+    @property
+    def cordons(self) -> NodeCordons:
+        """Operators' cordons and drains (nodes.operator), as the one fold keeps them."""
+        return self.cluster.cordons
+
+    @property
+    def failed(self) -> frozenset[NodeId]:
+        """The nodes failed since their latest registration."""
+        return frozenset(n for n in self.cluster.failed_at if self.cluster.node_failed(n))
+
+    def live_on(self, node: NodeId) -> dict[AllocationId, AllocationGranted]:
+        """The live allocations with a rank on ``node`` (what a drain sends away)."""
+        return {a: g for a, g in self.live.items() if any(p.node == node for p in g.placements)}
+
+    def checkpoint_grace(self, job_id: JobId) -> int:
+        """The job's ``checkpoint_grace_s`` (from job.admitted): what a drain gives it."""
+        record = self.cluster.jobs.get(job_id)
+        return record.spec.checkpoint_grace_s if record is not None and record.spec is not None else 0
+
+    @property
+    def live(self) -> dict[AllocationId, AllocationGranted]:
+        """Every allocation granted and not released, by id."""
+        out: dict[AllocationId, AllocationGranted] = {}
+        for record in self.cluster.jobs.values():
+            granted = record.live()
+            if granted is not None:
+                out[granted.allocation_id] = granted
+        return out
+
     def fold(self, envelope: Envelope) -> None:
         data = envelope.data
         if isinstance(data, NodeRegistered):
-            latest = self.registered_at.get(data.node)
+            latest = self.cluster.registered_at.get(data.node)
+            self.cluster.fold(envelope)
             if latest is not None and envelope.time <= latest:
                 return  # read again (the restore, then the live poll): it must not undo what came after
-            self.registered_at[data.node] = envelope.time
-            self.failed.discard(data.node)
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
@@ -103,12 +150,11 @@ class NodeHealthState:
             if self.heard_at is None or envelope.time - self.heard_at > self.silence:
                 self.heard_since = envelope.time  # nothing was heard from any node for a while
             self.heard_at = max(envelope.time, self.heard_at or envelope.time)
-            if data.node not in self.failed:
+            if not self.cluster.node_failed(data.node):
                 self.last_seen[data.node] = max(envelope.time, self.started)
                 self.last_seq[data.node] = data.seq
-        elif isinstance(data, NodeFailed):
-            self.failed.add(data.node)
         elif isinstance(data, GpuHealthChanged):
+            self.cluster.fold(envelope)
             key = (data.node, data.gpu)
             if envelope.source == SOURCE:
                 if data.state == "degraded":
@@ -119,23 +165,36 @@ class NodeHealthState:
         elif isinstance(data, GpuErrorReported):
             self.gpu_state[(data.node, data.gpu)] = data.state
             self.rates.record(data, envelope.time)
-        elif isinstance(data, AllocationGranted):
-            self.grants_per_job.setdefault(data.job_id, set()).add(data.allocation_id)
-            if data.allocation_id not in self.released:
-                self.live[data.allocation_id] = data
-        elif isinstance(data, AllocationReleased):
-            self.released.add(data.allocation_id)
-            self.live.pop(data.allocation_id, None)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
+        else:
+            if isinstance(data, JobPreempting) and not self._released(data.job_id, data.allocation_id):
+                self.asked_to_leave.add(data.allocation_id)
+            elif isinstance(data, AllocationReleased):
+                self.asked_to_leave.discard(data.allocation_id)
+            # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
+            self.cluster.fold(envelope)
+
+    def _released(self, job_id: JobId, allocation_id: AllocationId) -> bool:
+        record = self.cluster.jobs.get(job_id)
+        return record is None or allocation_id in record.released or allocation_id not in record.grants
 
 
 def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    out = _decide(envelope, state, now=now)
+    return out + drain(state, now=now) if state.cordons.evicts_at else out
+
+
+def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     data = envelope.data
     if isinstance(data, NodeFailed):
-        first = data.node not in state.failed
+        first = not state.cluster.node_failed(data.node)
         state.fold(envelope)
-        return release_on(state, data.node, None, now=now) if first else []
+        return (
+            release_on(state, data.node, None, now=now)
+            if first and state.cluster.node_failed(data.node)
+            else []
+        )
     if isinstance(data, GpuHealthChanged):
         state.fold(envelope)
         if envelope.source == SOURCE:
@@ -162,7 +221,7 @@ def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
     out: list[Outgoing] = []
     heard = max(state.started, state.heard_since or state.started)
     for node, seen in sorted(state.last_seen.items()):
-        if node in state.failed or now - max(seen, heard) <= state.silence:
+        if state.cluster.node_failed(node) or now - max(seen, heard) <= state.silence:
             continue
         seq = state.last_seq.get(node)
         silent_s = int((now - seen).total_seconds())
@@ -185,7 +244,11 @@ def check_error_rate(
 ) -> list[Outgoing]:
     """Drain a healthy GPU whose reported errors reached a limit within the window (once)."""
     key = (node, gpu)
-    if key in state.degraded or node in state.failed or state.gpu_state.get(key, "healthy") != "healthy":
+    if (
+        key in state.degraded
+        or state.cluster.node_failed(node)
+        or state.gpu_state.get(key, "healthy") != "healthy"
+    ):
         return []
     verdict = state.rates.over_limit(node, gpu, at)
     if verdict is None:
@@ -202,19 +265,42 @@ def check_error_rate(
     return [(state.topics.health, envelope)]
 
 
+def drain(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+    """Ask every live allocation on a node whose drain grace has passed to leave (once each)."""
+    out: list[Outgoing] = []
+    for node in state.cordons.evicting(now):
+        cordon = state.cordons.of(node)
+        why = f" ({cordon.reason})" if cordon is not None and cordon.reason else ""
+        live = state.live_on(node)
+        for allocation_id in sorted(set(live) - state.asked_to_leave):
+            granted = live[allocation_id]
+            grace = state.checkpoint_grace(granted.job_id)
+            asked = JobPreempting(
+                job_id=granted.job_id,
+                allocation_id=granted.allocation_id,
+                deadline=now + timedelta(seconds=grace),
+                reason=f"node {node} is drained by an operator{why}; checkpoint within {grace} s",
+            )
+            envelope = _envelope(asked, granted.allocation_id, f"drained-{node}", now)
+            state.fold(envelope)
+            out.append((state.topics.events, envelope))
+    return out
+
+
 def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: datetime) -> list[Outgoing]:
     """Release every live allocation on ``node`` (or only those using ``gpu`` there) and requeue its job."""
     out: list[Outgoing] = []
     hit = [
-        granted
-        for granted in state.live.values()
-        if any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)
+        (granted, len(record.grants))
+        for record in state.cluster.jobs.values()
+        if (granted := record.live()) is not None
+        and any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)
     ]
-    for granted in sorted(hit, key=lambda g: g.allocation_id):
+    for granted, grants in sorted(hit, key=lambda g: g[0].allocation_id):
         released = AllocationReleased(
             job_id=granted.job_id, allocation_id=granted.allocation_id, reason="node_failed"
         )
-        attempt = len(state.grants_per_job.get(granted.job_id, ())) + 1
+        attempt = grants + 1
         requeued = JobRequeued(
             job_id=granted.job_id,
             reason="node_failed" if gpu is None else "gpu_failed",

@@ -78,12 +78,12 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
     @property
     def live_topics(self) -> tuple[str, ...]:
         t = self.topics
-        return (t.inventory, t.health, t.allocations, t.heartbeats, t.events)
+        return (t.inventory, t.health, t.operator, t.allocations, t.heartbeats, t.events)
 
     @property
     def restore_topics(self) -> tuple[str, ...]:
         t = self.topics
-        return (t.inventory, t.health, t.allocations, t.events)
+        return (t.inventory, t.health, t.operator, t.allocations, t.events)
 
     def new_state(self, started: datetime | None) -> NodeHealthState:
         return new_state(self.settings, now=started or NO_TIME)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from pydantic import Field
 
 from gangline.core.health import DrainPolicy
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import LAZY_LINGER_MS, ServiceSettings
 
 _DRAIN = DrainPolicy()
@@ -20,6 +21,8 @@ class NodeHealthSettings(ServiceSettings):
     ``correctable_ecc_limit`` correctable ECC errors reported within ``error_window_s`` is drained
     (degraded). The agents apply no rate of their own: these are the only drain thresholds.
     """
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["node_health"], ge=0, le=65535)
 
     linger_ms: int = Field(default=LAZY_LINGER_MS, ge=0)
     """node_health mostly folds heartbeats and allocations; a silence is seconds long: it waits longer

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from gangline.bus import Outgoing, RecordMeta
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.node_health.handlers import NodeHealthState, decide
@@ -24,6 +25,12 @@ NODE_HEALTH_EVENTS = (
     "allocation.granted",
     "allocation.released",
     "job.checkpointed",
+    "node.cordoned",
+    "node.uncordoned",
+    "job.admitted",
+    "job.preempting",
+    "job.completed",
+    "job.failed",
 )
 
 
@@ -38,22 +45,31 @@ def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState
 
 
 async def main(settings: NodeHealthSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings, now=datetime.now(UTC))
     topics = state.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
         return decide(envelope, state, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.allocations, topics.heartbeats]
-    await restore_and_process(
-        processor_settings(settings, SERVICE, [*inputs, topics.events]),
-        state,
-        handle,
-        # Old heartbeats say nothing about now: restore counts silence from the service's start.
-        restore_topics=[topics.inventory, topics.health, topics.allocations, topics.events],
-        select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
-        lock_topic=topics.inventory,
-        # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
-        record_inputs=True,
-        started=state.started,
-    )
+    inputs = [topics.inventory, topics.health, topics.operator, topics.allocations, topics.heartbeats]
+    async with metrics.serve(settings):
+        await restore_and_process(
+            processor_settings(settings, SERVICE, [*inputs, topics.events]),
+            state,
+            handle,
+            # Old heartbeats say nothing about now: restore counts silence from the service's start.
+            restore_topics=[
+                topics.inventory,
+                topics.health,
+                topics.operator,
+                topics.allocations,
+                topics.events,
+            ],
+            select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
+            lock_topic=topics.inventory,
+            # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
+            record_inputs=True,
+            started=state.started,
+            metrics=metrics,
+        )

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gangline.bus import Outgoing
 from gangline.core.actions.queueing import (
@@ -44,7 +44,7 @@ from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.waiting import FRONT_OF_LINE, cycle_jobs
+from gangline.core.waiting import FRONT_OF_LINE, cycle_jobs, waiting_line
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -60,7 +60,7 @@ from gangline.events.jobs import (
 from gangline.events.nodes import NodeRegistered, NodeRejected
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.adapter import wire_placements
-from gangline.fold.cluster import ClusterFold, JobRecord
+from gangline.fold.cluster import ClusterFold
 from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -203,16 +203,6 @@ def cancel(
     return outputs
 
 
-_NEVER = datetime.max.replace(tzinfo=UTC)
-
-
-def _order_key(record: JobRecord) -> tuple[int, datetime, str]:
-    """Highest priority first, then admitted earliest, then by job id: all of it read from the log."""
-    spec = record.spec
-    admitted = record.admitted_at if record.admitted_at is not None else _NEVER
-    return (-(spec.priority if spec is not None else 0), admitted, record.job_id)
-
-
 def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:
     """One scheduling cycle over the waiting jobs; the events that announce its decisions.
 
@@ -224,8 +214,11 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
     snap = state.snapshot()
     if not snap.nodes:
         return []
-    line = [job for r in sorted(state.waiting.values(), key=_order_key) if (job := r.core()) is not None]
-    jobs = cycle_jobs(snap, line, state.max_jobs_per_cycle)
+    waiting = [job for r in state.waiting.values() if (job := r.core()) is not None]
+    admitted_at = {
+        CoreJobId(r.job_id): r.admitted_at.timestamp() for r in state.waiting.values() if r.admitted_at
+    }
+    jobs = cycle_jobs(snap, waiting_line(waiting, admitted_at), state.max_jobs_per_cycle)
 
     def allocation_id(job: CoreJobId, cycle: int) -> CoreAllocationId:
         return CoreAllocationId(state.jobs[JobId(job)].next_allocation_id())

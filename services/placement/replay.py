@@ -96,7 +96,13 @@ class PlacementReplayer:
         self._unlimited = unlimited_queues
         self._profile = profile if profile is not None else default_profile()
         self._max_jobs = max_jobs_per_cycle
-        self._restore_topics = (topics.inventory, topics.health, topics.events, topics.allocations)
+        self._restore_topics = (
+            topics.inventory,
+            topics.health,
+            topics.operator,
+            topics.events,
+            topics.allocations,
+        )
         self._index = InputIndex(records, {*self._restore_topics, topics.heartbeats, topics.requests})
         self._output_topics = (topics.events, topics.allocations)
         self._transactions, self._unstamped = group_transactions(
@@ -256,6 +262,7 @@ def decider_topics(prefix: str) -> list[str]:
     return [
         topics.inventory,
         topics.health,
+        topics.operator,
         topics.events,
         topics.allocations,
         topics.heartbeats,

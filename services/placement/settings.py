@@ -5,11 +5,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from gangline.core.waiting import FRONT_OF_LINE
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
 
 
 class PlacementSettings(ServiceSettings):
     """``gated``: place only jobs the quota service queued (job.queued); otherwise every admitted job."""
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["placement"], ge=0, le=65535)
 
     gated: bool = True
     profile_path: str | None = None

@@ -11,9 +11,11 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
+from services.placement import metrics as placement_metrics
 from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
 from services.placement.settings import PlacementSettings
 
@@ -38,7 +40,9 @@ def new_state(settings: PlacementSettings, queues: Queues | None = None) -> Plac
 
 
 async def main(settings: PlacementSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
+    placement_metrics.watch(metrics, state)
     topics = state.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
@@ -48,28 +52,30 @@ async def main(settings: PlacementSettings) -> None:
         # One scheduling cycle per batch: every event of the poll is folded first.
         return end_batch(state, cause=cause, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
-    await restore_and_process(
-        # Heartbeats are the clock: after a restart the first one starts a cycle even when all is quiet.
-        processor_settings(settings, SERVICE, [*inputs, topics.heartbeats, topics.requests]),
-        state,
-        handle,
-        restore_topics=inputs,
-        # Placement is the only writer of grants: read back while running they change nothing.
-        select=select_types(
-            {
-                **dict.fromkeys(FOLDED_EVENTS, True),
-                "allocation.granted": False,
-                "job.cancel_requested": True,
-                "node.heartbeat": lambda: state.needs_cycle,
-            },
-            not_ours=frozenset({topics.requests}),
-        ),
-        restore_select=select_types(dict.fromkeys(FOLDED_EVENTS, True)),
-        lock_topic=topics.inventory,
-        end_batch=cycle,
-        # Outputs name the input positions they were decided on: replayable (services/placement/replay.py).
-        record_inputs=True,
-        # A registration placement rejects (node.rejected) goes to the dead-letter topic as well.
-        refusal=refused_registration,
-    )
+    inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
+    async with metrics.serve(settings):
+        await restore_and_process(
+            # Heartbeats are the clock: after a restart the first one starts a cycle even when all is quiet.
+            processor_settings(settings, SERVICE, [*inputs, topics.heartbeats, topics.requests]),
+            state,
+            handle,
+            restore_topics=inputs,
+            # Placement is the only writer of grants: read back while running they change nothing.
+            select=select_types(
+                {
+                    **dict.fromkeys(FOLDED_EVENTS, True),
+                    "allocation.granted": False,
+                    "job.cancel_requested": True,
+                    "node.heartbeat": lambda: state.needs_cycle,
+                },
+                not_ours=frozenset({topics.requests}),
+            ),
+            restore_select=select_types(dict.fromkeys(FOLDED_EVENTS, True)),
+            lock_topic=topics.inventory,
+            end_batch=cycle,
+            # Outputs name the input positions they were decided on (replayed: services/placement/replay.py).
+            record_inputs=True,
+            # A registration placement rejects (node.rejected) goes to the dead-letter topic as well.
+            refusal=refused_registration,
+            metrics=metrics,
+        )

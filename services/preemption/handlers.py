@@ -48,8 +48,8 @@ from datetime import datetime, timedelta
 
 from gangline.bus import Outgoing
 from gangline.core.actions.allocate import Allocate
+from gangline.core.actions.preempt import MAX_HELD_PLANNED, HeldJob, Preempt, gpu_share, held_to_plan
 from gangline.core.actions.preempt import NAME as PREEMPT
-from gangline.core.actions.preempt import Preempt, gpu_share
 from gangline.core.actions.queueing import (
     PreemptionPlan,
     PreemptionPolicy,
@@ -61,7 +61,7 @@ from gangline.core.actions.reclaim import NAME as RECLAIM
 from gangline.core.actions.reclaim import Reclaim
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
-from gangline.core.model import Job
+from gangline.core.model import GpuModel, Job
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.plugins.quota import NAME as QUOTA
 from gangline.core.plugins.quota import Quota
@@ -79,7 +79,7 @@ from gangline.events.jobs import (
     JobQueued,
     JobRequeued,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
+from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import AllocationId, JobId, Seconds
 from gangline.fold.adapter import core_job
 from gangline.fold.cluster import ClusterFold, JobRecord
@@ -87,9 +87,6 @@ from gangline.queues_file import load_queues
 from services.common.topics import TopicNames
 
 SOURCE = "gangline/preemption"
-MAX_HELD_PLANNED = 16
-"""Jobs quota holds that one batch plans for (highest priority first): each costs the cycle a
-placement attempt, and the core's actions search victims for the first few blocked jobs only."""
 
 
 @dataclass
@@ -123,6 +120,8 @@ class Held:
     """The GPU model it would charge the job to (None: any)."""
     owed: bool
     """The job is owed its nominal quota (constraint reclaim): borrowers of the cohort may give it back."""
+    job: Job | None = None
+    """The core's job of its own spec (None: its spec was not read)."""
 
 
 @dataclass
@@ -186,14 +185,16 @@ class PreemptionState:
             self.held.pop(data.job_id, None)  # quota let it through: placement takes it from here
         elif isinstance(data, JobPending):
             reason = next((r for r in data.reasons if r.code == "quota"), None)
-            if reason is not None and data.job_id in self.mirror.jobs:
+            record = self.mirror.jobs.get(data.job_id)
+            if reason is not None and record is not None:
                 model = reason.details.get("gpu_type")
                 self.held[data.job_id] = Held(
                     model if isinstance(model, str) and model != "any" else None,
                     owed=reason.constraint == RECLAIM,
+                    job=core_job(data.job_id, record.spec) if record.spec is not None else None,
                 )
                 self.replan = True
-        elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged):
+        elif isinstance(data, NodeRegistered | NodeFailed | GpuHealthChanged | NodeCordoned | NodeUncordoned):
             self.replan = True
         elif isinstance(data, JobCheckpointed):
             if data.job_id in self.mirror.jobs:
@@ -281,8 +282,8 @@ def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
 
 def _to_plan(state: PreemptionState) -> list[Job]:
     """The core's jobs to plan for: placement's pending (capacity), then, when something changed since
-    the last plan, the first jobs quota holds that the core's preempt or reclaim may help (owed their
-    nominal quota first, then by priority): owed it, or outranking preemptible work of their queue."""
+    the last plan, the jobs quota holds that the core's :func:`~gangline.core.actions.preempt.held_to_plan`
+    picks (owed their nominal quota, or outranking preemptible work of their queue)."""
     mirror = state.mirror
     preempting = {f.preemptor for f in state.in_flight.values()}
     jobs: list[Job] = []
@@ -296,37 +297,18 @@ def _to_plan(state: PreemptionState) -> list[Job]:
             jobs.append(core)
             seen.add(job_id)
     if state.replan and state.held:
-        outranks = _lowest_preemptible_priority(state)
-        held: list[tuple[bool, int, datetime, JobId, JobRecord]] = []
+        held: list[HeldJob] = []
         for job_id, hold in state.held.items():
             record = mirror.jobs.get(job_id)
             if job_id in preempting or job_id in seen or record is None or record.spec is None:
                 continue
             if record.finished or record.live() is not None or record.admitted_at is None:
                 continue
-            priority, queue = record.spec.priority, record.spec.queue
-            if not hold.owed and priority <= outranks.get(queue, priority):
-                continue  # not owed, and no preemptible work of its queue it outranks: nothing to plan
-            held.append((not hold.owed, -priority, record.admitted_at, job_id, record))
-        held.sort(key=lambda h: h[:4])
-        for *_, job_id, record in held[:MAX_HELD_PLANNED]:
-            assert record.spec is not None
-            spec = record.spec
-            model = state.held[job_id].gpu_type
-            if spec.gpu_type is None and model is not None:
-                spec = spec.model_copy(update={"gpu_type": model})  # the model quota would charge
-            jobs.append(core_job(job_id, spec))
+            core = hold.job or core_job(job_id, record.spec)
+            model = GpuModel(hold.gpu_type) if hold.gpu_type is not None else None
+            held.append(HeldJob(core, model, hold.owed, record.admitted_at.timestamp()))
+        jobs += held_to_plan(held, mirror.snapshot(), MAX_HELD_PLANNED)
     return jobs
-
-
-def _lowest_preemptible_priority(state: PreemptionState) -> dict[str, int]:
-    """Per queue, the lowest priority of its running preemptible jobs (which held jobs may outrank)."""
-    lowest: dict[str, int] = {}
-    for running in state.mirror.snapshot().running.values():
-        job = running.job
-        if job.preemptible:
-            lowest[job.queue] = min(job.priority, lowest.get(job.queue, job.priority))
-    return lowest
 
 
 def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) -> list[Outgoing]:
@@ -374,6 +356,15 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
     return out
 
 
+RECLAIMS = "reclaims the quota its queue lent to the cohort"
+"""How a ``job.preempting`` of a reclaim says why (the others: the preemptor needs the GPUs)."""
+
+
+def preemption_reason(preempting: JobPreempting) -> str:
+    """``reclaim`` (a lender takes its quota back) or ``priority`` (more urgent work needs the GPUs)."""
+    return "reclaim" if RECLAIMS in preempting.reason else "priority"
+
+
 def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -> list[Outgoing]:
     """``job.preempting`` for each victim of the core's plan still running and not asked already."""
     out: list[Outgoing] = []
@@ -385,10 +376,8 @@ def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -
             continue
         if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
-        if plan.kind == RECLAIM:
-            why = f"reclaims the quota its queue lent to the cohort ({victim.reason})"
-        else:
-            why = f"needs the GPUs ({victim.reason})"
+        needs = RECLAIMS if plan.kind == RECLAIM else "needs the GPUs"
+        why = f"{needs} ({victim.reason})"
         out.append(_ask(state, record, granted, preemptor, why, victim.lost_gpu_hours, now=now))
     return out
 

@@ -82,7 +82,7 @@ class PreemptionModel(ServiceModel[PreemptionState]):
     @property
     def restore_topics(self) -> tuple[str, ...]:
         t = self.topics
-        return (t.inventory, t.health, t.events, t.allocations)
+        return (t.inventory, t.health, t.operator, t.events, t.allocations)
 
     def new_state(self, started: datetime | None) -> PreemptionState:
         return new_state(self.settings)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import LAZY_LINGER_MS, ServiceSettings
 
 
 class PreemptionSettings(ServiceSettings):
     """``gated`` must match placement's (whether jobs wait for the quota service's job.queued)."""
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["preemption"], ge=0, le=65535)
 
     linger_ms: int = Field(default=LAZY_LINGER_MS, ge=0)
     """Preemption mostly folds the cluster's events and acts on a few (plans, checkpoints) whose

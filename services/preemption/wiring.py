@@ -12,9 +12,11 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
+from services.preemption import metrics as preemption_metrics
 from services.preemption.handlers import Mirror, PreemptionState, end_batch, fold_event
 from services.preemption.settings import PreemptionSettings
 
@@ -43,7 +45,9 @@ def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> Pre
 
 
 async def main(settings: PreemptionSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
+    preemption_metrics.watch(metrics, state)
     topics = state.mirror.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
@@ -53,22 +57,24 @@ async def main(settings: PreemptionSettings) -> None:
         # One victim search per batch, for the jobs found pending in it.
         return end_batch(state, now=datetime.now(UTC))
 
-    inputs = [topics.inventory, topics.health, topics.events, topics.allocations]
-    await restore_and_process(
-        processor_settings(settings, SERVICE, [*inputs, topics.heartbeats]),
-        state,
-        handle,
-        restore_topics=inputs,
-        select=select_types(
-            {
-                **dict.fromkeys(FOLDED_EVENTS, True),
-                "job.pending": True,
-                "job.checkpointed": True,
-                "node.heartbeat": lambda: bool(state.in_flight),
-            }
-        ),
-        lock_topic=topics.inventory,
-        end_batch=search,
-        # Outputs name the batch and positions they were decided on (services/preemption/replay.py).
-        record_inputs=True,
-    )
+    inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
+    async with metrics.serve(settings):
+        await restore_and_process(
+            processor_settings(settings, SERVICE, [*inputs, topics.heartbeats]),
+            state,
+            handle,
+            restore_topics=inputs,
+            select=select_types(
+                {
+                    **dict.fromkeys(FOLDED_EVENTS, True),
+                    "job.pending": True,
+                    "job.checkpointed": True,
+                    "node.heartbeat": lambda: bool(state.in_flight),
+                }
+            ),
+            lock_topic=topics.inventory,
+            end_batch=search,
+            # Outputs name the batch and positions they were decided on (services/preemption/replay.py).
+            record_inputs=True,
+            metrics=metrics,
+        )

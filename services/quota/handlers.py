@@ -3,9 +3,10 @@ the others wait.
 
 The queues, their quotas per GPU model and their cohorts come from the queue configuration
 (:mod:`services.common.queues`); the accounting is the core's :class:`~gangline.core.queues.QuotaLedger`
-(borrowing and lending within a cohort) and the order of waiting work is the core's fair order
-(:class:`~gangline.core.fairshare.FairOrder`: priority, then DRF dominant share over decayed usage, then
-admitted time, then job id).
+(borrowing and lending within a cohort), and who is let through, on which model, in which order and
+why the others wait is the core's quota gate (:mod:`gangline.core.quota_gate`: fair order by priority,
+then DRF dominant share over decayed usage, then admitted time, then job id; the rule the core cycle's
+fair order runs too). This module folds the facts, calls the gate and writes what it decided.
 
 Charging. A job is charged to its queue from its ``job.queued`` until the allocation of that attempt
 is released, for any reason, or the job ends (``job.completed``, ``job.failed``, a final release).
@@ -25,8 +26,11 @@ reason naming the model and what its largest node offers (constraint ``hardware`
 ``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction`` or ``topology``). It is not
 failed: nodes may register or recover. Whenever what some node offers changes, the waiting jobs of
 every tree are let through (below), so a job waiting on one model goes to another once that one's
-nodes can hold it. A job already queued stays charged where it is (placement places that attempt on
-that model). Until any node has registered every flavour counts (admission admits nothing before).
+nodes can hold it. A job already queued and not placed yet whose model's nodes cannot hold it any
+more (drained, failed, gone) moves: a ``job.queued`` naming another model it may be charged to and its
+quota admits, that ``replaces`` the one it was queued with (the same attempt; placement places it
+there), or, while none admits it, it stays charged and is looked at again whenever quota or the nodes
+change. Until any node has registered every flavour counts (admission admits nothing before).
 
 Deciding. On ``job.admitted`` / ``job.requeued`` of a waiting job its flavours (``Queues.requests``)
 are tried in order: the first that fits is charged and ``job.queued`` names its model (``gpu_type``,
@@ -46,33 +50,44 @@ queue from lower-priority work. The victims are chosen there, by the core's vict
 cluster's snapshot (it sees where they run, so the set it frees fits the job), and their releases
 lower usage here like any other release.
 
-State is a fold over ``jobs.events`` and ``allocations.log`` (our own ``job.queued`` included), and
-the node topics, that does not depend on the order between the topics: per job it counts queued
-attempts against the attempts owed (one, plus one per ``job.requeued``) and against the allocations
-released. The decayed usage history is advanced with event times (never the wall clock), and a change
-read after a later one (another partition, another topic, the restore reading topic by topic) is dated
-back to its own time (:func:`~gangline.core.fairshare.backdate`): the same events give the same state
-in whatever order they are read. A finished job's record is dropped and only its id
-kept (``retired``): any event about it read again changes nothing. The restore also reads quota's own
-pending reasons, so a restarted quota does not repeat a pending it already sent.
+State is the one lifecycle fold (:class:`~gangline.fold.cluster.ClusterFold`) over ``jobs.events`` and
+``allocations.log`` (our own ``job.queued`` included), and the node topics, which does not depend on
+the order between the topics: per job quota counts queued attempts against the attempts owed (one,
+plus one per ``job.requeued``) and against the allocations released. The decayed usage history is
+advanced with event times (never the wall clock), and a change read after a later one (another
+partition, another topic, the restore reading topic by topic) is dated back to its own time
+(:func:`~gangline.core.fairshare.backdate`): the same events give the same state in whatever order they
+are read. A job the fold retired (finished, its grants released) and a job of an unlimited queue are
+``retired`` here: any event about it read again changes nothing, and the select skips it. The restore
+also reads quota's own pending reasons, so a restarted quota does not repeat a pending it already sent.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangline.bus import Outgoing
-from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory, advance, backdate
+from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, backdate
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
-from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
-from gangline.core.model import GpuMode, GpuModel, MiB, TopologyLevel
+from gangline.core.hardware import Hardware, NodeOffer
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
+from gangline.core.quota_gate import (
+    Flavour,
+    HoldReason,
+    first_fit,
+    held_flavours,
+    hold_reason,
+    let_through,
+    sentence,
+    stranded_move,
+)
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -87,13 +102,14 @@ from gangline.events.jobs import (
     PendingReason,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
-from gangline.events.types import AllocationId, JobId, QueueName
+from gangline.events.types import JobId, NodeId, QueueName
+from gangline.fold.adapter import node_offer, worker_ask
+from gangline.fold.cluster import ClusterFold, JobRecord
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 from services.quota.status import StatusBoard, queue_statuses
 
 SOURCE = "gangline/quota"
-FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 QUOTA_EVENT_TYPES = (
     JobAdmitted,
     JobQueued,
@@ -104,8 +120,6 @@ QUOTA_EVENT_TYPES = (
     AllocationReleased,
 )
 NODE_EVENT_TYPES = (NodeRegistered, NodeFailed, GpuHealthChanged)
-MAX_TEXT = 2000
-"""Longest sentence an event carries."""
 REVIEWS_PER_DECISION = 64
 """Jobs still waiting after a let-through whose reason is looked at again (the first in fair order);
 those further back keep the reason they were last told until they come this far forward."""
@@ -130,19 +144,13 @@ class Inventory:
     """The nodes as quota needs them: what each one's usable GPUs offer, counted in the core's
     :class:`~gangline.core.hardware.Hardware` (which GPU models can hold a job's workers at all).
 
-    A fold over ``nodes.inventory`` and ``nodes.health`` that does not depend on the order between
-    them: a registration older than the node's latest is read again, not news; it resets the health of
-    GPUs reported before it, not after; a node is out from its ``node.failed`` until it registers again.
-    Failed and degraded GPUs take no new work, so they are not offered (as placement sees them).
+    Read off the one lifecycle fold (``cluster``: ``nodes.inventory`` and ``nodes.health``, folded so
+    the order between them does not matter): a node is out from its ``node.failed`` until it registers
+    again, or when the core cannot model its hardware; failed and degraded GPUs take no new work, so
+    they are not offered (as placement sees them).
     """
 
-    nodes: dict[str, NodeRegistered] = field(default_factory=dict)
-    registered_at: dict[str, datetime] = field(default_factory=dict)
-    failed_at: dict[str, datetime] = field(default_factory=dict)
-    unusable: dict[str, set[str]] = field(default_factory=dict)
-    """Node → its GPUs marked failed or degraded."""
-    health_at: dict[tuple[str, str], datetime] = field(default_factory=dict)
-    """When each GPU's health last changed."""
+    cluster: ClusterFold
     offers: dict[str, NodeOffer] = field(default_factory=dict)
     """What each node is counted for in ``hardware`` now."""
     hardware: Hardware = field(default_factory=Hardware)
@@ -153,42 +161,18 @@ class Inventory:
     def known(self) -> bool:
         """Whether any node registered: until then quota cannot tell what the nodes hold (admission
         admits nothing while no node is registered, so such a job is one read before its nodes)."""
-        return bool(self.nodes)
+        return bool(self.cluster.registered_at)
 
     def fold(self, envelope: Envelope) -> bool:
         """Apply one node fact; True when what some node offers changed."""
         data = envelope.data
-        if isinstance(data, NodeRegistered):
-            latest = self.registered_at.get(data.node)
-            if latest is not None and envelope.time < latest:
-                return False
-            self.nodes[data.node] = data
-            self.registered_at[data.node] = envelope.time
-            marked = self.unusable.get(data.node)
-            if marked:
-                marked -= {g for g in marked if self.health_at[(data.node, g)] <= envelope.time}
-        elif isinstance(data, NodeFailed):
-            self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
-        elif isinstance(data, GpuHealthChanged):
-            registered = self.registered_at.get(data.node)
-            last = self.health_at.get((data.node, data.gpu))
-            stale = (registered is not None and envelope.time < registered) or (
-                last is not None and envelope.time < last
-            )
-            if data.previous == data.state or stale:
-                return False  # a repeated-error report, or older than a re-registration or a newer report
-            self.health_at[(data.node, data.gpu)] = envelope.time
-            marked = self.unusable.setdefault(data.node, set())
-            if data.state == "healthy":
-                marked.discard(data.gpu)
-            else:
-                marked.add(data.gpu)
-        else:
+        if not isinstance(data, NODE_EVENT_TYPES):
             return False
+        self.cluster.fold(envelope)
         return self._recount(data.node)
 
     def _recount(self, node: str) -> bool:
-        offer = self._offer(node)
+        offer = self._offer(NodeId(node))
         before = self.offers.get(node)
         if offer == before:
             return False
@@ -199,53 +183,96 @@ class Inventory:
         self.version += 1
         return True
 
-    def _offer(self, node: str) -> NodeOffer:
-        registered = self.nodes.get(node)
-        failed = self.failed_at.get(node)
-        if registered is None or (failed is not None and failed >= self.registered_at[node]):
+    def _offer(self, node: NodeId) -> NodeOffer:
+        cluster = self.cluster
+        registered = cluster.nodes.get(node)
+        if registered is None or cluster.node_failed(node):
             return NodeOffer()
-        unusable = self.unusable.get(node, set())
-        offered = []
-        for gpu in registered.gpus:
-            if gpu.id not in unusable:
-                mode = GpuMode.MIG if gpu.mig_enabled else GpuMode.WHOLE
-                offered.append(GpuOffer(GpuModel(gpu.model), MiB(gpu.memory_mib), mode))
-        return NodeOffer(tuple(sorted(offered)), registered.nvlink_domain, registered.leaf, registered.spine)
+        unusable = cluster.failed_gpus.get(node, set()) | cluster.degraded_gpus.get(node, set())
+        return node_offer(registered, frozenset(unusable))
 
 
 @dataclass
 class QuotaJob:
-    job_id: JobId
-    spec: JobSpec | None = None
-    queued: dict[str, str | None] = field(default_factory=dict)
-    """Each ``job.queued`` read (event id → the GPU model it named), in the order read."""
-    owed: int = 1
-    finished: bool = False
-    released: set[AllocationId] = field(default_factory=set)
-    admitted_at: datetime | None = None
-    """The job.admitted event's time: with the priority, fair share and job id, the order waiting jobs
-    are let through. Read from the log, so it does not depend on how a restore interleaved partitions."""
+    """What quota keeps of a job beyond its lifecycle record (the fold's): what is charged for it, its
+    flavours, and the id of the ``job.queued`` its attempt was last queued with."""
+
+    record: JobRecord
     charge: Charge | None = None
     """What the ledger holds for the job now (None: nothing)."""
-    options: list[tuple[str | None, dict[Resource, int]]] | None = None
+    options: list[Flavour] | None = None
     """Its flavours (``Queues.requests``), worked out once."""
-    held: tuple[int, list[tuple[str | None, dict[Resource, int]]], list[Reason]] | None = None
+    held: tuple[int, list[Flavour], list[Reason]] | None = None
     """Its flavours the nodes can hold, and why the others cannot, as of an inventory version."""
+    latest_queued: str | None = None
+    """The id of the latest ``job.queued`` read (None: none)."""
+
+    @property
+    def job_id(self) -> JobId:
+        return self.record.job_id
+
+    @property
+    def spec(self) -> JobSpec | None:
+        return self.record.spec
+
+    @property
+    def admitted_at(self) -> datetime | None:
+        """The job.admitted event's time: with the priority, fair share and job id, the order waiting
+        jobs are let through. Read from the log, so it does not depend on how a restore interleaved."""
+        return self.record.admitted_at
+
+    @property
+    def queued(self) -> set[str]:
+        """The ``job.queued`` of its attempts read (moves aside)."""
+        return self.record.queued
+
+    @property
+    def attempts(self) -> int:
+        """The attempts queued."""
+        return len(self.record.queued)
 
     @property
     def due(self) -> bool:
         """Whether its latest queued attempt holds quota (queued, not released, not finished)."""
-        return self.spec is not None and not self.finished and len(self.queued) > len(self.released)
+        r = self.record
+        return r.spec is not None and not r.finished and len(r.queued) > len(r.released)
+
+    @property
+    def unplaced(self) -> bool:
+        """Charged (``due``) and its latest attempt not granted yet (placement has not placed it)."""
+        return self.due and len(self.record.grants) < self.attempts
 
     @property
     def waiting(self) -> bool:
         """Owed a job.queued (admitted or requeued, not let through yet)."""
-        return self.spec is not None and not self.finished and len(self.queued) < self.owed
+        r = self.record
+        return r.spec is not None and not r.finished and len(r.queued) < r.requeued_attempt
 
     @property
     def eligible(self) -> bool:
         """Waiting, and its previous attempt's allocation is released: it may be let through."""
         return self.waiting and not self.due
+
+
+class _Settled(AbstractSet[JobId]):
+    """The jobs nothing read about changes quota's state any more (its select skips their records):
+    those the lifecycle fold retired and those of unlimited queues."""
+
+    __slots__ = ("_cluster", "_unlimited")
+
+    def __init__(self, cluster: ClusterFold, unlimited: set[JobId]) -> None:
+        self._cluster = cluster
+        self._unlimited = unlimited
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._cluster.retired or job_id in self._unlimited
+
+    def __iter__(self) -> Iterator[JobId]:
+        yield from self._cluster.retired
+        yield from self._unlimited
+
+    def __len__(self) -> int:
+        return len(self._cluster.retired) + len(self._unlimited)
 
 
 @dataclass
@@ -254,21 +281,31 @@ class QuotaState:
     queues: Queues
     half_life_s: float = 3600.0
     """Fair share's usage half-life; 0: plain DRF on what is charged now."""
+    cluster: ClusterFold = field(default_factory=ClusterFold)
+    """The one lifecycle fold: every job's attempts, grants and ends, and the nodes."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
-    retired: set[JobId] = field(default_factory=set)
-    """Finished jobs, dropped from ``jobs``: nothing read about them any more changes the state."""
+    """Quota's own facts per job of a limited queue, while it is not finished."""
+    unlimited: set[JobId] = field(default_factory=set)
+    """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
+    unplaced: dict[JobId, QuotaJob] = field(default_factory=dict)
+    """Jobs charged whose attempt is not placed yet: those a change of the nodes may strand."""
+    stranded: set[JobId] = field(default_factory=set)
+    """Jobs of ``unplaced`` whose model's nodes cannot hold them and that no other flavour took yet."""
     history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
-    inventory: Inventory = field(default_factory=Inventory)
     status: StatusBoard = field(default_factory=StatusBoard)
     """What quota last published on queues.status (services/quota/status.py)."""
     ledger: QuotaLedger = field(init=False)
+    inventory: Inventory = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = QuotaLedger(self.queues.tree)
+        self.inventory = Inventory(self.cluster)
+        self.retired = _Settled(self.cluster, self.unlimited)
+        """Jobs whose records the select may skip: nothing read about them changes the state."""
         tree = self.queues.tree
         self._limited_queues = [Queue(q) for q in tree.queue_names()]
         self._tree_queues: dict[TreeKey, list[Queue]] = {}
@@ -305,31 +342,24 @@ class QuotaState:
         data = envelope.data
         if not isinstance(data, QUOTA_EVENT_TYPES) or data.job_id in self.retired:
             return None
+        if isinstance(data, JobAdmitted) and Queue(data.spec.queue) in self.queues.unlimited:
+            # Nothing to decide: placement takes it once admitted. Whatever is read about it later (its
+            # grant, its end) changes nothing here.
+            self.unlimited.add(data.job_id)
+            self.cluster.jobs.pop(data.job_id, None)
+            self.cluster.waiting.pop(data.job_id, None)
+            return None
+        self.cluster.fold(envelope)
+        record = self.cluster.jobs.get(data.job_id)
         job = self.jobs.get(data.job_id)
         if job is None:
-            job = self.jobs[data.job_id] = QuotaJob(data.job_id)
-        if isinstance(data, JobAdmitted):
-            if Queue(data.spec.queue) in self.queues.unlimited:
-                # Nothing to decide: placement takes it once admitted. Retired at once, so whatever is
-                # read about it later (its grant, its end) changes nothing here.
-                del self.jobs[data.job_id]
-                self.retired.add(data.job_id)
-                return None
-            if job.spec is None:
-                job.spec = data.spec
-                job.admitted_at = envelope.time
-        elif isinstance(data, JobQueued):
-            job.queued.setdefault(envelope.id, data.gpu_type)
-        elif isinstance(data, JobRequeued):
-            job.owed = max(job.owed, data.attempt)
-        elif isinstance(data, JobCompleted | JobFailed):
-            job.finished = True
-        elif isinstance(data, AllocationGranted):
-            return job  # placed: nothing changes here (it was charged from its job.queued)
-        elif data.allocation_id not in job.released:
-            job.released.add(data.allocation_id)
-            if data.reason in FINAL_RELEASES:
-                job.finished = True
+            if record is None:
+                return None  # retired by this fact: nothing was charged that is not released below
+            job = self.jobs[data.job_id] = QuotaJob(record)
+        elif record is not None:
+            job.record = record
+        if isinstance(data, JobQueued):
+            job.latest_queued = envelope.id
         return job
 
     def _refresh(self, job: QuotaJob, at: datetime) -> TreeKey | None:
@@ -361,11 +391,15 @@ class QuotaState:
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)
+        if job.unplaced:
+            self.unplaced[job.job_id] = job
+        else:
+            self.unplaced.pop(job.job_id, None)
+            self.stranded.discard(job.job_id)
         if not job.waiting:
             self.last_pending.pop(job.job_id, None)
-        if job.finished:
+        if job.record.finished or job.job_id not in self.cluster.jobs:
             del self.jobs[job.job_id]
-            self.retired.add(job.job_id)
         return dropped
 
     def _charge_of(self, job: QuotaJob) -> Charge | None:
@@ -373,7 +407,7 @@ class QuotaState:
         if not job.due or job.spec is None:
             return None
         spec = job.spec
-        model = next(reversed(job.queued.values()))
+        model = job.record.flavour
         if not self.queues.limited(spec.queue):
             return Charge(spec.queue, model, {}, limited=False)
         if model is None:  # a job.queued naming no model (written before quota chose one): the first
@@ -408,64 +442,31 @@ class QuotaState:
             return (True, self.queues.tree.root_cohort_of(Queue(queue)))
         return (False, queue)
 
-    def options(self, job: QuotaJob) -> list[tuple[str | None, dict[Resource, int]]]:
-        """The job's flavours in the order to try them: (GPU model, what it is charged)."""
+    def options(self, job: QuotaJob) -> list[Flavour]:
+        """The job's flavours in the order to try them (GPU model, what it is charged)."""
         if job.options is None:
             assert job.spec is not None
-            job.options = list(self.queues.requests(job.spec))
+            job.options = [Flavour(m, r) for m, r in self.queues.requests(job.spec)]
         return job.options
 
-    def held_options(
-        self, job: QuotaJob
-    ) -> tuple[list[tuple[str | None, dict[Resource, int]]], list[Reason]]:
-        """The job's flavours whose model's nodes can hold its workers (the core's
-        :meth:`~gangline.core.hardware.Hardware.holds`), and why each of the others cannot.
-
-        All of them while no node has registered (:attr:`Inventory.known`).
-        """
+    def held_options(self, job: QuotaJob) -> tuple[list[Flavour], list[Reason]]:
+        """The job's flavours whose model's nodes can hold its workers, and why each other cannot (the
+        core's :func:`~gangline.core.quota_gate.held_flavours`; all while no node has registered)."""
         inventory = self.inventory
-        if not inventory.known:
-            return self.options(job), []
         if job.held is None or job.held[0] != inventory.version:
             assert job.spec is not None
-            ask = _ask(job.spec)
-            fits: list[tuple[str | None, dict[Resource, int]]] = []
-            misfits: list[Reason] = []
-            for model, request in self.options(job):
-                status = inventory.hardware.holds(GpuModel(model), ask) if model is not None else None
-                if status is None or status.ok:
-                    fits.append((model, request))
-                else:
-                    misfits.extend(status.reasons)
+            hardware = inventory.hardware if inventory.known else None
+            fits, misfits = held_flavours(hardware, worker_ask(job.spec), self.options(job))
             job.held = (inventory.version, fits, misfits)
         return job.held[1], job.held[2]
 
-    def first_fit(
-        self, job: QuotaJob, too_big: dict[tuple[Queue, Resource], int] | None = None
-    ) -> tuple[str | None, dict[Resource, int]] | None:
-        """The first flavour of an eligible job that its queue's quota admits now (model, request), of
-        those whose nodes can hold it.
-
-        ``too_big`` remembers, within one let-through (where room only shrinks), the smallest request
-        of one resource found not to fit a queue, so larger ones are not checked again.
-        """
+    def gate_flavours(self, job: QuotaJob) -> list[Flavour]:
+        """What the gate may let ``job`` through on: its flavours the nodes can hold (for a limited
+        queue), or "any model, nothing charged" (an unlimited one)."""
         assert job.spec is not None
         if not self.queues.limited(job.spec.queue):
-            return (None, {})
-        queue = Queue(job.spec.queue)
-        for model, request in self.held_options(job)[0]:
-            single = next(iter(request.items())) if len(request) == 1 else None
-            if (
-                single is not None
-                and too_big is not None
-                and single[1] >= too_big.get((queue, single[0]), 1 << 62)
-            ):
-                continue
-            if self.ledger.fits(queue, request):
-                return (model, request)
-            if single is not None and too_big is not None:
-                too_big[(queue, single[0])] = single[1]
-        return None
+            return [Flavour(None, {})]
+        return self.held_options(job)[0]
 
     def fair_share(self, tree: TreeKey, at: datetime) -> FairShare:
         """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
@@ -480,20 +481,6 @@ class QuotaState:
             allocation=self._allocation(queues),
             history=history,
         )
-
-
-def _ask(spec: JobSpec) -> WorkerAsk:
-    """What one worker of ``spec`` needs of a GPU model, and how many workers at least."""
-    return WorkerAsk(
-        workers=spec.min_workers or spec.workers,
-        gpus=spec.gpus_per_worker,
-        memory_mib=spec.gpu_memory_mib,
-        mig_profile=spec.mig_profile,
-        milli=spec.gpu_fraction_milli,
-        within=TopologyLevel.parse(spec.topology.level)
-        if spec.topology is not None and spec.topology.mode == "required"
-        else None,
-    )
 
 
 def _index(index: dict[TreeKey, dict[JobId, QuotaJob]], tree: TreeKey, job: QuotaJob, member: bool) -> None:
@@ -537,42 +524,75 @@ def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datet
     never = state.queues.can_ever_fit(spec)
     if never is not None:
         return _fail(state, job, "exceeds_queue_quota", never, cause, now)
-    fit = state.first_fit(job)
+    fit = first_fit(state.ledger, Queue(spec.queue), state.gate_flavours(job))
     if fit is not None:
-        return [_queue(state, job, fit[0], cause, now)]
+        return [_queue(state, job, fit.model, cause, now)]
     fair = state.fair_share(state.tree_of(spec.queue), cause.time)
     return _hold(state, job, fair, cause, now)
 
 
 def _reconsider(state: QuotaState, cause: Envelope, now: datetime) -> list[Outgoing]:
-    """What the nodes can hold changed: every tree's waiting jobs are let through (or told why not)."""
-    out: list[Outgoing] = []
+    """What the nodes can hold changed: jobs charged to a model that cannot hold them any more move
+    (:func:`_move_stranded`), and every tree's waiting jobs are let through (or told why not)."""
+    out = _move_stranded(state, cause, now)
     for tree in sorted(state.waiting):
         out += _let_through(state, tree, cause, now)
     return out
 
 
+def _move_stranded(
+    state: QuotaState, cause: Envelope, now: datetime, *, only_stranded: bool = False
+) -> list[Outgoing]:
+    """Each job charged to a GPU model and not placed yet whose model's nodes can no longer hold it
+    (drained, failed, gone) moves to the first other flavour they can that its quota admits
+    (the core's :func:`~gangline.core.quota_gate.stranded_move`): a ``job.queued`` naming the new model
+    that ``replaces`` the one it was queued with (the same attempt; placement places it there). One no
+    flavour admits stays charged where it is (``stranded``) and is looked at again when quota or the
+    nodes change (``only_stranded``: only those, after a release)."""
+    out: list[Outgoing] = []
+    if only_stranded:
+        candidates = [state.unplaced[j] for j in sorted(state.stranded) if j in state.unplaced]
+    else:
+        candidates = sorted(state.unplaced.values(), key=lambda j: j.job_id)
+    for job in candidates:
+        state.stranded.discard(job.job_id)
+        charge = job.charge
+        if charge is None or not charge.limited or charge.gpu_type is None or job.spec is None:
+            continue
+        held = state.gate_flavours(job)
+        if any(f.model == charge.gpu_type for f in held):
+            continue
+        queue = Queue(charge.queue)
+        move = stranded_move(queue, Flavour(charge.gpu_type, charge.request), held, state.ledger)
+        if move is None:
+            state.stranded.add(job.job_id)
+            continue
+        out.append(_queue(state, job, move.model, cause, now, replaces=job.latest_queued))
+    return out
+
+
 def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetime) -> list[Outgoing]:
-    """Usage in ``tree`` dropped: its waiting jobs go in fair order while they fit; the rest are told why."""
+    """Usage in ``tree`` dropped: its waiting jobs go in fair order while they fit (the core's
+    :func:`~gangline.core.quota_gate.let_through`); the first of the rest are told why."""
+    out: list[Outgoing] = []
+    if state.stranded:
+        out += _move_stranded(state, cause, now, only_stranded=True)
     waiting = list(state.waiting.get(tree, {}).values())
     if not waiting:
-        return []
-    fair = state.fair_share(tree, cause.time)
-    order = FairOrder((_pending_item(j) for j in waiting), fair)
-    out: list[Outgoing] = []
-    still: list[QuotaJob] = []
-    too_big: dict[tuple[Queue, Resource], int] = {}
-    while (item := order.next()) is not None:
-        job = item.item
-        fit = state.first_fit(job, too_big)
-        if fit is None:
-            order.skipped()
-            still.append(job)
-            continue
-        order.admitted(fit[1])
-        out.append(_queue(state, job, fit[0], cause, now))
-    for job in still[:REVIEWS_PER_DECISION]:
-        out += _hold(state, job, fair, cause, now)
+        return out
+    gate = let_through(
+        (_pending_item(j) for j in waiting),
+        state.ledger.copy(),
+        state.fair_share(tree, cause.time),
+        state.queues.tree,
+        lambda job: (state.gate_flavours(job), state.held_options(job)[1]),
+        explain=REVIEWS_PER_DECISION,
+    )
+    for job, flavour in gate.admitted:
+        out.append(_queue(state, job, flavour.model, cause, now))
+    for job, why in gate.held:
+        if why is not None:
+            out += _tell(state, job, why, cause, now)
     return out
 
 
@@ -582,10 +602,18 @@ def _pending_item(job: QuotaJob) -> Pending[QuotaJob]:
     return Pending(Queue(job.spec.queue), job.spec.priority, admitted, job.job_id, job)
 
 
-def _queue(state: QuotaState, job: QuotaJob, model: str | None, cause: Envelope, now: datetime) -> Outgoing:
+def _queue(
+    state: QuotaState,
+    job: QuotaJob,
+    model: str | None,
+    cause: Envelope,
+    now: datetime,
+    *,
+    replaces: str | None = None,
+) -> Outgoing:
     assert job.spec is not None
-    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model)
-    envelope = _envelope(event, cause.id, "queued", now)
+    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces)
+    envelope = _envelope(event, cause.id, "queued" if replaces is None else f"moved-{model}", now)
     state.fold(envelope, at=cause.time)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
 
@@ -594,7 +622,7 @@ def _fail(
     state: QuotaState, job: QuotaJob, code: str, why: str, cause: Envelope, now: datetime
 ) -> list[Outgoing]:
     """A job its queue could never hold would wait forever: it fails now, saying why."""
-    failed = JobFailed(job_id=job.job_id, code=code, reason=_sentence(why))
+    failed = JobFailed(job_id=job.job_id, code=code, reason=sentence(why))
     envelope = _envelope(failed, cause.id, "failed-quota", now)
     dropped = state.fold(envelope, at=cause.time)
     out: list[Outgoing] = [(state.topics.events, envelope)]
@@ -606,8 +634,18 @@ def _fail(
 def _hold(
     state: QuotaState, job: QuotaJob, fair: FairShare, cause: Envelope, now: datetime
 ) -> list[Outgoing]:
-    """``job.pending`` for a job that does not fit, when its reason changed (see :func:`pending_key`)."""
-    reason = _reason(state, job, fair)
+    """``job.pending`` for a job that does not fit (the core's hold reason), when its reason changed."""
+    assert job.spec is not None
+    flavours, misfits = state.held_options(job)
+    why = hold_reason(Queue(job.spec.queue), flavours, misfits, state.ledger, state.queues.tree, fair)
+    return _tell(state, job, why, cause, now)
+
+
+def _tell(
+    state: QuotaState, job: QuotaJob, why: HoldReason, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`)."""
+    reason = _pending_reason(why)
     key = pending_key(reason)
     if state.last_pending.get(job.job_id) == key:
         return []
@@ -627,96 +665,15 @@ def pending_key(reason: PendingReason) -> str:
     return f"{reason.code}/{reason.constraint}: {_FIGURES.sub('#', reason.message)}"
 
 
-def _reason(state: QuotaState, job: QuotaJob, fair: FairShare) -> PendingReason:
-    """Why the job's queue cannot hold it now, per flavour its nodes can hold, with the figures of the
-    first; and why the others' nodes cannot (:func:`_hardware_reason` when no flavour's can)."""
-    spec = job.spec
-    assert spec is not None
-    queue = Queue(spec.queue)
-    ledger = state.ledger
-    options, misfits = state.held_options(job)
-    if not options:
-        return _hardware_reason(spec, misfits)
-    checks = [(model, ledger.check(queue, request)) for model, request in options]
-    if len(checks) == 1 and not misfits:
-        message = checks[0][1].reason
-    else:
-        message = "; ".join(
-            [f"on {model}: {check.reason}" for model, check in checks]
-            + [f"{r.details['gpu_type']} cannot hold it: {r.message}" for r in misfits]
-        )
-    model, request = options[0]
-    short = next(
-        (r for r in sorted(request) if request[r] > ledger.available(queue, r)), next(iter(sorted(request)))
-    )
-    needed = request[short]
-    missing = needed - max(0, ledger.available(queue, short))
-    details: dict[str, int | str | bool] = {
-        "queue": spec.queue,
-        "gpu_type": model or "any",
-        "resource": short,
-        "needed": needed,
-        "used": ledger.usage(queue, short),
-        "nominal": state.queues.tree.nominal(queue, short),
-        "cohort_can_lend": ledger.cohort_lendable(queue, short),
-        "fair_share": _sentence(fair.describe(queue)),
-    }
-    message = message or f"queue {spec.queue} cannot hold this job now"
-    owed = (
-        next((m for m, r in options if ledger.within_nominal(queue, r)), None)
-        if state.queues.limited(spec.queue)
-        else None
-    )
-    details["within_nominal"] = owed is not None
-    if owed is None:
-        return PendingReason(
-            code="quota",
-            constraint="quota",
-            message=_sentence(message),
-            details=details,
-            unblock=_sentence(
-                f"wait until {missing} more {short} is free to queue {spec.queue} or its cohort, or "
-                "lower-priority preemptible work of the queue gives it back (the preemption service asks)"
-            ),
-        )
-    # Within its nominal quota: what it is owed is lent to other queues of the cohort.
-    details["gpu_type"] = owed
-    on = f" on {owed}" if owed != model else ""
+def _pending_reason(why: HoldReason) -> PendingReason:
+    """The core's hold reason as the event's pending reason."""
     return PendingReason(
-        code="quota",
-        constraint="reclaim",
-        message=_sentence(
-            f"{message}; queue {spec.queue} is owed this within its nominal quota{on}: the cohort lent it "
-            "to other queues, and the preemption service reclaims it from their preemptible jobs"
-        ),
-        details=details,
-        unblock=_sentence("jobs borrowing the cohort's quota checkpoint and release their GPUs"),
+        code=why.code,
+        constraint=why.constraint,
+        message=why.message,
+        details=dict(why.details),
+        unblock=why.unblock,
     )
-
-
-def _hardware_reason(spec: JobSpec, misfits: list[Reason]) -> PendingReason:
-    """Why no GPU model the job may be charged to has nodes that can hold its workers: it waits, not
-    charged, until nodes that can register or recover (the figures are the first model's)."""
-    first = misfits[0]
-    if len(misfits) == 1:
-        message = first.message
-    else:
-        message = "; ".join(f"on {r.details['gpu_type']}: {r.message}" for r in misfits)
-    models = ", ".join(str(r.details["gpu_type"]) for r in misfits)
-    return PendingReason(
-        code=first.code.value,
-        constraint=HARDWARE,
-        message=_sentence(message),
-        details={"queue": spec.queue, **first.details},
-        unblock=_sentence(
-            f"a {models} node that can hold its workers registers, or its GPUs recover; "
-            "or ask for fewer GPUs per worker"
-        ),
-    )
-
-
-def _sentence(text: str) -> str:
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def _envelope(event: Event, cause: str, kind: str, now: datetime) -> Envelope:

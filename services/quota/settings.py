@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
 from services.quota.status import STATUS_INTERVAL_S
 
@@ -14,6 +15,8 @@ class QuotaSettings(ServiceSettings):
     forgotten when waiting jobs are ordered by fair share; 0 is plain DRF on what is charged now.
     ``status_interval_s`` (GANGLINE_STATUS_INTERVAL_S): the least event time between two publications of
     one quota tree's ``queue.status`` (services/quota/status.py)."""
+
+    metrics_port: int | None = Field(default=METRICS_PORTS["quota"], ge=0, le=65535)
 
     fair_share_half_life_s: float = Field(default=3600.0, ge=0)
     status_interval_s: float = Field(default=STATUS_INTERVAL_S, ge=0)

@@ -9,10 +9,12 @@ from gangline.bus import Outgoing, RecordMeta
 from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
+from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, load_queues
 from services.common.select import select_types, unless_keyed_by
 from services.common.shell import restore_and_process
 from services.common.topics import TopicNames
+from services.quota import metrics as quota_metrics
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
 from services.quota.status import StatusBoard
@@ -90,21 +92,25 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
 
 
 async def main(settings: QuotaSettings) -> None:
+    metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
+    quota_metrics.watch(metrics, state)
     topics = state.topics
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
         return decide(envelope, state, now=datetime.now(UTC))
 
     inputs = list(input_topics(topics))
-    await restore_and_process(
-        processor_settings(settings, SERVICE, inputs),
-        state,
-        handle,
-        restore_topics=list(restore_topics(topics)),
-        select=quota_select(topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
-        restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
-        lock_topic=topics.inventory,
-        # Outputs name the batch and positions they were decided on: replayable (services/quota/replay.py).
-        record_inputs=True,
-    )
+    async with metrics.serve(settings):
+        await restore_and_process(
+            processor_settings(settings, SERVICE, inputs),
+            state,
+            handle,
+            restore_topics=list(restore_topics(topics)),
+            select=quota_select(topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
+            restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
+            lock_topic=topics.inventory,
+            # Outputs name the batch and positions they were decided on (replayed: services/quota/replay.py).
+            record_inputs=True,
+            metrics=metrics,
+        )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from gangline.client import commands as client
+from gangline.client import operator
 from gangline.cluster_spec import ClusterSpec
 from gangline.replay import cli as replay_cli
 from gangline.replay.log import LogRecord
@@ -100,8 +101,15 @@ COMMANDS: tuple[Command, ...] = (
     Command("status", client.STATUS_HELP, client.configure_job, client.status),
     Command("why", client.WHY_HELP, client.configure_job, client.why),
     Command("cancel", client.CANCEL_HELP, client.configure_cancel, client.cancel),
-    Command("queues", client.QUEUES_HELP, client.configure_nothing, client.queues),
-    Command("nodes", client.NODES_HELP, client.configure_nothing, client.nodes),
+    Command("queues", client.QUEUES_HELP, client.configure_listing, client.queues),
+    Command("nodes", client.NODES_HELP, client.configure_listing, client.nodes),
+    Command("jobs", operator.JOBS_HELP, operator.configure_jobs, client.jobs),
+    Command("history", operator.HISTORY_HELP, operator.configure_history, client.history),
+    Command("share", operator.SHARE_HELP, operator.configure_share, client.share),
+    Command("cordon", operator.CORDON_HELP, operator.configure_node_action(drain=False), client.cordon),
+    Command("uncordon", operator.UNCORDON_HELP, operator.configure_node_action(drain=False), client.uncordon),
+    Command("drain", operator.DRAIN_HELP, operator.configure_node_action(drain=True), client.drain),
+    Command("top", operator.TOP_HELP, operator.configure_top, client.top),
 )
 
 

@@ -230,8 +230,15 @@ def audit_allocations(stamped: list[tuple[int, Envelope]]) -> list[str]:
     return problems
 
 
-def start_pipeline(tasks: Tasks, env: Mapping[str, str], *, only: tuple[str, ...] | None = None) -> None:
-    """Every decision service (or those named in ``only``) as a task of the running loop."""
+def start_pipeline(
+    tasks: Tasks,
+    env: Mapping[str, str],
+    *,
+    only: tuple[str, ...] | None = None,
+    metrics_ports: Mapping[str, int] | None = None,
+) -> None:
+    """Every decision service (or those named in ``only``) as a task of the running loop; each serves
+    ``/metrics`` on its port in ``metrics_ports`` (by default none: tests run side by side)."""
     from services.admission.settings import AdmissionSettings
     from services.admission.wiring import main as admission_main
     from services.node_health.settings import NodeHealthSettings
@@ -243,12 +250,17 @@ def start_pipeline(tasks: Tasks, env: Mapping[str, str], *, only: tuple[str, ...
     from services.quota.settings import QuotaSettings
     from services.quota.wiring import main as quota_main
 
+    ports = metrics_ports or {}
+
+    def port(name: str) -> dict[str, int | None]:
+        return {"metrics_port": ports.get(name)}
+
     mains: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
-        "admission": lambda: admission_main(AdmissionSettings.from_env(env)),
-        "quota": lambda: quota_main(QuotaSettings.from_env(env)),
-        "placement": lambda: placement_main(PlacementSettings.from_env(env)),
-        "preemption": lambda: preemption_main(PreemptionSettings.from_env(env)),
-        "node_health": lambda: node_health_main(NodeHealthSettings.from_env(env)),
+        "admission": lambda: admission_main(AdmissionSettings.from_env(env, **port("admission"))),
+        "quota": lambda: quota_main(QuotaSettings.from_env(env, **port("quota"))),
+        "placement": lambda: placement_main(PlacementSettings.from_env(env, **port("placement"))),
+        "preemption": lambda: preemption_main(PreemptionSettings.from_env(env, **port("preemption"))),
+        "node_health": lambda: node_health_main(NodeHealthSettings.from_env(env, **port("node_health"))),
     }
     for name, make in mains.items():
         if only is None or name in only:

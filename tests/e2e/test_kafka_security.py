@@ -130,6 +130,14 @@ async def test_an_agent_may_not_write_the_allocations_log(kafka_bootstrap: str) 
                 await _write(kafka_bootstrap, principal("agent"), topic)
 
 
+async def test_only_the_api_may_write_the_operators_cordons(kafka_bootstrap: str) -> None:
+    async with secured_topics(kafka_bootstrap, "acl-operator") as topics:
+        await _write(kafka_bootstrap, principal("api"), topics.operator)  # allowed: the test can fail
+        for name in ("agent", "agent-n-0", "producer", "team-a", "placement", "node_health"):
+            with pytest.raises(TopicAuthorizationFailedError):
+                await _write(kafka_bootstrap, principal(name), topics.operator)
+
+
 async def test_only_placement_may_open_placements_transactional_producer(kafka_bootstrap: str) -> None:
     async with secured_topics(kafka_bootstrap, "acl-txn") as topics:
         transactional_id = f"g-{topics.prefix.rstrip('.')}.placement.placement"

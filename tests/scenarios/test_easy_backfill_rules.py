@@ -11,9 +11,9 @@ from scenarios.dsl import gpus, held, job
 from scenarios.queue_world import World, queue
 
 from gangline.core.actions.queueing import RunFacts
+from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import load_profile
 from gangline.core.model import Job, JobId, Seconds
-from gangline.core.queue_profile import queue_registry
 from gangline.sim.policies import EASY_BACKFILL_YAML
 
 
@@ -28,7 +28,7 @@ def _world(profile_yaml: str) -> World:
         running=[held(hinted(job("r0", gpus=8, queue="q"), 900), {"n0": 8})],
         facts={"r0": RunFacts(100.0)},
         now=100.0,
-        profile=load_profile(profile_yaml, queue_registry()),
+        profile=load_profile(profile_yaml, placement_registry()),
     )
 
 
@@ -68,7 +68,7 @@ def test_after_the_head_only_jobs_that_end_before_its_reservation_use_its_gpus()
         running=[held(hinted(job("r0", gpus=8, queue="q"), 900), {"n0": 8})],
         facts={"r0": RunFacts(100.0)},
         now=100.0,
-        profile=load_profile(EASY_BACKFILL_YAML, queue_registry()),
+        profile=load_profile(EASY_BACKFILL_YAML, placement_registry()),
     )
     jobs = [
         hinted(job("gang", gpus=8, workers=2, queue="q"), 60),
@@ -84,3 +84,36 @@ def test_after_the_head_only_jobs_that_end_before_its_reservation_use_its_gpus()
     short = out.plan.placed_job(JobId("short"))
     assert short is not None and {p.node for p in short.allocation.placements} == {"n1"}
     assert any("reserved for gang from t=1000" in r for r in out.reasons("long2"))
+
+
+def limited(j: Job, seconds: int) -> Job:
+    return replace(j, time_limit_s=Seconds(seconds))
+
+
+def test_a_time_limit_is_the_end_backfill_counts_on_whatever_the_hint_says() -> None:
+    # The reservation for the gang starts at t=1000 (r0's end). A job with only a limit of 500 s cannot
+    # outlast it and is backfilled; one whose hint is short but whose limit is shorter still is too;
+    # one with a short hint and a long limit is planned by its hint; one limited past t=1000 waits.
+    w = World(
+        nodes={"n0": gpus(8), "n1": gpus(8), "n2": gpus(4)},
+        queues=[queue("q", H100=64)],
+        running=[held(hinted(job("r0", gpus=8, queue="q"), 900), {"n0": 8})],
+        facts={"r0": RunFacts(100.0)},
+        now=100.0,
+        profile=load_profile(EASY_BACKFILL_YAML, placement_registry()),
+    )
+    jobs = [
+        hinted(job("gang", gpus=8, workers=2, queue="q"), 60),
+        hinted(job("filler", gpus=4, queue="q"), 5000),  # takes the unreserved n2
+        limited(job("bounded", gpus=2, queue="q"), 500),  # no hint: ends by t=600 at the latest
+        limited(hinted(job("cut", gpus=1, queue="q"), 5000), 800),  # the limit stops it by t=900
+        limited(hinted(job("hinted", gpus=1, queue="q"), 300), 5000),  # expected to end by t=400
+        limited(job("too-long", gpus=1, queue="q"), 1200),  # could run to t=1300: past the reservation
+    ]
+    out = w.cycle(jobs).expect(placed=["filler", "bounded", "cut", "hinted"], pending=["gang", "too-long"])
+    [res] = out.decisions.reservations
+    assert res.job_id == "gang" and res.start == 1000.0
+    for name in ("bounded", "cut", "hinted"):
+        placed = out.plan.placed_job(JobId(name))
+        assert placed is not None and {p.node for p in placed.allocation.placements} == {"n1"}
+    assert any("reserved for gang from t=1000" in r for r in out.reasons("too-long"))

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from gangline.cluster_spec import load_cluster_spec
 from gangline.store.pool import DSN_ENV
+from gangline.telemetry.metrics import METRICS_PORTS
 from services.api.auth import load_tokens
 from services.common.env import PREFIX, ServiceSettings
 from services.common.queues import DEFAULT_QUEUE, QueuesFile, load_queues
@@ -153,7 +154,7 @@ def test_ports_are_published_on_loopback_and_agree_with_the_settings() -> None:
             assert str(port).startswith("127.0.0.1:"), f"{name}: publish on 127.0.0.1 only ({port})"
     api = SERVICES["api"]
     api_port = environment(api)["GANGLINE_PORT"]
-    assert [p.rsplit(":", 1)[1] for p in api["ports"]] == [api_port]
+    assert api["ports"][0].rsplit(":", 1)[1] == api_port
     assert f"127.0.0.1:{api_port}/healthz" in " ".join(api["healthcheck"]["test"])
     start = (ROOT / "deploy" / "kafka" / "compose-start.sh").read_text()
     advertised = re.search(r"^advertised\.listeners=(.*)$", start, re.MULTILINE)
@@ -168,6 +169,20 @@ def test_ports_are_published_on_loopback_and_agree_with_the_settings() -> None:
         url = urlsplit(dsn)
         assert (url.hostname, url.port, url.path) == ("postgres", 5432, "/" + postgres["POSTGRES_DB"]), name
         assert url.password == interpolated(postgres["POSTGRES_PASSWORD"]), name
+
+
+def test_every_service_publishes_its_metrics_port_on_loopback() -> None:
+    for name in LONG_RUNNING:
+        service = (
+            "agent"
+            if module_of(SERVICES[name]) == "services.agent"
+            else module_of(SERVICES[name]).split(".")[1]
+        )
+        port = METRICS_PORTS[service]
+        assert f"127.0.0.1:{port}:{port}" in SERVICES[name].get("ports", []), (
+            f"{name}: publish /metrics ({port})"
+        )
+        assert environment(SERVICES[name])["GANGLINE_METRICS_HOST"] == "0.0.0.0", name
 
 
 def test_start_order_waits_on_health_and_one_shots() -> None:
@@ -315,3 +330,21 @@ def test_k8s_mounts_the_example_queues_into_every_reader() -> None:
             assert volumes[mount["name"]]["configMap"]["name"] == "gangline-queues"
             assert path.name in config["data"]
     assert readers == set(READ_QUEUES)
+
+
+def test_k8s_pods_carry_prometheus_scrape_annotations_for_their_metrics_port() -> None:
+    workloads = [d for d in k8s_documents() if d["kind"] in ("Deployment", "StatefulSet")]
+    assert workloads
+    for doc in workloads:
+        template = doc["spec"]["template"]
+        [container] = template["spec"]["containers"]
+        module = re.search(r"python -m ([\w.]+)", " ".join(container["command"]))
+        assert module is not None
+        port = METRICS_PORTS[module.group(1).split(".")[1]]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", doc["metadata"]["name"]
+        assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (
+            str(port),
+            "/metrics",
+        )
+        assert {"name": "metrics", "containerPort": port} in container["ports"]

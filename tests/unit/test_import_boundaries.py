@@ -13,7 +13,7 @@ import pytest
 import gangline
 
 PURE = ("core", "events", "sim")
-FORBIDDEN = ("aiokafka", "asyncpg", "opentelemetry", "pynvml", "faust", "fastapi")
+FORBIDDEN = ("aiokafka", "asyncpg", "opentelemetry", "prometheus_client", "pynvml", "faust", "fastapi")
 ROOT = Path(gangline.__file__).parent
 
 

@@ -26,6 +26,11 @@ What it does:
 - **Reports** on jobs.events: ``worker.exited`` per rank exit (``restarts`` = the gang attempt),
   ``job.started`` / ``job.completed`` / ``job.failed`` from the node hosting rank 0, and
   ``job.checkpointed`` per node when a ``job.preempting`` checkpoint was acknowledged by every rank.
+- **Enforces time limits**: a job whose spec has ``time_limit_s`` is stopped when it has run that long
+  here (a simulated runner's seconds scaled): the checkpoint signal first (``preempt_signal``), the
+  job's ``checkpoint_grace_s`` to write it (at most ``max_grace_s``), then the ranks are killed; it ends
+  as ``job.failed`` code ``time_limit`` (from the node hosting rank 0), after ``job.checkpointed``
+  when every rank acknowledged.
   The outcome carries the GPU-seconds the gang held (``gpu_seconds``). The agent never writes
   allocations.log: placement reads the outcome and releases the allocation (``allocation.released``
   completed / failed), so the log's releases have the writers DESIGN §3 names.
@@ -47,9 +52,9 @@ import re
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from gangline.agent.env import Placement as LayoutPlacement
@@ -108,6 +113,8 @@ from gangline.nvml.health import (
 from gangline.nvml.reader import NvmlApi, NvmlEventWatcher, NvmlReader
 from gangline.nvml.standin import NvmlStandIn
 from gangline.nvml.types import (
+    GpuEvent,
+    GpuEventKind,
     GpuHealthSample,
     GpuState,
     GpuUuid,
@@ -126,7 +133,10 @@ _MEMORY = 10_000
 """How many event ids / allocation ids / job specs the agent remembers (oldest forgotten first)."""
 
 T = TypeVar("T")
-StopReason = Literal["preempting", "released", "agent_stopping", "crashed"]
+StopReason = Literal["preempting", "released", "agent_stopping", "crashed", "time_limit"]
+TIME_LIMIT_SLACK_S = 5.0
+"""Each node of a gang enforces the limit from its own launch; a peer's ranks exiting this close to
+the limit are the limit there, not a failure to restart the gang for."""
 
 
 class Publisher(Protocol):
@@ -332,6 +342,10 @@ class LocalJob:
     started_reported: bool = False
     last_failure: GangFailed | None = None
     final: GangCompleted | GangGaveUp | GangStopped | None = None
+    time_limit_s: int | None = None
+    limit_at: datetime | None = None
+    """When this node stops the job for its time limit (None: no limit)."""
+    limit_timer: asyncio.TimerHandle | None = None
 
 
 @dataclass
@@ -378,6 +392,7 @@ class NodeAgent:
         self._nvml_gpu: dict[GpuId, NvmlGpuInfo] = {}
         self._health: dict[GpuId, HealthState] = {}
         self._last_sample: dict[GpuId, GpuHealthSample] = {}
+        self._xids: dict[tuple[GpuId, int], int] = {}
         self._seq = 0
         self._heartbeats_on = True
 
@@ -563,6 +578,16 @@ class NodeAgent:
         return dict(self._health)
 
     @property
+    def gpu_samples(self) -> Mapping[GpuId, GpuHealthSample]:
+        """Each GPU's latest health sample (temperature, ECC, remapped rows), read every heartbeat."""
+        return self._last_sample
+
+    @property
+    def xid_errors(self) -> Mapping[tuple[GpuId, int], int]:
+        """How many XID events of each code each GPU reported since the agent started."""
+        return self._xids
+
+    @property
     def heartbeats_sent(self) -> int:
         return self._seq
 
@@ -679,6 +704,8 @@ class NodeAgent:
             return
         self._jobs[grant.job_id] = job
         job.task = asyncio.create_task(self._run_gang(job), name=f"agent-{self.node}-{grant.job_id}")
+        if spec is not None and spec.time_limit_s is not None:
+            self._arm_time_limit(job, spec)
         log.info("agent %s: launched %s ranks %s", self.node, grant.job_id, sorted(job.gpus_of_rank))
 
     def _layout_placement(self, p: GrantPlacement, taken: set[str]) -> LayoutPlacement:
@@ -726,8 +753,36 @@ class NodeAgent:
                 )
                 self._publish_job_event(job, failed, "failed", cause=job.grant_id)
         finally:
+            if job.limit_timer is not None:
+                job.limit_timer.cancel()
             if self._jobs.get(job.job_id) is job:
                 del self._jobs[job.job_id]
+
+    def _arm_time_limit(self, job: LocalJob, spec: JobSpec) -> None:
+        assert spec.time_limit_s is not None
+        wall_s = float(spec.time_limit_s)
+        if isinstance(self.runner, SimulatedRunner):
+            wall_s *= self.runner.time_scale
+        job.time_limit_s = spec.time_limit_s
+        job.limit_at = job.launched_at + timedelta(seconds=wall_s)
+        grace = min(float(spec.checkpoint_grace_s), self.settings.max_grace_s)
+        loop = asyncio.get_running_loop()
+        job.limit_timer = loop.call_later(wall_s, self._time_limit_reached, job, grace)
+
+    def _time_limit_reached(self, job: LocalJob, grace_s: float) -> None:
+        """The limit: ask the ranks to checkpoint (the preemption signal) and stop them after the grace."""
+        if self._closed or job.stopping is not None or job.final is not None or job.gang is None:
+            return
+        log.warning(
+            "agent %s: %s reached its time limit of %s s; checkpoint signal, %.0f s grace",
+            self.node,
+            job.job_id,
+            job.time_limit_s,
+            grace_s,
+        )
+        # marked before any await: the ranks' exits from here on are the limit, not failures
+        job.stopping = "time_limit"
+        self._spawn(self._preempt(job, grace_s))
 
     def _on_released(self, envelope: Envelope, released: AllocationReleased) -> None:
         pending = self._pending.pop(released.allocation_id, None)
@@ -756,6 +811,13 @@ class NodeAgent:
             return
         job = self._jobs.get(exited.job_id)
         if job is None or job.allocation_id != exited.allocation_id or job.stopping is not None:
+            return
+        if job.limit_at is not None and self._clock() >= job.limit_at - timedelta(seconds=TIME_LIMIT_SLACK_S):
+            if job.limit_timer is not None:
+                job.limit_timer.cancel()
+            spec = self._specs.get(job.job_id)
+            grace = float(spec.checkpoint_grace_s) if spec is not None else 0.0
+            self._time_limit_reached(job, min(grace, self.settings.max_grace_s))
             return
         if job.gang is not None:
             log.info(
@@ -829,7 +891,9 @@ class NodeAgent:
                 self._publish_job_event(job, self._job_failed(job, event), "failed", cause=job.grant_id)
         elif isinstance(event, GangStopped):
             job.final = event
-            if job.stopping == "preempting" and event.checkpoint.acknowledged:
+            if job.stopping == "time_limit":
+                self._on_time_limit_stopped(job, event)
+            elif job.stopping == "preempting" and event.checkpoint.acknowledged:
                 checkpointed = JobCheckpointed(
                     job_id=job.job_id,
                     allocation_id=job.allocation_id,
@@ -837,6 +901,34 @@ class NodeAgent:
                     checkpoint=str(event.checkpoint.checkpoint_dir),
                 )
                 self._publish_job_event(job, checkpointed, "checkpointed", cause=job.cause_id)
+
+    def _on_time_limit_stopped(self, job: LocalJob, stopped: GangStopped) -> None:
+        result = stopped.checkpoint
+        if result.acknowledged:
+            checkpointed = JobCheckpointed(
+                job_id=job.job_id,
+                allocation_id=job.allocation_id,
+                node=NodeId(self.node),
+                checkpoint=str(result.checkpoint_dir),
+            )
+            self._publish_job_event(job, checkpointed, "checkpointed", "time-limit", cause=job.grant_id)
+        if not job.hosts_rank0:
+            return
+        how = (
+            "it checkpointed after the signal"
+            if result.acknowledged
+            else f"ranks {list(result.killed)} were killed after the grace"
+            if result.killed
+            else "it exited after the signal"
+        )
+        failed = JobFailed(
+            job_id=job.job_id,
+            allocation_id=job.allocation_id,
+            code="time_limit",
+            reason=f"the job reached its time limit of {job.time_limit_s} s on {self.node}; {how}",
+            gpu_seconds=self._gpu_seconds(job),
+        )
+        self._publish_job_event(job, failed, "failed", cause=job.grant_id)
 
     def _job_failed(self, job: LocalJob, gave_up: GangGaveUp) -> JobFailed:
         last = job.last_failure
@@ -917,6 +1009,7 @@ class NodeAgent:
                     log.debug("agent %s: NVML event issue %s %s", s.node, issue.call, issue.error)
                 now = self._clock()
                 for event in result.events:
+                    self._count_xid(event)
                     findings = self._monitor.observe_event(event, now)
                     self._apply(findings)
                     self._report_errors()
@@ -926,6 +1019,12 @@ class NodeAgent:
                 result = None
             if result is None or not result.events:
                 await asyncio.sleep(s.xid_idle_s)
+
+    def _count_xid(self, event: GpuEvent) -> None:
+        gid = self._id_of.get(event.uuid) if event.uuid is not None else None
+        if event.kind is GpuEventKind.XID and event.xid is not None and gid is not None:
+            key = (gid, int(event.xid))
+            self._xids[key] = self._xids.get(key, 0) + 1
 
     def _apply(self, findings: list[HealthFinding]) -> None:
         """Publish ``gpu.health_changed`` for every GPU whose state moved (findings may also clear)."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gangline.events import topics as catalogue
 from gangline.events.types import SAFE_ID_PATTERN
+from gangline.telemetry.metrics import METRICS_PORTS
 
 ENV_PREFIX = "GANGLINE_"
 SafeLabel = Annotated[str, Field(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
@@ -102,6 +103,9 @@ class NodeAgentSettings(BaseModel):
     was, as ``gpu.error_reported`` (a report, not a change of state). The agent judges single events
     only; node_health applies the drain policy's rates (:mod:`gangline.core.health`) over these
     reports, so with this off no GPU of this node is drained for repeated errors."""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = METRICS_PORTS["agent"]
+    """``/metrics`` of this node's GPUs (GANGLINE_METRICS_PORT; None: not served)."""
     restart_policy: Literal["never", "on_failure"] = "on_failure"
     max_restarts: Annotated[int, Field(ge=0)] = 3
     restart_backoff_s: Annotated[float, Field(ge=0)] = 1.0

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from gangline.bench.core import build_cluster
 from gangline.core.actions.queueing import PreemptionPolicy, RunFacts, build_context
+from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import Profile, load_profile
 from gangline.core.model import (
     Allocation,
@@ -41,7 +42,7 @@ from gangline.core.model import (
     TopologyMode,
     WorkerPlacement,
 )
-from gangline.core.queue_profile import fair_profile, queue_registry, run_queue_cycle
+from gangline.core.queue_profile import fair_profile, run_queue_cycle
 from gangline.core.queues import CohortName, QueueSpec, QuotaTree, ResourceQuota, gpu_resource
 from gangline.core.snapshot import Snapshot
 
@@ -200,7 +201,7 @@ def preempt_case(name: str, n_nodes: int, fills: int, repeats: int, seed: int) -
     rng = random.Random(seed)
     profiles: dict[str, Profile] = {
         "fair": fair_profile(),
-        "preempt_only": load_profile(PREEMPT_ONLY_YAML, queue_registry()),
+        "preempt_only": load_profile(PREEMPT_ONLY_YAML, placement_registry()),
     }
     gang = Job(
         JobId("gang64"),

@@ -97,6 +97,8 @@ class EventConsumer:
         self._read_up_to: dict[tuple[str, int], int] = {}
         """Per partition, the last offset whose record this consumer decoded (and dead-lettered when it
         could not be read): decoding is deterministic, so a bad record at or before it is in the DLQ."""
+        self.dead_letters: dict[tuple[str, str], int] = {}
+        """Records this consumer dead-lettered, per ``(dead-letter topic, code)`` (for the metrics)."""
 
     async def start(self) -> None:
         options = client_options(self._security)
@@ -191,3 +193,5 @@ class EventConsumer:
         await self._dlq.send_and_wait(
             letter.topic, value=letter.value, key=letter.key, headers=letter.headers
         )
+        counted = (letter.topic, letter.code)
+        self.dead_letters[counted] = self.dead_letters.get(counted, 0) + 1

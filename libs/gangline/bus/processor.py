@@ -8,7 +8,9 @@ For each batch polled from the input topics the processor
    is the producer's span (from the record's W3C headers),
 3. produces the handler's outputs, each stamped with ``causationid`` = the consumed event's id
    and the trace context of the consumer span,
-4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits.
+4. adds the consumed offsets to the transaction (``send_offsets_to_transaction``) and commits. The
+   offset of a partition whose polled records the batch ends is the consumer's position, past the
+   transaction markers that follow them (:mod:`gangline.bus.lag`), so lag reads 0 once caught up.
    Offsets of a batch that published nothing are held back (``idle_commit_ms``); so are those of
    every batch when ``offsets_in_every_transaction`` is off (single-leader services whose state
    folds their own outputs: an input read again after a crash decides nothing again).
@@ -96,6 +98,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gangline.bus.chain import ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.positions import (
     BATCH_HEADER,
     INCARNATION_HEADER,
@@ -206,6 +209,8 @@ class ProcessorStats:
     """Batches that published nothing and left their offsets to a later commit (``idle_commit_ms``)."""
     records_isolated: int = 0
     """Records tried in a transaction of their own because their batch kept failing."""
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Dead letters sent, per ``(dead-letter topic, code)`` (for the metrics)."""
 
 
 class _HandlerFailed(Exception):
@@ -238,6 +243,10 @@ class Processor:
         or every batch without ``offsets_in_every_transaction``; see ``idle_commit_ms``)."""
         self._handled: dict[TopicPartition, int] = {}
         """Per input partition: the offset after the last batch this run committed (outputs included)."""
+        self._polled_last: dict[TopicPartition, int] = {}
+        """Per input partition: the offset of the last record polled (see :meth:`_next_offset`)."""
+        self._group_offsets: dict[TopicPartition, int] = {}
+        """Per assigned input partition: the group's committed offset as this run knows it (for the lag)."""
         self._offsets_committed_at = 0.0
         self._run_announced = False
         """Whether a transaction carrying the restore's headers committed with outputs."""
@@ -306,11 +315,13 @@ class Processor:
                     timeout_ms=self._settings.poll_timeout_ms, max_records=self._settings.max_batch_records
                 )
                 if not batch:
+                    await self._step_over_markers(consumer, generation)
                     if self._pending_offsets and self._idle_commit_due():
                         async with self._batch_lock:
                             await self._commit_pending()
                     continue
                 batch = await self._linger(consumer, batch)
+                self._polled_last.update({tp: records[-1].offset for tp, records in batch.items() if records})
                 async with self._batch_lock:
                     if generation != self._generation:
                         # A rebalance happened since the poll: the batch is not handled, so it is read
@@ -412,6 +423,10 @@ class Processor:
         consumer = self._consumer or self._joining
         if consumer is None:
             return
+        for tp in assigned:
+            committed = await self._committed(consumer, tp)
+            if committed is not None:
+                self._group_offsets[tp] = committed
         for tp in assigned:
             handled = self._handled.get(tp)
             if handled is not None:
@@ -548,7 +563,7 @@ class Processor:
             for record in records:
                 deliveries += await self._handle(producer, record, given)
                 handled += 1
-            offsets[tp] = records[-1].offset + 1
+            offsets[tp] = self._next_offset(tp, records)
         if self._flush is not None and given:
             deliveries += await self._send_flushed(producer, given)
         await asyncio.gather(*deliveries)
@@ -568,6 +583,7 @@ class Processor:
             self._pending_offsets = to_commit
             self.stats.offsets_deferred += 1
         else:
+            self._group_offsets.update(to_commit)
             self._pending_offsets = {}
             self._offsets_committed_at = asyncio.get_running_loop().time()
         self._folded = folded
@@ -576,13 +592,45 @@ class Processor:
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
         for tp, records in batch.items():
-            self._handled[tp] = records[-1].offset + 1
+            self._handled[tp] = offsets[tp]
             for record in records:
                 key = (tp.topic, tp.partition, record.offset)
                 self._attempts.pop(key, None)
                 if self._failures.pop(key, None) is not None:
                     self._poison.pop(key, None)
                     self._bare_poison.discard(key)
+
+    def _next_offset(self, tp: TopicPartition, records: Sequence[Any]) -> int:
+        """The offset to commit after ``records``: the consumer's position when they end what was polled of
+        ``tp`` (so the commit steps over the transaction marker that follows them, and lag reads 0 once
+        caught up: KAFKA-6607), else the offset after the last of them."""
+        after = int(records[-1].offset) + 1
+        consumer = self._consumer
+        if consumer is None or self._polled_last.get(tp) != records[-1].offset:
+            return after
+        position = position_now(consumer, tp)
+        return after if position is None else max(after, position)
+
+    async def _step_over_markers(self, consumer: AIOKafkaConsumer, generation: int) -> None:
+        """After a poll that returned nothing: a partition whose position moved past what this run handled
+        (a fetch that held only transaction markers or aborted records) has that position to commit, as
+        idle offsets do (``idle_commit_ms``)."""
+        async with self._batch_lock:
+            if generation != self._generation:
+                return
+            for tp, handled in list(self._handled.items()):
+                position = position_now(consumer, tp)
+                if position is not None and position > handled:
+                    self._handled[tp] = self._pending_offsets[tp] = position
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records of each input topic past the group's committed offsets, as ``kafka-consumer-groups.sh``
+        counts them: per assigned partition, its high watermark as of this consumer's latest fetch less
+        the committed offset (0 once everything read is committed). Empty while not consuming."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        return lag_by_topic(consumer, self._group_offsets, self._settings.input_topics)
 
     def _idle_commit_due(self) -> bool:
         """Whether offsets held back by idle batches are old enough to commit on their own."""
@@ -613,6 +661,7 @@ class Processor:
                 await self._abort()
             log.warning("committing idle offsets failed; kept for the next batch: %s", error)
             return
+        self._group_offsets.update(offsets)
         self._pending_offsets = {}
         self._offsets_committed_at = asyncio.get_running_loop().time()
 
@@ -782,6 +831,8 @@ class Processor:
 
     async def _send_dead_letter(self, producer: AIOKafkaProducer, letter: DeadLetter) -> asyncio.Future[Any]:
         self.stats.dead_lettered += 1
+        counted = (letter.topic, letter.code)
+        self.stats.dead_letters[counted] = self.stats.dead_letters.get(counted, 0) + 1
         future: asyncio.Future[Any] = await producer.send(
             letter.topic, value=letter.value, key=letter.key, headers=letter.headers
         )

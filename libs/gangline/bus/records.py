@@ -105,6 +105,12 @@ class DeadLetter:
     producer (to read the job id out of it), not for the dead-letter topic."""
 
     @property
+    def code(self) -> str:
+        """Why it was dead-lettered, in one word (its ``gangline-dlq-code`` header; the last one wins)."""
+        codes = [value for name, value in self.headers if name == DLQ_CODE]
+        return codes[-1].decode(errors="replace") if codes else "unknown"
+
+    @property
     def original_value(self) -> bytes | None:
         """The value of the record that was dead-lettered, whole."""
         return self.full_value if self.full_value is not None else self.value

@@ -48,7 +48,14 @@ from gangline.events.base import Envelope
 WRITER_HEADER = "gangline-writer"
 SIGNATURE_HEADER = "gangline-writer-sig"
 DEFAULT_QUEUE = "default"
-CHECKED_TOPICS = ("jobs.requests", "jobs.events", "nodes.inventory", "nodes.heartbeats", "nodes.health")
+CHECKED_TOPICS = (
+    "jobs.requests",
+    "jobs.events",
+    "nodes.inventory",
+    "nodes.heartbeats",
+    "nodes.health",
+    "nodes.operator",
+)
 """Catalogue topics written by principals outside the decision services (under any topic prefix)."""
 UNTRUSTED_WRITER = "untrusted_writer"
 

@@ -86,6 +86,26 @@ class ApiClient:
         result: dict[str, Any] = self._call("GET", "/v1/jobs", params=params)
         return result
 
+    def pages(self, path: str, *, most: int, **params: str | int) -> list[dict[str, Any]]:
+        """Every item of a paged list (following ``next_cursor``), at most ``most``."""
+        items: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while len(items) < most:
+            query: dict[str, str | int] = {**params, "limit": min(500, most - len(items))}
+            if cursor is not None:
+                query["cursor"] = cursor
+            page: dict[str, Any] = self._call("GET", path, params=query)
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                break
+        return items
+
+    def operate(self, node: str, action: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``cordon``, ``drain`` or ``uncordon`` a node (admin tokens only)."""
+        result: dict[str, Any] = self._call("POST", f"/v1/nodes/{node}/{action}", json=dict(body))
+        return result
+
     def queues(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/v1/queues")
         return result

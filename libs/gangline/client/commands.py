@@ -1,12 +1,15 @@
 """The client subcommands: for each, a help line, a ``configure_*`` that adds its arguments and a
 runner (``submit``, ``status``, ...) that returns the exit status; ``gangline.cli`` lists them.
 
-Handlers print plain-text tables to stdout and errors to stderr (exit 1).
+Handlers print plain-text tables to stdout and errors to stderr (exit 1). The operators' commands
+(``jobs``, ``history``, ``share``, ``cordon``, ``uncordon``, ``drain``, ``top``, each with
+``-o table|wide|json``) are :mod:`gangline.client.operator`'s, registered here the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gangline.client import operator
 from gangline.client.api_client import ApiClient, ApiError
 from gangline.client.tables import table
 
@@ -155,6 +159,9 @@ NOT_REPORTED = {"not_reported_yet": "not-reported", "unlimited": "unlimited"}
 def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
     """The queues with the quota service's fair-share figures (the figure it orders waiting work by)."""
     body = client.queues()
+    if args.output == "json":
+        print(json.dumps(body, indent=2, sort_keys=True, default=str), file=out)
+        return
     rows = []
     for q in body["items"]:
         jobs = q["jobs"]
@@ -202,10 +209,14 @@ def run_queues(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
 
 
 def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
+    body = client.nodes()
+    if args.output == "json":
+        print(json.dumps(body, indent=2, sort_keys=True, default=str), file=out)
+        return
     rows = [
         [
             n["node"],
-            n["state"],
+            n["state"] if not n.get("cordon") else f"{n['state']},{n['cordon']['mode']}ed",
             n["gpu_model"],
             f"{n['gpus_held']}/{n['gpu_count']}",
             ",".join(n["cordoned_gpus"]) or None,
@@ -213,7 +224,7 @@ def run_nodes(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
             n["last_heartbeat_at"],
             n["health_reason"],
         ]
-        for n in client.nodes()["items"]
+        for n in body["items"]
     ]
     print(
         table(
@@ -248,8 +259,9 @@ def configure_cancel(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", help="a sentence for the job's history")
 
 
-def configure_nothing(parser: argparse.ArgumentParser) -> None:
-    del parser  # the command takes no arguments
+def configure_listing(parser: argparse.ArgumentParser) -> None:
+    """``queues`` and ``nodes``: ``-o json`` prints what the API returned (``wide`` is the table)."""
+    operator.add_output(parser)
 
 
 submit = _handler(run_submit)
@@ -258,6 +270,13 @@ why = _handler(run_why)
 cancel = _handler(run_cancel)
 queues = _handler(run_queues)
 nodes = _handler(run_nodes)
+jobs = _handler(operator.handler(operator.RUNS["jobs"]))
+history = _handler(operator.handler(operator.RUNS["history"]))
+share = _handler(operator.handler(operator.RUNS["share"]))
+cordon = _handler(operator.handler(operator.RUNS["cordon"]))
+uncordon = _handler(operator.handler(operator.RUNS["uncordon"]))
+drain = _handler(operator.handler(operator.RUNS["drain"]))
+top = _handler(operator.handler(operator.RUNS["top"]))
 
 COMMANDS: tuple[
     tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]], ...
@@ -266,8 +285,15 @@ COMMANDS: tuple[
     ("status", STATUS_HELP, configure_job, status),
     ("why", WHY_HELP, configure_job, why),
     ("cancel", CANCEL_HELP, configure_cancel, cancel),
-    ("queues", QUEUES_HELP, configure_nothing, queues),
-    ("nodes", NODES_HELP, configure_nothing, nodes),
+    ("queues", QUEUES_HELP, configure_listing, queues),
+    ("nodes", NODES_HELP, configure_listing, nodes),
+    ("jobs", operator.JOBS_HELP, operator.configure_jobs, jobs),
+    ("history", operator.HISTORY_HELP, operator.configure_history, history),
+    ("share", operator.SHARE_HELP, operator.configure_share, share),
+    ("cordon", operator.CORDON_HELP, operator.configure_node_action(drain=False), cordon),
+    ("uncordon", operator.UNCORDON_HELP, operator.configure_node_action(drain=False), uncordon),
+    ("drain", operator.DRAIN_HELP, operator.configure_node_action(drain=True), drain),
+    ("top", operator.TOP_HELP, operator.configure_top, top),
 )
 """The client subcommands as (name, help, configure, run), in the order ``gangline --help`` lists them."""
 

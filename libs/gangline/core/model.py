@@ -8,7 +8,7 @@ or shared (offering 1000 milli-GPU for fractional jobs, as in the Alibaba 2023 t
 
 Job: W workers each asking for G whole GPUs, or one MIG profile, or a fraction of one GPU;
 optional GPU type and minimum memory; priority, queue, preemption facts, a topology constraint,
-elastic bounds and a duration hint.
+elastic bounds, a duration hint and a time limit.
 
 Allocation: what a granted job holds, one `WorkerPlacement` per rank.
 
@@ -192,6 +192,9 @@ class Job:
     topology: TopologyConstraint | None = None
     min_workers: int | None = None
     duration_hint_s: Seconds | None = None
+    """The submitter's estimate of one run's length."""
+    time_limit_s: Seconds | None = None
+    """One run's wall-clock limit: the agent stops the job there (``job.failed`` code time_limit)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -215,6 +218,17 @@ class Job:
         if self.gpu_milli is not None:
             return GpuMode.SHARED
         return GpuMode.WHOLE
+
+    @property
+    def run_bound_s(self) -> Seconds | None:
+        """How long backfill and reservations count on one run lasting: ``min(limit, hint)`` of those
+        given. A limit is a bound the job cannot exceed (it is stopped there), so with no hint, or a
+        larger one, the limit is the end to plan with; a smaller hint is the better estimate (a job
+        ending earlier only frees its GPUs sooner). None: no known end."""
+        hint, limit = self.duration_hint_s, self.time_limit_s
+        if limit is None or (hint is not None and hint <= limit):
+            return hint
+        return limit
 
     @property
     def fewest_workers(self) -> int:

@@ -12,19 +12,13 @@ from pathlib import Path
 from gangline.core.actions.queueing import run_queue_cycle
 from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import Profile, load_profile_file
-from gangline.core.framework.registry import Registry
 
 FAIR_PROFILE_PATH = Path(__file__).resolve().parents[3] / "deploy" / "profiles" / "fair.yaml"
 
 
-def queue_registry() -> Registry:
-    """Every plugin and action of the core (:func:`gangline.core.defaults.placement_registry`)."""
-    return placement_registry()
-
-
 def fair_profile(path: Path = FAIR_PROFILE_PATH) -> Profile:
     """The fair-share profile (deploy/profiles/fair.yaml)."""
-    return load_profile_file(path, queue_registry())
+    return load_profile_file(path, placement_registry())
 
 
-__all__ = ["FAIR_PROFILE_PATH", "fair_profile", "queue_registry", "run_queue_cycle"]
+__all__ = ["FAIR_PROFILE_PATH", "fair_profile", "run_queue_cycle"]

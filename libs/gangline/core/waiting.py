@@ -28,8 +28,9 @@ Fractional and MIG requests are never dropped (their capacity is not counted her
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 
 from gangline.core.model import GpuMode, GpuModel, Job, JobId, MiB
@@ -65,8 +66,8 @@ def group_key(job: Job) -> GroupKey:
 
 
 def group_key_with_hint(job: Job) -> GroupKey:
-    """`group_key` and the duration hint: for rules that read the hint (EASY backfill)."""
-    return (*group_key(job), job.duration_hint_s)
+    """`group_key` and the run bound (limit or hint): for rules that read it (EASY backfill)."""
+    return (*group_key(job), job.run_bound_s)
 
 
 class WaitingIndex:
@@ -94,8 +95,8 @@ class WaitingIndex:
         else:
             insort(group, entry, key=lambda e: e[0])
         self._where[job.id] = (key, line)
-        if job.duration_hint_s is not None:
-            insort(self._hints.setdefault(key, []), (float(job.duration_hint_s), line, job), key=_hint_key)
+        if job.run_bound_s is not None:
+            insort(self._hints.setdefault(key, []), (float(job.run_bound_s), line, job), key=_hint_key)
 
     def line_of(self, job_id: JobId) -> LineKey:
         """The line key `job_id` waits with."""
@@ -111,9 +112,9 @@ class WaitingIndex:
         job = group.pop(bisect_left(group, line, key=lambda e: e[0]))[1]
         if not group:
             del self._groups[key]
-        if job.duration_hint_s is not None:
+        if job.run_bound_s is not None:
             hints = self._hints[key]
-            del hints[bisect_left(hints, (float(job.duration_hint_s), line), key=_hint_key)]
+            del hints[bisect_left(hints, (float(job.run_bound_s), line), key=_hint_key)]
             if not hints:
                 del self._hints[key]
 
@@ -222,6 +223,17 @@ class _FitCounter:
                     n += self._workers_fit(m, per_worker) // fewest
             self._copies[key] = n
         return min(n, limit)
+
+
+def waiting_line(jobs: Iterable[Job], admitted_at: Mapping[JobId, float]) -> list[Job]:
+    """The waiting jobs in the order placement's line keeps them (:func:`cycle_jobs` reads its front):
+    highest priority first, then admitted earliest (``admitted_at``, seconds; unknown: last), then by
+    job id. Every part of it is read from the log, so a restore or a replay lines them up alike."""
+
+    def key(job: Job) -> tuple[int, float, str]:
+        return (-job.priority, admitted_at.get(job.id, math.inf), job.id)
+
+    return sorted(jobs, key=key)
 
 
 def cycle_jobs(snapshot: Snapshot, line: Sequence[Job], head: int) -> list[Job]:

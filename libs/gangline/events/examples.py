@@ -29,6 +29,8 @@ _SOURCES = {
     "node.failed": "gangline/node_health",
     "node.rejected": "gangline/placement",
     "queue.status": "gangline/quota",
+    "node.cordoned": "gangline/api",
+    "node.uncordoned": "gangline/api",
 }
 
 
@@ -219,6 +221,14 @@ def example_events() -> list[Event]:
             },
             as_of=EPOCH + timedelta(seconds=20),
         ),
+        nodes.NodeCordoned(
+            node="dgx-a02",
+            mode="drain",
+            reason="firmware update in the 14:00 window",
+            requested_by="sre-oncall",
+            drain_grace_s=600,
+        ),
+        nodes.NodeUncordoned(node="dgx-a02", reason="firmware updated", requested_by="sre-oncall"),
     ]
 
 

@@ -39,6 +39,9 @@ MAX_COMMAND_AND_ENV_BYTES = 256 * 1024
 """The command and env of one job together, as UTF-8 JSON: keeps a ``job.admitted`` (which carries them)
 far below the broker's 1 MiB record limit, like Linux's ``ARG_MAX`` keeps argv and environ bounded."""
 MAX_DURATION_HINT_S = 366 * 86_400
+MAX_TIME_LIMIT_S = 30 * 86_400
+"""30 days: longer than any training run between checkpoints should go unattended; a job that needs
+more asks again (resuming from its checkpoint)."""
 MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
 """16 TiB per GPU: far above any GPU, low enough that the number is a number."""
 NO_NUL = r"^[^\x00]*$"
@@ -101,6 +104,10 @@ class JobSpec(BaseModel):
     ] = Field(default_factory=dict)
     duration_hint_s: Annotated[int, Field(ge=1, le=MAX_DURATION_HINT_S)] | None = None
     """The producer's estimate of run time, used by backfill; never enforced (at most 366 days)."""
+    time_limit_s: Annotated[int, Field(ge=1, le=MAX_TIME_LIMIT_S)] | None = None
+    """Wall-clock limit of one run (attempt): at the limit the agent sends the checkpoint signal, gives
+    the job its ``checkpoint_grace_s``, stops it, and the job ends ``job.failed`` code ``time_limit``.
+    Backfill plans with the smaller of the limit and ``duration_hint_s`` (at most 30 days)."""
     min_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
     max_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
     submitted_by: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -226,6 +233,10 @@ class JobQueued(_JobEvent):
     gpu_type: Label | None = None
     """The GPU model quota charged this attempt to, when the job named none (its flavour, as Kueue
     says): placement puts it only on GPUs of that model. None: any model the job's spec allows."""
+    replaces: str | None = Field(default=None, max_length=128)
+    """The id of the ``job.queued`` of this attempt whose charge this one moves to ``gpu_type`` (quota
+    moves a job not placed yet when the nodes of the model it was charged to cannot hold it any more):
+    not a new attempt. None: a new attempt."""
 
 
 class PendingReason(BaseModel):

@@ -245,6 +245,60 @@ class NodeRejected(Event):
         return self.node
 
 
+CordonMode = Literal["cordon", "drain"]
+MAX_DRAIN_GRACE_S = 7 * 86_400
+DEFAULT_DRAIN_GRACE_S = 600
+"""What a drain gives running work before it is asked to checkpoint and leave (10 minutes: long enough
+for most jobs' periodic checkpoint to land, short enough for a maintenance window)."""
+Operator = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class NodeCordoned(Event):
+    """An operator takes a node out of service (on nodes.operator, written by the API for an admin).
+
+    ``cordon``: no new work lands on the node; what runs there runs on. ``drain``: no new work either,
+    and once ``drain_grace_s`` has passed every job still on the node is asked to checkpoint (its own
+    ``checkpoint_grace_s``, as for a preemption), then its GPUs are taken back and it is requeued to
+    run elsewhere, so the node empties. A later cordon or drain of the node replaces this one; a
+    ``node.uncordoned`` ends it. Re-registering does not: the operator said so, the node did not.
+    """
+
+    TYPE = "node.cordoned"
+    VERSION = 1
+
+    node: NodeIdField
+    mode: CordonMode = "cordon"
+    reason: Sentence | None = None
+    requested_by: Operator | None = None
+    drain_grace_s: Annotated[int, Field(ge=0, le=MAX_DRAIN_GRACE_S)] | None = None
+    """Drain only (required there): seconds running work may still run before it is preempted."""
+
+    @model_validator(mode="after")
+    def _grace_with_drain(self) -> Self:
+        if self.mode == "drain" and self.drain_grace_s is None:
+            raise ValueError("a drain gives drain_grace_s (seconds running work may still run)")
+        if self.mode == "cordon" and self.drain_grace_s is not None:
+            raise ValueError("drain_grace_s is for a drain; a cordon leaves running work alone")
+        return self
+
+    def subject(self) -> str:
+        return self.node
+
+
+class NodeUncordoned(Event):
+    """An operator puts a cordoned or draining node back into service: it takes new work again."""
+
+    TYPE = "node.uncordoned"
+    VERSION = 1
+
+    node: NodeIdField
+    reason: Sentence | None = None
+    requested_by: Operator | None = None
+
+    def subject(self) -> str:
+        return self.node
+
+
 EVENTS: list[type[Event]] = [
     NodeRegistered,
     NodeRejected,
@@ -253,5 +307,7 @@ EVENTS: list[type[Event]] = [
     GpuHealthChanged,
     GpuErrorReported,
     NodeFailed,
+    NodeCordoned,
+    NodeUncordoned,
 ]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {(NodeHeartbeat.TYPE, 1): heartbeat_v1_to_v2}

@@ -18,6 +18,7 @@ ALLOCATIONS_LOG = "allocations.log"
 NODES_INVENTORY = "nodes.inventory"
 NODES_HEARTBEATS = "nodes.heartbeats"
 NODES_HEALTH = "nodes.health"
+NODES_OPERATOR = "nodes.operator"
 QUEUES_STATUS = "queues.status"
 
 PUBLIC_TOPICS = (
@@ -27,6 +28,7 @@ PUBLIC_TOPICS = (
     NODES_INVENTORY,
     NODES_HEARTBEATS,
     NODES_HEALTH,
+    NODES_OPERATOR,
     QUEUES_STATUS,
 )
 
@@ -131,6 +133,17 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed, nodes.NodeRejected),
         dead_letter_topic(NODES_HEALTH),
+    ),
+    # Operators' word on nodes (cordon, drain, uncordon), written by the API for admins only. Kept
+    # forever: replay must see which nodes were out of service at each decision.
+    TopicSpec(
+        NODES_OPERATOR,
+        "node",
+        1,
+        "delete",
+        FOREVER,
+        (nodes.NodeCordoned, nodes.NodeUncordoned),
+        dead_letter_topic(NODES_OPERATOR),
     ),
     # A table, not a log: the latest status of each queue is all anyone reads (quota restores its
     # throttle from it, the ledger projects it). Quota's replay reads what compaction left.

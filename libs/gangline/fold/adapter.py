@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gangline.core.hardware import GpuOffer, NodeOffer, WorkerAsk
 from gangline.core.mig import MigProfileName
 from gangline.core.model import (
     Allocation,
@@ -117,6 +118,7 @@ def core_job(job_id: JobId, spec: JobSpec) -> Job:
         topology=topology,
         min_workers=spec.min_workers,
         duration_hint_s=Seconds(spec.duration_hint_s) if spec.duration_hint_s is not None else None,
+        time_limit_s=Seconds(spec.time_limit_s) if spec.time_limit_s is not None else None,
     )
 
 
@@ -167,3 +169,29 @@ def _core_mig(mig: MigSlice | None) -> MigSlot | None:
         gpu_instance=mig.instance_id,
         compute_instance=mig.compute_instance_id,
     )
+
+
+def worker_ask(spec: JobSpec) -> WorkerAsk:
+    """What one worker of ``spec`` needs of a GPU model, and how many workers at least."""
+    return WorkerAsk(
+        workers=spec.min_workers or spec.workers,
+        gpus=spec.gpus_per_worker,
+        memory_mib=spec.gpu_memory_mib,
+        mig_profile=spec.mig_profile,
+        milli=spec.gpu_fraction_milli,
+        within=TopologyLevel.parse(spec.topology.level)
+        if spec.topology is not None and spec.topology.mode == "required"
+        else None,
+    )
+
+
+def node_offer(node: NodeRegistered | None, unusable_gpus: frozenset[str] = frozenset()) -> NodeOffer:
+    """What a node's usable GPUs offer, as the core's hardware counts it (nothing for None: out)."""
+    if node is None:
+        return NodeOffer()
+    offered = [
+        GpuOffer(GpuModel(g.model), CoreMiB(g.memory_mib), GpuMode.MIG if g.mig_enabled else GpuMode.WHOLE)
+        for g in node.gpus
+        if g.id not in unusable_gpus
+    ]
+    return NodeOffer(tuple(sorted(offered)), node.nvlink_domain, node.leaf, node.spine)

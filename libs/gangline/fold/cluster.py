@@ -8,7 +8,13 @@ mirrors the cluster with it, and the simulator runs both over it.
 A job waits to be placed when it was admitted (or, ``gated``, queued by the quota service; a job of an
 unlimited queue is never held by quota), holds no live allocation, is not finished, and has had fewer
 grants than attempts allowed (one, plus one per ``job.requeued``). A finished job whose grants are all
-released is retired: only its released allocation ids are kept, so state stays bounded by live jobs.
+released (or that had none) is retired: only its released allocation ids are kept, so state stays
+bounded by live jobs.
+
+An operator's cordon or drain (``node.cordoned`` on nodes.operator, :mod:`gangline.fold.cordons`)
+marks the node cordoned in the snapshot until ``node.uncordoned``, as a failed node is: the core's
+health filter gives it no new work, and its running work stays (node_health sends a drained node's
+work away once the drain's grace has passed).
 
 A registration whose hardware the core cannot model (``core.snapshot.node_problem``) leaves the node
 out (``refused``): its GPUs take no work, every other node is scheduled as before.
@@ -41,9 +47,17 @@ from gangline.events.jobs import (
     JobRequeued,
     JobSpec,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered, NodeRejected
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    NodeCordoned,
+    NodeFailed,
+    NodeRegistered,
+    NodeRejected,
+    NodeUncordoned,
+)
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_node
+from gangline.fold.cordons import CORDON_EVENTS, NodeCordons
 
 log = logging.getLogger(__name__)
 _NEVER = datetime.min.replace(tzinfo=UTC)
@@ -53,6 +67,7 @@ FOLDED_EVENTS = (
     "node.rejected",
     "node.failed",
     "gpu.health_changed",
+    *CORDON_EVENTS,
     "job.admitted",
     "job.queued",
     "job.requeued",
@@ -76,8 +91,9 @@ class JobRecord:
     """Ids of the job.queued events seen (the quota service queues once per attempt)."""
     requeued_attempt: int = 1
     flavour: str | None = None
-    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``), when
-    the job named none: the attempt is placed only on that model, so the quota it holds is the one used."""
+    """The GPU model the quota service charged the latest attempt to (``job.queued``'s ``gpu_type``, or
+    the model a later ``job.queued`` moved it to), when the job named none: the attempt is placed only
+    on that model, so the quota it holds is the one used."""
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
     finished: bool = False
@@ -150,7 +166,7 @@ class ClusterFold:
     """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
     live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
-    """Jobs that may be placed now (a cycle orders them by :func:`_order_key`)."""
+    """Jobs that may be placed now (a cycle lines them up by :func:`gangline.core.waiting.waiting_line`)."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)
     preemptors: dict[JobId, set[tuple[JobId, AllocationId]]] = field(default_factory=dict)
     """Per job for which running work was asked to give its GPUs back (job.preempting names it), the
@@ -161,6 +177,8 @@ class ClusterFold:
     """Nodes whose latest registration the core cannot model: its event id and why (they take no work)."""
     rejections_sent: set[str] = field(default_factory=set)
     """Registrations whose ``node.rejected`` is in the log (ours, read back) or sent by this run."""
+    cordons: NodeCordons = field(default_factory=NodeCordons)
+    """Operators' cordons and drains (nodes.operator): those nodes take no new work."""
     _snapshot: Snapshot | None = None
 
     # -- folding the log ---------------------------------------------------------------------
@@ -196,6 +214,11 @@ class ClusterFold:
             if data.registration_id is not None:
                 self.rejections_sent.add(data.registration_id)
             return False
+        if isinstance(data, NodeCordoned | NodeUncordoned):
+            if not self.cordons.fold(envelope):
+                return False
+            self._snapshot = None
+            return isinstance(data, NodeUncordoned)  # back in service: room for waiting jobs
         if isinstance(data, NodeFailed):
             self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
             self._snapshot = None
@@ -234,10 +257,15 @@ class ClusterFold:
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
-            record.queued.add(envelope.id)
+            moved = (
+                data.replaces is not None and data.gpu_type is not None and data.gpu_type != record.flavour
+            )
+            if data.replaces is None:
+                record.queued.add(envelope.id)  # a move (``replaces``) is the same attempt, elsewhere
             if data.gpu_type is not None:
                 record.flavour = data.gpu_type
-            return self._refresh(record)
+            new = self._refresh(record)
+            return new or (moved and record.job_id in self.waiting)  # a move: another model may hold it
         if isinstance(data, JobRequeued):
             record = self._record(data.job_id)
             record.requeued_attempt = max(record.requeued_attempt, data.attempt)
@@ -343,15 +371,22 @@ class ClusterFold:
             return new
         self.waiting.pop(record.job_id, None)
         self.last_pending.pop(record.job_id, None)
-        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released.
+        # An end read before its grant (a restore reads jobs.events first) keeps the job until it is released;
+        # a job that ended without one (failed by quota, cancelled while waiting) is retired at once (a
+        # grant read after that brings it back, finished: `_absorbed_by_retired`).
         ended_unreleased = any(a not in record.released for a in record.ended)
-        if record.finished and record.grants and record.live() is None and not ended_unreleased:
+        if record.finished and record.live() is None and not ended_unreleased:
             self._retire(record)
         return False
 
     # -- the cluster as the core sees it ---------------------------------------------------
 
     def cordoned(self, node: NodeId) -> bool:
+        """No new work on ``node``: it failed (since its latest registration) or an operator cordoned it."""
+        return self.cordons.cordoned(node) or self.node_failed(node)
+
+    def node_failed(self, node: NodeId) -> bool:
+        """Whether ``node`` failed since its latest registration (whatever order the two were read in)."""
         failed = self.failed_at.get(node)
         return failed is not None and failed >= self.registered_at.get(node, failed)
 

@@ -184,12 +184,12 @@ def run_replay(args: argparse.Namespace, deciders: Deciders, what_if_engine: Wha
         if not (chain.ok and same):
             status = 1
     if args.profile is not None:
+        from gangline.core.defaults import placement_registry
         from gangline.queues_file import load_queues_file
         from gangline.replay.whatif import what_if
-        from gangline.sim.run import sim_registry
 
         try:
-            other = load_profile_file(args.profile, sim_registry())
+            other = load_profile_file(args.profile, placement_registry())
             if what_if_engine is not None:
                 base, alt = what_if_engine(records, args.profile, args.queues)
             else:

@@ -50,6 +50,8 @@ class JobRecord:
     end: float | None
     preemptions: int
     lost_gpu_hours: float
+    timed_out: bool = False
+    """Stopped at its time limit (the live system's ``job.failed`` code time_limit), not completed."""
 
     @property
     def wait(self) -> float | None:
@@ -173,6 +175,12 @@ def fragmentation(snapshot: Snapshot, waiting: Sequence[Job]) -> tuple[float, fl
 
 def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, float]:
     """`fragmentation` given the distinct worker needs of the waiting jobs."""
+    by_model = fragmentation_by_model(snapshot, needs).values()
+    return sum(frag for frag, _ in by_model), sum(free for _, free in by_model)
+
+
+def fragmentation_by_model(snapshot: Snapshot, needs: Iterable[Need]) -> dict[GpuModel, tuple[float, float]]:
+    """`fragmentation_of` per GPU model: model → (free GPUs no waiting worker can use, free GPUs)."""
     snap = snapshot
     n_models = len(snap.models)
     whole_min = [math.inf] * n_models
@@ -186,9 +194,10 @@ def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, 
                 whole_min[m] = min(whole_min[m], size)
             elif kind is GpuMode.SHARED:
                 share_min[m] = min(share_min[m], size)
-    frag = 0.0
-    free_total = 0.0
+    out: dict[GpuModel, tuple[float, float]] = {}
     for m in range(n_models):
+        frag = 0.0
+        free_total = 0.0
         if snap.capacity[m]:
             need = whole_min[m]
             for k, bucket in enumerate(snap.buckets[m]):
@@ -214,7 +223,8 @@ def fragmentation_of(snapshot: Snapshot, needs: Iterable[Need]) -> tuple[float, 
                         free_total += left / FULL_GPU_MILLI
                         if left < need_milli:
                             frag += left / FULL_GPU_MILLI
-    return frag, free_total
+        out[snap.models[m]] = (frag, free_total)
+    return out
 
 
 def _need(job: TraceJob) -> Need:
@@ -245,6 +255,7 @@ class Recorder:
         self.info: dict[JobId, TraceJob] = {}
         self.preemptions: dict[JobId, int] = {}
         self.lost: dict[JobId, float] = {}
+        self.timed_out: set[JobId] = set()
         self.waiting = 0
         self.running = 0.0
         self.q_running: dict[QueueName, float] = {}
@@ -287,8 +298,10 @@ class Recorder:
         self.running += job.gpus
         self.q_running[job.queue] = self.q_running.get(job.queue, 0.0) + job.gpus
 
-    def finished(self, job: TraceJob, t: float) -> None:
+    def finished(self, job: TraceJob, t: float, *, timed_out: bool = False) -> None:
         self.end[job.id] = t
+        if timed_out:
+            self.timed_out.add(job.id)
         self.running -= job.gpus
         self.q_running[job.queue] -= job.gpus
 
@@ -374,6 +387,7 @@ class Recorder:
                 end=self.end.get(jid),
                 preemptions=self.preemptions.get(jid, 0),
                 lost_gpu_hours=self.lost.get(jid, 0.0),
+                timed_out=jid in self.timed_out,
             )
             for jid, j in self.info.items()
         ]

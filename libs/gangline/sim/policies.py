@@ -72,7 +72,6 @@ from gangline.core.model import (
     Seconds,
     WorkerPlacement,
 )
-from gangline.core.queue_profile import queue_registry
 from gangline.core.queues import CohortSpec, QueueSpec, QuotaLedger, QuotaTree, Resource, ResourceQuota
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import (
@@ -568,10 +567,10 @@ class EasyBackfill(CorePolicy):
         default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
         prune: bool = True,
     ) -> None:
-        profile = load_profile(EASY_BACKFILL_YAML, registry or queue_registry())
+        profile = load_profile(EASY_BACKFILL_YAML, registry or placement_registry())
         super().__init__(name, profile, nodes, QueueSetup(tree, capacity={}), prune=prune)
         self._waiting = WaitingIndex(group_key_with_hint)
-        self._idle_profile = load_profile(FIFO_GANG_BEST_FIT_YAML, registry or queue_registry())
+        self._idle_profile = load_profile(FIFO_GANG_BEST_FIT_YAML, registry or placement_registry())
         self._idle_fit: dict[GroupKey, bool] = {}
         self._limits = dict(time_limits or {})
         self.default_time_limit_s = default_time_limit_s

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TextIO
 
 from gangline.cluster_spec import ClusterSpec
+from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.core.framework.registry import Registry
 from gangline.core.model import JobId, Node, QueueName
-from gangline.core.queue_profile import queue_registry
 from gangline.core.queues import QueueSpec, QuotaTree
 from gangline.queues_file import QueuesFile, quota_specs
 from gangline.sim.metrics import RunResult
@@ -36,14 +36,9 @@ from gangline.sim.simulator import Progress, SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
 
-def sim_registry() -> Registry:
-    """Every plugin and action a profile may name in a simulation (placement + queueing)."""
-    return queue_registry()
-
-
 def load_profiles(paths: Sequence[str | Path], registry: Registry | None = None) -> list[Profile]:
     """Profiles from YAML files; names must differ (they label the report's rows)."""
-    reg = registry or sim_registry()
+    reg = registry or placement_registry()
     out = [load_profile_file(p, reg) for p in paths]
     names = [p.name for p in out]
     if len(set(names)) != len(names):
@@ -143,7 +138,7 @@ def run_campaign(
             profile=run.profile,
             queues=setup,
             pod_workers=pod_workers,
-            registry=registry or sim_registry(),
+            registry=registry or placement_registry(),
             jobs=core_jobs,
             time_limits=time_limits,
             default_time_limit_s=default_time_limit_s,

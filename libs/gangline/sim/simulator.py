@@ -8,6 +8,10 @@ A cycle runs only when something changed since the last one and a job waits; whe
 changed, the policy is told which (see `Policy.cycle`) and a monotone one tries only those, so a
 saturated stretch of the trace costs one cycle per release, not one per arrival over every waiter.
 
+A job whose trace gives a time limit runs at most that long per start, as the agent enforces it: a
+run the limit cuts short ends there (recorded ``timed_out``, like ``job.failed`` code time_limit) and
+is not run again.
+
 Preempted jobs return to the queue with the work since their last checkpoint lost (checkpoints
 every `checkpoint_s` of run time); a cycle that evicted is followed by another at the same instant,
 so the jobs they were preempted for start on the GPUs they freed. The run ends when no event is
@@ -58,6 +62,8 @@ class _Live:
     remaining: float
     started_at: float = -1.0
     epoch: int = 0
+    cut: bool = False
+    """The current run ends at the job's time limit, before its work is done."""
 
 
 class Simulator:
@@ -113,7 +119,7 @@ class Simulator:
                 if lv.epoch != epoch:
                     continue  # preempted since; this completion is stale
                 policy.finish(jid, t)
-                rec.finished(lv.job, end)
+                rec.finished(lv.job, end, timed_out=lv.cut)
                 del live[jid]
                 finished += 1
                 released = True
@@ -145,7 +151,11 @@ class Simulator:
                     rec.started(lv.job, t)
                     if not opts.hold:
                         seq += 1
-                        heapq.heappush(completions, (t + lv.remaining, seq, jid, lv.epoch))
+                        run_s, limit = lv.remaining, lv.job.time_limit_s
+                        lv.cut = limit is not None and limit < run_s
+                        if lv.cut and limit is not None:
+                            run_s = limit
+                        heapq.heappush(completions, (t + run_s, seq, jid, lv.epoch))
                 rec.cycle_done(out.partial, out.problems)
                 # Evicted jobs' GPUs are free now: the jobs they were preempted for take them at
                 # once, in another cycle at this instant (a few at most, so preemption cannot loop).

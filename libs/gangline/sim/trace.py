@@ -96,6 +96,9 @@ class TraceJob:
             preemptible=self.preemptible,
             topology=TopologyConstraint(TopologyLevel.NODE) if self.same_node else None,
             duration_hint_s=Seconds(max(1, math.ceil(self.duration_s))),
+            time_limit_s=Seconds(max(1, math.ceil(self.time_limit_s)))
+            if self.time_limit_s is not None
+            else None,
         )
 
 

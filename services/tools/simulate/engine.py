@@ -5,7 +5,8 @@ What runs is what the live services run: admission's ``on_request``, quota's ``d
 ``decide``, each on the state its ``wiring.new_state`` builds, each reading the topics its wiring
 consumes and selecting the event types its wiring's ``select`` decodes. The simulated nodes act like
 ``fake-nodes`` (:class:`services.agent.fake.FakeCluster`): they register, heartbeat, start each grant
-on their nodes (``job.started``), complete it after its duration hint (``job.completed``), stop a job
+on their nodes (``job.started``), complete it after its duration hint (``job.completed``) or stop it at
+its ``time_limit_s`` when that comes first (``job.checkpointed``, then ``job.failed`` time_limit), stop a job
 whose allocation is released, and answer ``job.preempting`` with ``job.checkpointed`` after a delay;
 a failed node goes silent (and may report an XID first).
 
@@ -27,10 +28,11 @@ Heartbeats
 With ``heartbeats="always"`` every live node beats every ``heartbeat_s`` (one transaction per tick),
 as fake-nodes do. With ``"when_needed"`` (long traces) ticks are delivered only while a heartbeat can
 decide something: a node is silent and not yet declared failed (node_health's silence check), a victim
-is being asked to checkpoint (preemption finishes overdue victims on any event), or placement owes a
-first cycle with jobs waiting. Before the first tick after a pause, node_health folds the last
-skipped round (every live node heard at the previous tick, with its sequence number), which is all a
-check during the pause could have seen: every node heard within the silence limit, nothing declared.
+is being asked to checkpoint (preemption finishes overdue victims on any event), placement owes a
+first cycle with jobs waiting, or an operator's drain still has work on its node (node_health asks it
+to leave on the first event after the grace). Before the first tick after a pause, node_health folds
+the last skipped round (every live node heard at the previous tick, with its sequence number), which
+is all a check during the pause could have seen: every node heard within the silence limit, nothing declared.
 """
 
 from __future__ import annotations
@@ -55,11 +57,20 @@ from gangline.events.jobs import (
     JobCancelRequested,
     JobCheckpointed,
     JobCompleted,
+    JobFailed,
     JobPreempting,
     JobRequested,
     JobStarted,
 )
-from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    GpuStatus,
+    HealthCause,
+    NodeCordoned,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeUncordoned,
+)
 from gangline.events.types import AllocationId, JobId, NodeId, Seconds
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.admission.handlers import on_request
@@ -166,7 +177,9 @@ class Placement(Consumer):
         self.state = placement_state(settings, queues)
         t = self.state.topics
         self._requests, self._heartbeats = t.requests, t.heartbeats
-        self.topics = frozenset({t.inventory, t.health, t.events, t.allocations, t.heartbeats, t.requests})
+        self.topics = frozenset(
+            {t.inventory, t.health, t.operator, t.events, t.allocations, t.heartbeats, t.requests}
+        )
         self._kinds = frozenset(FOLDED_EVENTS) - {"allocation.granted"}  # its own grants it holds
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
@@ -190,7 +203,7 @@ class Preemption(Consumer):
         self.state = preemption_state(settings, queues)
         t = self.state.mirror.topics
         self._heartbeats = t.heartbeats
-        self.topics = frozenset({t.inventory, t.health, t.events, t.allocations, t.heartbeats})
+        self.topics = frozenset({t.inventory, t.health, t.operator, t.events, t.allocations, t.heartbeats})
         self._kinds = frozenset({*FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
@@ -211,7 +224,7 @@ class NodeHealth(Consumer):
     def __init__(self, settings: NodeHealthSettings) -> None:
         self.state = node_health_state(settings, now=EPOCH)
         t = self.state.topics
-        self.topics = frozenset({t.inventory, t.health, t.allocations, t.heartbeats, t.events})
+        self.topics = frozenset({t.inventory, t.health, t.operator, t.allocations, t.heartbeats, t.events})
         self._kinds = frozenset(NODE_HEALTH_EVENTS)
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
@@ -258,6 +271,8 @@ class SimNodes(Consumer):
         self.topics = frozenset({t.events, t.allocations})
         self.silent: set[NodeId] = set()
         self.durations: dict[JobId, int | None] = {}
+        self.limits: dict[JobId, int] = {}
+        """Jobs with a ``time_limit_s``: each run is stopped there (checkpoint, then ``job.failed``)."""
         self.running: dict[AllocationId, _Running] = {}
         self.running_jobs: dict[JobId, int] = {}
         self.undated: dict[JobId, AllocationId] = {}
@@ -283,6 +298,8 @@ class SimNodes(Consumer):
         t = self.sim.topics
         if isinstance(data, JobAdmitted):
             self.durations[data.job_id] = data.spec.duration_hint_s
+            if data.spec.time_limit_s is not None:
+                self.limits[data.job_id] = data.spec.time_limit_s
             undated = self.undated.pop(data.job_id, None)
             if undated is not None:
                 self._start_timer(undated)
@@ -323,9 +340,16 @@ class SimNodes(Consumer):
         job_id = running.granted.job_id
         hint = self.durations.get(job_id)
         duration = float(hint) if hint is not None else self.options.default_duration_s
-        if duration is None:
+        limit = self.limits.get(job_id)
+        left = max(1.0, duration - self.saved_s.get(job_id, 0.0)) if duration is not None else None
+        if limit is not None and (left is None or limit < left):
+            # The agent stops the run at its limit: checkpoint signal, acknowledgement, job.failed.
+            token = running.timer = next(self._tokens)
+            at = max(self.sim.now, running.started + limit + self.options.checkpoint_delay_s)
+            self.sim.at(at, lambda: self._time_limit(allocation_id, token, limit))
+            return
+        if left is None:
             return  # runs until released
-        left = max(1.0, duration - self.saved_s.get(job_id, 0.0))
         token = running.timer = next(self._tokens)
         at = max(self.sim.now, running.started + left)
         self.sim.at(at, lambda: self._complete(allocation_id, token))
@@ -356,6 +380,40 @@ class SimNodes(Consumer):
         self.durations.pop(granted.job_id, None)  # a completed job is never granted again
         self.sim.publish(
             self.name, [(self.sim.topics.events, self.envelope(done, derived_id(allocation_id, "completed")))]
+        )
+
+    def _time_limit(self, allocation_id: AllocationId, token: int, limit: int) -> None:
+        running = self.running.get(allocation_id)
+        if running is None or running.timer != token:
+            return
+        granted = running.granted
+        if any(p.node in self.silent for p in granted.placements):
+            return
+        self._stop(allocation_id)
+        held = self.sim.now - running.started
+        node = granted.placements[0].node
+        ack = JobCheckpointed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            node=node,
+            checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
+        )
+        failed = JobFailed(
+            job_id=granted.job_id,
+            allocation_id=allocation_id,
+            code="time_limit",
+            reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
+            gpu_seconds=Seconds(int(held * granted.whole_gpus)),
+        )
+        self.durations.pop(granted.job_id, None)
+        self.limits.pop(granted.job_id, None)
+        events = self.sim.topics.events
+        self.sim.publish(
+            self.name,
+            [
+                (events, self.envelope(ack, derived_id(allocation_id, "time-limit", "checkpointed"))),
+                (events, self.envelope(failed, derived_id(allocation_id, "time-limit", "failed"))),
+            ],
         )
 
     def _checkpoint(self, asked: JobPreempting, event_id: str) -> None:
@@ -551,6 +609,12 @@ class ServiceSimulation:
         event = JobCancelRequested(job_id=JobId(job_id), reason=reason)
         self._produce(at, self.topics.requests, event, derived_id(PRODUCER_SOURCE, job_id, "cancel"))
 
+    def operate(self, at: float, event: NodeCordoned | NodeUncordoned) -> None:
+        """An operator's cordon, drain or uncordon of a node on nodes.operator at ``at``, as the API
+        writes it (placement, preemption and node_health honour it as live)."""
+        eid = derived_id(PRODUCER_SOURCE, event.node, event.TYPE, at)
+        self._produce(at, self.topics.operator, event, eid)
+
     def fail_node(self, at: float, node: str, *, xid: int | None = None) -> None:
         """At ``at`` the node goes silent (optionally reporting an XID first), as fake-nodes' fail_node."""
 
@@ -609,6 +673,9 @@ class ServiceSimulation:
             return True
         if self.preemption.state.in_flight:
             return True
+        health = self.node_health.state
+        if any(set(health.live_on(n)) - health.asked_to_leave for n in health.cordons.evicts_at):
+            return True  # a drain will send work away when its grace has passed: ticks are its clock
         placement = self.placement.state
         return placement.needs_cycle and bool(placement.waiting)
 

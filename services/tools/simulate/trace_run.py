@@ -36,7 +36,7 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.core.model import GpuMode, Job, JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.ids import derived_id
-from gangline.events.jobs import JobRejected, JobRequested, Topology
+from gangline.events.jobs import MAX_TIME_LIMIT_S, JobRejected, JobRequested, Topology
 from gangline.events.nodes import NodeRegistered
 from gangline.sim.metrics import Recorder, RunResult
 from gangline.sim.run import entitlement_weights
@@ -76,6 +76,7 @@ def unlimited_queues(trace_queues: Iterable[str]) -> Queues:
 def request_of(job: TraceJob) -> JobRequested:
     """The trace job as a producer asks for it."""
     shared = job.gpu_milli is not None
+    limit = job.time_limit_s
     return JobRequested(
         job_id=job.id,
         queue=job.queue,
@@ -87,6 +88,7 @@ def request_of(job: TraceJob) -> JobRequested:
         preemptible=job.preemptible,
         topology=Topology(level="node") if job.same_node else None,
         duration_hint_s=max(1, math.ceil(job.duration_s)),
+        time_limit_s=min(MAX_TIME_LIMIT_S, max(1, math.ceil(limit))) if limit is not None else None,
     )
 
 

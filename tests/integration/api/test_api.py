@@ -398,3 +398,89 @@ async def test_health_says_503_while_the_producer_is_down(
         response = await client.get("/healthz")
     assert response.status_code == 503
     assert "not started" in response.json()["detail"]
+
+
+async def test_cordon_drain_uncordon_are_admin_only_strict_and_published_on_nodes_operator(
+    world: World, pg_pool: asyncpg.Pool, kafka_bootstrap: str
+) -> None:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    gpus = (nodes.GpuInfo(id="gpu0", index=0, uuid=f"GPU-{node}", model="H100", memory_mib=81920),)
+    registered = nodes.NodeRegistered(
+        node=node, address="10.0.0.9", gpus=gpus, nvlink_domain=node, leaf="l0", spine="s0"
+    )
+    await seed(pg_pool, envelopes((0, registered)))
+    admin, tenant = world.auth(world.admin_token), world.auth(world.research_token)
+    refused = await world.client.post(f"/v1/nodes/{node}/drain", json={"grace_s": 5}, headers=tenant)
+    assert refused.status_code == 403
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["detail"] == "tenant 'research' may not drain nodes: only an admin token may"
+    for body in (
+        {"grace_s": "5"},
+        {"grace_s": -1},
+        {"grace_s": 8 * 86_400},
+        {"reason": "x", "mode": "drain"},
+    ):
+        invalid = await world.client.post(f"/v1/nodes/{node}/drain", json=body, headers=admin)
+        assert invalid.status_code == 422, body
+        assert invalid.headers["content-type"] == "application/problem+json"
+    missing = await world.client.post("/v1/nodes/no-such-node/cordon", headers=admin)
+    assert (missing.status_code, missing.json()["type"]) == (404, "urn:gangline:problem:not-found")
+    bad_name = await world.client.post("/v1/nodes/bad%20name/cordon", headers=admin)
+    assert bad_name.status_code == 422
+
+    answers = [
+        await world.client.post(f"/v1/nodes/{node}/cordon", json={"reason": "bios"}, headers=admin),
+        await world.client.post(f"/v1/nodes/{node}/drain", headers=admin),  # the default grace
+        await world.client.post(f"/v1/nodes/{node}/uncordon", headers=admin),
+    ]
+    assert [a.status_code for a in answers] == [202, 202, 202]
+    assert [a.json()["action"] for a in answers] == ["cordon", "drain", "uncordon"]
+    assert answers[1].json()["drain_grace_s"] == nodes.DEFAULT_DRAIN_GRACE_S == 600
+    published = await read_topic(kafka_bootstrap, world.prefix + "nodes.operator", want=3)
+    mine = [e for e in published if e.subject == node]
+    assert [(type(e.data).__name__, getattr(e.data, "mode", None)) for e in mine] == [
+        ("NodeCordoned", "cordon"),
+        ("NodeCordoned", "drain"),
+        ("NodeUncordoned", None),
+    ]
+    assert [e.id for e in mine] == [a.json()["event_id"] for a in answers]
+    assert all(e.data.requested_by == "ops" and e.source == "gangline/api" for e in mine)
+
+
+async def test_history_shows_a_tenant_only_its_own_jobs_and_wants_a_zoned_since(
+    world: World, pg_pool: asyncpg.Pool
+) -> None:
+    mine = jobs.JobRequested(job_id=uid("hist"), queue=world.research, workers=1, gpus_per_worker=2)
+    theirs = jobs.JobRequested(job_id=uid("hist"), queue=world.vision, workers=1, gpus_per_worker=2)
+    grant = allocations.AllocationGranted(
+        job_id=mine.job_id,
+        allocation_id=f"{mine.job_id}.1",
+        queue=world.research,
+        placements=(allocations.Placement(rank=0, node="n-hist", gpus=("gpu0", "gpu1")),),
+    )
+    released = allocations.AllocationReleased(
+        job_id=mine.job_id, allocation_id=f"{mine.job_id}.1", reason="completed"
+    )
+    await seed(pg_pool, envelopes((0, mine), (1, theirs), (10, grant), (10 + 1800, released)))
+    since = (T0 - timedelta(minutes=1)).isoformat()
+    for token, want, hidden in (
+        (world.research_token, mine.job_id, theirs.job_id),
+        (world.vision_token, theirs.job_id, mine.job_id),
+    ):
+        answer = await world.client.get("/v1/history", params={"since": since}, headers=world.auth(token))
+        assert answer.status_code == 200
+        listed = {j["job_id"]: j for j in answer.json()["items"]}
+        assert want in listed and hidden not in listed
+    ours = await world.client.get(
+        "/v1/history", params={"since": since}, headers=world.auth(world.research_token)
+    )
+    row = next(j for j in ours.json()["items"] if j["job_id"] == mine.job_id)
+    assert row["gpu_hours"] == 1.0 and row["runs"] == 1 and row["nodes"] == ["n-hist"]  # 2 GPUs, 30 min
+    naive = await world.client.get(
+        "/v1/history", params={"since": "2026-03-01T11:59:00"}, headers=world.auth(world.research_token)
+    )
+    assert naive.status_code == 400 and naive.headers["content-type"] == "application/problem+json"
+    other_queue = await world.client.get(
+        "/v1/history", params={"queue": world.vision}, headers=world.auth(world.research_token)
+    )
+    assert other_queue.status_code == 403

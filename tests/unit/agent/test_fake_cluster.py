@@ -15,6 +15,7 @@ from gangline.events.jobs import (
     JobAdmitted,
     JobCheckpointed,
     JobCompleted,
+    JobFailed,
     JobPreempting,
     JobSpec,
     JobStarted,
@@ -56,8 +57,14 @@ def envelope(event: Event, event_id: str) -> Envelope:
     return make_envelope(event, event_id=event_id, source="unit", time=datetime.now(UTC))
 
 
-def admitted(job: str, duration_s: int | None = 1) -> Envelope:
-    spec = JobSpec(queue=QueueName("default"), workers=1, gpus_per_worker=1, duration_hint_s=duration_s)
+def admitted(job: str, duration_s: int | None = 1, time_limit_s: int | None = None) -> Envelope:
+    spec = JobSpec(
+        queue=QueueName("default"),
+        workers=1,
+        gpus_per_worker=1,
+        duration_hint_s=duration_s,
+        time_limit_s=time_limit_s,
+    )
     return envelope(JobAdmitted(job_id=JobId(job), spec=spec), f"admitted-{job}")
 
 
@@ -219,3 +226,16 @@ async def test_releases_of_jobs_not_running_here_are_not_decoded() -> None:
     assert not nodes._wanted(Record(b"k", encode(envelope(started, "s"))))  # not an agent's business
     nodes.on_event(envelope(release, "release-j"))
     assert not nodes._wanted(Record(b"j", value))  # ended here: its release, read again, is skipped
+
+
+async def test_a_job_past_its_time_limit_checkpoints_and_fails_with_time_limit() -> None:
+    nodes = cluster()
+    nodes.on_event(admitted("j", duration_s=3600, time_limit_s=1))  # 1 s of job time: 10 ms here
+    nodes.on_event(granted("j"))
+    await nodes.flush()
+    await until(lambda: any(isinstance(e, JobFailed) for e in nodes.events()))
+    await nodes.flush()
+    assert [type(e) for e in nodes.events()] == [JobStarted, JobCheckpointed, JobFailed]
+    failed = nodes.events()[-1]
+    assert isinstance(failed, JobFailed) and failed.code == "time_limit"
+    assert nodes.stats.completed == 0 and nodes.running_allocations() == []

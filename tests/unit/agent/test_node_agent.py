@@ -541,3 +541,20 @@ async def test_exits_during_a_gang_wide_preemption_do_not_restart_the_peers(tmp_
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_simulated_job_is_stopped_at_its_scaled_time_limit(tmp_path: Path) -> None:
+    bus = FakeBus()
+    runner = SimulatedRunner(time_scale=0.001, checkpoint_delay_s=0.01)
+    agent = make_agent(tmp_path, bus, runner=runner)
+    await agent.start()
+    try:
+        # 100 s of job time is 0.1 s here; its hint says it would run far longer.
+        await agent.handle(admitted("t1", duration_s=100_000, time_limit_s=100))
+        await agent.handle(grant("t1", "ta1", [(0, "n0", ("gpu0",))]))
+        await wait_for(lambda: bus.of(JobFailed), "job.failed at the limit")
+        [failed] = bus.of(JobFailed)
+        assert failed.code == "time_limit" and "100 s" in failed.reason
+        assert len(bus.of(JobCheckpointed)) == 1 and bus.of(JobCompleted) == []
+    finally:
+        await agent.stop()

@@ -124,3 +124,30 @@ async def test_crash_kills_the_worker_processes(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped: gone
     assert bus.of(WorkerExited) == []  # a dead node reports nothing
+
+
+async def test_a_job_at_its_time_limit_gets_the_checkpoint_signal_then_fails_with_time_limit(
+    tmp_path: Path,
+) -> None:
+    bus = FakeBus()
+    agent = make_agent(tmp_path, bus, runner=ProcessRunner())
+    await agent.start()
+    try:
+        command = worker(tmp_path, "loop")  # runs until signalled; acknowledges SIGTERM with a checkpoint
+        await agent.handle(admitted("p9", command=command, time_limit_s=1, checkpoint_grace_s=20))
+        await agent.handle(grant("p9", "pa9", [(0, "n0", ("gpu0",))]))
+        await wait_for(lambda: bus.of(JobFailed), "job.failed at the limit")
+        [failed] = bus.of(JobFailed)
+        assert (failed.code, failed.allocation_id) == ("time_limit", "pa9")
+        assert "time limit of 1 s" in failed.reason and "checkpointed" in failed.reason
+        assert (tmp_path / "out" / "ready-0").exists()  # the process really ran
+        [checkpointed] = bus.of(JobCheckpointed)
+        assert checkpointed.checkpoint == str(tmp_path / "ckpt" / "p9")
+        assert [(e.exit_code, e.signal) for e in bus.of(WorkerExited)] == [
+            (0, None)
+        ]  # it exited on the signal
+        assert bus.of(JobCompleted) == []
+        kinds = [type(e.data).__name__ for _, e in bus.sent]
+        assert kinds.index("JobCheckpointed") < kinds.index("JobFailed")
+    finally:
+        await agent.stop()

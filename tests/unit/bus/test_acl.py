@@ -34,9 +34,14 @@ def _topics(bindings: list[AclBinding], principal: str, operation: Operation) ->
 
 def test_the_committed_access_file_gives_each_principal_only_its_part() -> None:
     bindings = acl_bindings(load_access(ROOT / "deploy" / "kafka" / "access.yaml"), SPECS, topic_prefix="p.")
-    for producer in ("producer", "team-a", "team-b", "api"):
+    for producer in ("producer", "team-a", "team-b"):
         assert _topics(bindings, producer, Operation.WRITE) == {"p.jobs.requests"}
         assert _topics(bindings, producer, Operation.READ) == set()
+    assert _topics(bindings, "api", Operation.WRITE) == {"p.jobs.requests", "p.nodes.operator"}
+    assert _topics(bindings, "api", Operation.READ) == set()
+    # Operators' cordons and drains: the API (which lets only admin tokens ask) is their one writer.
+    writers = {p for p in load_access(ROOT / "deploy" / "kafka" / "access.yaml").principals}
+    assert {w for w in writers if "p.nodes.operator" in _topics(bindings, w, Operation.WRITE)} == {"api"}
     assert _topics(bindings, "agent", Operation.WRITE) == {
         "p.nodes.inventory",
         "p.nodes.heartbeats",

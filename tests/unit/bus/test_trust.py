@@ -104,3 +104,16 @@ def test_topics_only_services_write_are_not_checked_here(tmp_path: Path) -> None
         "allocation.released", "j", {"job_id": "j", "allocation_id": "a", "reason": "completed"}
     )
     assert _check(policy, "allocations.log", released, None) is None
+
+
+def test_only_the_api_says_an_operators_cordon_on_nodes_operator(tmp_path: Path) -> None:
+    policy = _policy(tmp_path)
+    cordon = _record("node.cordoned", "n-0", {"node": "n-0", "mode": "drain", "drain_grace_s": 60})
+    assert _check(policy, "x.nodes.operator", cordon, _as("api")) is None
+    assert (
+        _check(policy, "x.nodes.operator", cordon, _as("agent-n-0"))
+        == "agent-n-0 may not write node.cordoned"
+    )
+    assert _check(policy, "x.nodes.operator", cordon, None) == "the record carries no writer signature"
+    back = _record("node.uncordoned", "n-0", {"node": "n-0"})
+    assert _check(policy, "x.nodes.operator", back, _as("team-a")) == "team-a may not write node.uncordoned"

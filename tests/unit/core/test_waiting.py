@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from gangline.cluster_spec import ClusterSpec, NodeGroup, Topology
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile
 from gangline.core.model import GpuModel, Job, JobId, QueueName
 from gangline.core.snapshot import Snapshot
@@ -22,7 +22,7 @@ from gangline.core.waiting import WaitingIndex
 from gangline.queues_file import QueuesFile
 from gangline.sim.metrics import RunResult, fragmentation, fragmentation_of, summarize, worker_need
 from gangline.sim.policies import FIFO_GANG_BEST_FIT_YAML, CorePolicy, CycleOutcome, PodFirstFit
-from gangline.sim.run import queue_setup, sim_registry
+from gangline.sim.run import queue_setup
 from gangline.sim.simulator import SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
@@ -81,7 +81,7 @@ def _core(prune: bool, queues: bool, jobs: Sequence[TraceJob], cycle_s: float) -
         profile = default_profile()
         setup = queue_setup(QUEUES, spec, spec.build_nodes(), jobs)
     else:
-        profile = load_profile(FIFO_GANG_BEST_FIT_YAML, sim_registry())
+        profile = load_profile(FIFO_GANG_BEST_FIT_YAML, placement_registry())
         setup = None
     policy = CorePolicy("p", profile, spec.build_nodes(), setup, prune=prune)
     return Simulator(jobs, policy, float(spec.total_gpus), SimOptions(cycle_s=cycle_s)).run()

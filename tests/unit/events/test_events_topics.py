@@ -21,8 +21,10 @@ def test_public_topic_names_are_the_design_names() -> None:
         "nodes.inventory",
         "nodes.heartbeats",
         "nodes.health",
+        "nodes.operator",
         "queues.status",
     )
+    assert topics.topic_for(nodes.NodeCordoned) == topics.topic_for(nodes.NodeUncordoned) == "nodes.operator"
     assert topics.dead_letter_topic("jobs.requests") == "jobs.requests.dlq"
 
 

@@ -138,3 +138,22 @@ def test_after_an_outage_in_which_no_node_was_heard_silence_counts_from_the_firs
     # a-0 never spoke again: 10 s after the outage ended it is silent, and fails.
     out = decide(beat("a-1", 5, 41), state, now=T0 + timedelta(seconds=41))  # type: ignore[arg-type]
     assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-0"]
+
+
+def test_a_node_failure_older_than_the_nodes_latest_registration_releases_nothing() -> None:
+    """node_health folds nodes with the one lifecycle fold, as placement does: a failure read after a
+    newer registration of the node (another topic, a restore) is history, not news."""
+    state = new_state()
+    [again] = [r for r in cluster(("a", 3, 8)).registrations() if r.node == "a-0"]
+    decide(env(again, at=10), state, now=T0 + timedelta(seconds=10))
+    state.restore(env(grant("g", "a-0")))
+    stale = NodeFailed(node=NodeId("a-0"), code="operator", reason="reported before the re-registration")
+
+    assert decide(env(stale, at=5), state, now=T0 + timedelta(seconds=11)) == []
+    assert "a-0" not in state.failed and "g.1" in state.live
+
+    fresh = NodeFailed(node=NodeId("a-0"), code="operator", reason="down again")
+    out = decide(env(fresh, at=12), state, now=T0 + timedelta(seconds=12))
+    assert [(e.data.job_id, e.data.reason) for _, e in out if isinstance(e.data, AllocationReleased)] == [
+        ("g", "node_failed")
+    ]

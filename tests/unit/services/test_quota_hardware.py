@@ -14,7 +14,7 @@ from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobFailed, JobPending, JobQueued
 from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState, NodeFailed, NodeRegistered
-from gangline.events.types import GpuId
+from gangline.events.types import GpuId, JobId
 from services.quota.handlers import QuotaState, decide
 
 H100 = "H100-SXM5-80GB"
@@ -282,3 +282,71 @@ def test_a_gang_that_must_stay_in_one_nvlink_domain_is_charged_to_the_model_whos
     assert (reason.code, reason.constraint) == ("topology", "hardware")
     assert reason.details["room"] == 1 and reason.details["level"] == "nvlink"
     assert "in one nvlink domain" in reason.message
+
+
+def test_a_queued_job_not_placed_yet_moves_when_the_nodes_of_its_model_fail() -> None:
+    state = report_cluster(REPORT)
+    [first] = feed(state, admit("four", gpus_per_worker=4))
+    assert isinstance(first.data, JobQueued) and first.data.gpu_type == H100
+    [placed] = feed(state, admit("placed", gpus_per_worker=4))
+    assert isinstance(placed.data, JobQueued) and placed.data.gpu_type == H100
+    assert feed(state, grant("placed")) == []
+    assert usage(state, "team-a", H100) == 8
+
+    # Both H100 nodes fail: "four", charged to H100 and not placed, moves to GB200; "placed" runs on.
+    h0, h1 = nodes("h", H100, 2, 8)
+    assert feed(state, env(NodeFailed(node=h0.node, code="heartbeat_timeout", reason="gone"), at=1)) == []
+    [moved] = feed(state, env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=2))
+
+    assert isinstance(moved.data, JobQueued) and moved.data.job_id == "four"
+    assert moved.data.gpu_type == GB200 and moved.data.replaces == first.id
+    assert usage(state, "team-a", H100) == 4 and usage(state, "team-a", GB200) == 4
+    # Still one attempt: its grant and release uncharge exactly the model it moved to.
+    job = state.jobs[moved.data.job_id]
+    assert job.attempts == 1 and not job.waiting
+    assert feed(state, grant("four")) == []
+    assert feed(state, release("four")) == []
+    assert usage(state, "team-a", GB200) == 0 and usage(state, "team-a", H100) == 4
+
+
+def test_a_stranded_job_stays_charged_until_another_model_has_room_then_moves() -> None:
+    state = report_cluster(REPORT)
+    [gb] = feed(state, admit("gb", gpu_type=GB200, workers=2, gpus_per_worker=4))
+    assert isinstance(gb.data, JobQueued) and gb.data.gpu_type == GB200
+    assert feed(state, grant("gb")) == []
+    [four] = feed(state, admit("four", gpus_per_worker=4))
+    assert isinstance(four.data, JobQueued) and four.data.gpu_type == H100
+
+    h0, h1 = nodes("h", H100, 2, 8)
+    feed(state, env(NodeFailed(node=h0.node, code="heartbeat_timeout", reason="gone"), at=1))
+    # GB200's quota is in use: nowhere to move, so it stays charged to H100 and is kept in mind.
+    assert feed(state, env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=2)) == []
+    assert usage(state, "team-a", H100) == 4 and JobId("four") in state.stranded
+
+    through = feed(state, release("gb", at=3))
+    [moved] = [e.data for e in through if isinstance(e.data, JobQueued)]
+    assert moved.job_id == "four" and moved.gpu_type == GB200 and moved.replaces == four.id
+    assert usage(state, "team-a", H100) == 0 and usage(state, "team-a", GB200) == 4
+    assert not state.stranded
+
+
+def test_a_job_waiting_on_a_model_whose_nodes_fail_waits_on_another_and_is_told_so() -> None:
+    state = report_cluster(REPORT)
+    for job, model in (("h", H100), ("g", GB200)):
+        [queued] = feed(state, admit(job, gpu_type=model, workers=2, gpus_per_worker=4))
+        assert isinstance(queued.data, JobQueued)
+        assert feed(state, grant(job)) == []
+    [held] = feed(state, admit("waiter", gpus_per_worker=4))
+    assert reason_of(held).details["gpu_type"] == H100  # what preemption would free quota on
+
+    h0, h1 = nodes("h", H100, 2, 8)
+    feed(state, env(NodeFailed(node=h0.node, code="heartbeat_timeout", reason="gone"), at=1))
+    told = feed(state, env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=2))
+
+    [pending] = [e for e in told if isinstance(e.data, JobPending) and e.data.job_id == "waiter"]
+    reason = reason_of(pending)
+    assert reason.details["gpu_type"] == GB200 and f"{H100} cannot hold it" in reason.message
+    through = feed(state, release("g", at=3))
+    assert queued_ids(through) == ["waiter"]
+    [queued] = [e.data for e in through if isinstance(e.data, JobQueued)]
+    assert queued.gpu_type == GB200

@@ -157,10 +157,10 @@ def test_a_status_waits_for_an_event_quota_handles_not_one_it_skips_and_the_repl
     run = ServiceRun(log, wiring(STATUS_EVERY_S))
     admit(log, "j0", 4, at=0)  # queued: usage moves, the first status
     run.drain()
-    completed = JobCompleted(job_id=JobId("j0"), allocation_id=AllocationId("j0.1"))
-    log.produce(TOPICS.events, env(completed, at=0.5))  # j0 retired; within the interval: the status waits
+    release(log, "j0", at=0.5)  # j0 retired (its final release); within the interval: the status waits
     run.drain()
-    release(log, "j0", at=2)  # the interval is over, but this is about a retired job: skipped live
+    completed = JobCompleted(job_id=JobId("j0"), allocation_id=AllocationId("j0.1"))
+    log.produce(TOPICS.events, env(completed, at=2))  # the interval is over, but j0 is retired: skipped live
     run.drain()
     admit(log, "j1", 2, at=3)  # the next event quota handles: the held-back status goes with it
     run.drain()

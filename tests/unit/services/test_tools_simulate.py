@@ -7,14 +7,24 @@ from pathlib import Path
 
 from e2e.sim_world import END, new_simulation, outcome, simulate_world
 
-from gangline.cluster_spec import load_cluster_spec
+from gangline.cluster_spec import ClusterSpec, NodeGroup, load_cluster_spec
+from gangline.core.model import JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.codec import encode
 from gangline.events.jobs import JobCheckpointed, JobPreempting, JobQueued, JobRequeued
 from gangline.events.nodes import NodeFailed, NodeHeartbeat
 from gangline.sim.metrics import summarize
-from gangline.sim.trace import load_trace
-from services.tools.simulate import ServiceSimulation, registrations, simulate_services, unlimited_queues
+from gangline.sim.trace import TraceJob, load_trace
+from services.common.queues import QueuesFile, queues_of
+from services.tools.simulate import (
+    NodeOptions,
+    ServiceOptions,
+    ServiceSimulation,
+    registrations,
+    request_of,
+    simulate_services,
+    unlimited_queues,
+)
 from services.tools.simulate.__main__ import main
 
 SIM = Path(__file__).resolve().parents[1] / "sim"
@@ -175,3 +185,122 @@ def test_gangline_simulate_services_puts_the_services_beside_the_core_in_one_tab
     # On this small world the core's simulator and the services decide the same starts.
     assert runs["default"]["completed"] == runs["services:default"]["completed"] == 4
     assert runs["default"]["mean_wait_s"] == runs["services:default"]["mean_wait_s"]
+
+
+def test_a_queued_job_whose_model_s_nodes_fail_is_moved_by_quota_and_placed_on_another_model() -> None:
+    """Through every service: "mover" (no GPU type) is charged to H100 and waits for the one H100 node;
+    that node fails, quota moves the job's charge to A100 (``job.queued`` replacing the first) and
+    placement places that same attempt on the A100 node."""
+    doc = {
+        "queues": [
+            {
+                "name": "team-a",
+                "quotas": {"H100-SXM5-80GB": {"nominal": 16}, "A100-SXM4-80GB": {"nominal": 8}},
+            }
+        ]
+    }
+    spec = ClusterSpec(
+        name="two-models",
+        groups=(
+            NodeGroup(name="h", count=1, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920),
+            NodeGroup(name="a", count=1, gpu_model="A100-SXM4-80GB", gpus_per_node=8, memory_mib=81920),
+        ),
+    )
+    sim = ServiceSimulation(
+        nodes=spec.registrations(),
+        queues=queues_of(QueuesFile.model_validate(doc)),
+        cluster_name=spec.name,
+        options=ServiceOptions(silence_s=4.0),
+        node_options=NodeOptions(heartbeat_s=1.0),
+        heartbeats="always",
+    )
+    day = 86_400.0
+    fill = TraceJob(JobId("fill"), 1.0, day, QueueName("team-a"), 1, 8, gpu_type="H100-SXM5-80GB")
+    mover = TraceJob(JobId("mover"), 2.0, day, QueueName("team-a"), 1, 4)
+    sim.register_nodes(0.0)
+    sim.request(fill.submit_s, request_of(fill))
+    sim.request(mover.submit_s, request_of(mover))
+    sim.run(until=5.0)
+    [h100] = [n.node for n in spec.registrations() if n.gpus[0].model == "H100-SXM5-80GB"]
+    sim.fail_node(6.0, h100)
+    sim.run(until=30.0)
+
+    queued = [e for e in sim.envelopes(sim.topics.events) if isinstance(e.data, JobQueued)]
+    moves = [e.data for e in queued if e.data.job_id == "mover"]
+    assert [(q.gpu_type, q.replaces is not None) for q in moves] == [
+        ("H100-SXM5-80GB", False),
+        ("A100-SXM4-80GB", True),
+    ]
+    assert moves[1].replaces == next(e.id for e in queued if e.data.job_id == "mover")
+    grants = [e.data for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationGranted)]
+    [placed] = [g for g in grants if g.job_id == "mover"]
+    assert placed.allocation_id == "mover.1"  # the same attempt, not a second one
+    [a100] = [n.node for n in spec.registrations() if n.gpus[0].model == "A100-SXM4-80GB"]
+    assert {p.node for p in placed.placements} == {a100}
+
+
+def test_a_job_past_its_time_limit_is_stopped_by_the_simulated_nodes_and_fails() -> None:
+    from gangline.core.model import JobId, QueueName
+    from gangline.events.jobs import JobCompleted, JobFailed
+    from gangline.sim.trace import TraceJob
+    from services.tools.simulate import request_of
+
+    sim = new_simulation()
+    sim.register_nodes(0.0)
+    job = TraceJob(
+        id=JobId("limited"),
+        submit_s=1.0,
+        duration_s=3600.0,
+        queue=QueueName("default"),
+        workers=1,
+        time_limit_s=60.0,
+    )
+    sim.request(1.0, request_of(job))
+    sim.run(until=300.0)
+    ends = [e for e in sim.envelopes(sim.topics.events) if isinstance(e.data, JobFailed | JobCompleted)]
+    assert [(type(e.data).__name__, e.data.code) for e in ends] == [("JobFailed", "time_limit")]  # type: ignore[union-attr]
+    [granted] = [e for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationGranted)]
+    [released] = [
+        e.data for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationReleased)
+    ]
+    assert released.reason == "failed"
+    ran = (ends[0].time - granted.time).total_seconds()
+    assert 60.0 <= ran <= 61.0  # at the limit (and the checkpoint's acknowledgement), not the hour
+
+
+def test_an_operators_drain_empties_a_node_and_a_cordon_keeps_new_work_off_in_the_simulator() -> None:
+    from gangline.core.model import JobId, QueueName
+    from gangline.events.nodes import NodeCordoned, NodeUncordoned
+    from gangline.sim.trace import TraceJob
+    from services.tools.simulate import request_of
+
+    sim = new_simulation()
+    sim.heartbeats = "when_needed"  # the drain itself asks for the ticks it needs
+    sim.register_nodes(0.0)
+    nodes = sorted(n.node for n in sim.nodes)
+    for k, node in enumerate(nodes[1:]):  # only the first node is left in service
+        sim.operate(0.5 + k / 100, NodeCordoned(node=node, reason="maintenance"))
+
+    def long_job(name: str, at: float) -> TraceJob:
+        return TraceJob(id=JobId(name), submit_s=at, duration_s=3600.0, queue=QueueName("default"), workers=1,
+                        gpus_per_worker=8)  # fmt: skip
+
+    sim.request(1.0, request_of(long_job("long", 1.0)))
+    sim.request(2.0, request_of(long_job("second", 2.0)))
+    sim.operate(10.0, NodeCordoned(node=nodes[0], mode="drain", drain_grace_s=20, reason="psu"))
+    sim.operate(100.0, NodeUncordoned(node=nodes[1]))
+    sim.run(until=200.0)
+
+    grants = [e for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationGranted)]
+    first, *later = grants
+    assert (first.data.job_id, first.data.placements[0].node) == ("long", nodes[0])
+    asked = [e for e in sim.envelopes(sim.topics.events) if isinstance(e.data, JobPreempting)]
+    assert [(e.data.job_id, e.source) for e in asked] == [("long", "gangline/node-health")]
+    assert (asked[0].time - first.time).total_seconds() >= 20 - 1  # after the drain's grace, not before
+    released = [
+        e.data for e in sim.envelopes(sim.topics.allocations) if isinstance(e.data, AllocationReleased)
+    ]
+    assert [(r.job_id, r.reason) for r in released] == [("long", "preempted")]
+    # Nothing new on the drained or the cordoned nodes; once nodes[1] is back, the waiting work runs there.
+    assert all(g.time.timestamp() - first.time.timestamp() > 90 for g in later)
+    assert {g.data.placements[0].node for g in later} == {nodes[1]}

@@ -98,3 +98,20 @@ def test_simulate_names_a_bad_queues_file(tmp_path: Path, capsys: pytest.Capture
     good = HERE / "tiny_queues.yaml"
     assert main([*args, "--queues", str(good), "--no-progress", "--report", str(report)]) == 0
     assert json.loads(report.read_text(encoding="utf-8"))["options"]["queues"] == str(good)
+
+
+def test_a_run_past_its_time_limit_ends_at_the_limit_and_lets_the_next_job_start() -> None:
+    from dataclasses import replace
+
+    jobs = {j.id: j for j in load_trace(HERE / "tiny_trace.csv")}
+    # big-a would hold its node for 100 s; its limit of 60 s stops it there, so gang-a starts at 60.
+    jobs["big-a"] = replace(jobs["big-a"], time_limit_s=60.0)
+    spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
+    queues = load_queues_file(HERE / "tiny_queues.yaml")
+    (result,) = run_campaign(
+        list(jobs.values()), spec, [PolicyRun("default", default_profile())], queues=queues
+    )
+    rec = {j.id: j for j in result.jobs}
+    assert (rec["big-a"].start, rec["big-a"].end, rec["big-a"].timed_out) == (0.0, 60.0, True)
+    assert (rec["gang-a"].start, rec["gang-a"].timed_out) == (60.0, False)
+    assert not rec["half-b"].timed_out

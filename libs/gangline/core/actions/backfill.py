@@ -16,7 +16,8 @@ reservation is taken and they may only use GPUs it does not hold.
 
 ``backfill`` runs after allocate. It lets the held GPUs go and tries each still-waiting job that
 may use them: a preemptible job (it will be checkpointed when the reservation is due), or one
-whose duration hint ends before the earliest reservation starts. Then it holds what is left
+whose run bound (``Job.run_bound_s``: the smaller of its time limit and duration hint) ends
+before the earliest reservation starts. Then it holds what is left
 again, so later actions respect the reservation, and explains the wait: the gang is "waiting for
 reservation at t=T"; others are told which GPUs are reserved and until when.
 
@@ -124,8 +125,8 @@ def earliest_start(
             now_free.append(r)
             continue
         end = expected_end(rj)
-        if end is None and rj.id in placed and rj.duration_hint_s is not None:
-            end = now + rj.duration_hint_s  # started in this cycle (``start_ahead``)
+        if end is None and rj.id in placed and rj.run_bound_s is not None:
+            end = now + rj.run_bound_s  # started in this cycle (``start_ahead``)
         if end is not None:
             timeline.append((now if now > end else end, rj.id, r))  # max(end, now)
         else:
@@ -275,7 +276,7 @@ class Backfill:
             pending = session.pending.get(job.id)
             if job.id in holders or pending is None or pending.code is not StatusCode.UNSCHEDULABLE:
                 continue
-            ends = ctx.now + job.duration_hint_s if job.duration_hint_s is not None else None
+            ends = ctx.now + job.run_bound_s if job.run_bound_s is not None else None
             # When the reservation's start is not known, no end is known to come before it.
             if job.preemptible or (ends is not None and math.isfinite(first_start) and ends <= first_start):
                 allocate_one(session, job)
@@ -315,8 +316,8 @@ def _reserved_sentence(reservations: list[Reservation], job: Job) -> str:
     r = min(reservations, key=lambda r: (r.start, r.job_id))
     if job.preemptible:
         tail = "it did not fit even with them"
-    elif job.duration_hint_s is None:
-        tail = "it has no duration hint, so it cannot be backfilled"
+    elif job.run_bound_s is None:
+        tail = "it has no duration hint or time limit, so it cannot be backfilled"
     elif not math.isfinite(r.start):
         tail = "when they free up is not known, so nothing is backfilled on them"
     else:

@@ -15,7 +15,8 @@ Shared with reclaim: `placement_oracle`, `search_victims`, `commit_plan`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from gangline.core.actions.allocate import choose
 from gangline.core.actions.queueing import (
@@ -31,12 +32,54 @@ from gangline.core.actions.victims import NodeGpus, Place, VictimPool, VictimSet
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import FULL_GPU_MILLI, GpuMode, Job, JobId, WorkerPlacement
+from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
 from gangline.core.placement import search, whole_workers_fit
 from gangline.core.snapshot import RunningJob, Snapshot
 
 NAME = "preempt"
 QUOTA_PLUGIN = "quota"
+MAX_HELD_PLANNED = 16
+"""Jobs the quota gate holds that one planning cycle looks at (:func:`held_to_plan`): each costs the
+cycle a placement attempt, and the victim search runs for the first few blocked jobs only."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldJob:
+    """A job the quota gate holds, as preemption planning reads it: the GPU model quota would charge it
+    to (None: the job's own), whether its queue is owed the quota it waits for (reclaim), and when it
+    was admitted."""
+
+    job: Job
+    gpu_type: GpuModel | None
+    owed: bool
+    admitted_at: float
+
+    def on_model(self) -> Job:
+        """The job as planned for: on the model quota would charge it to, when it names none."""
+        if self.job.gpu_type is not None or self.gpu_type is None:
+            return self.job
+        return replace(self.job, gpu_type=self.gpu_type)
+
+
+def lowest_preemptible_priority(snapshot: Snapshot) -> dict[QueueName, int]:
+    """Per queue, the lowest priority of its running preemptible jobs (which held jobs may outrank)."""
+    lowest: dict[QueueName, int] = {}
+    for running in snapshot.running.values():
+        job = running.job
+        if job.preemptible:
+            lowest[job.queue] = min(job.priority, lowest.get(job.queue, job.priority))
+    return lowest
+
+
+def held_to_plan(held: Iterable[HeldJob], snapshot: Snapshot, limit: int = MAX_HELD_PLANNED) -> list[Job]:
+    """The held jobs preempt or reclaim may help, the first ``limit`` of them: those owed their nominal
+    quota (reclaim takes back what the cohort lent) first, then those that outrank preemptible work of
+    their own queue (priority preemption); by priority, then admitted earliest, then job id. A job
+    neither owed nor outranking anything of its queue is left out: no victim could be chosen for it."""
+    outranks = lowest_preemptible_priority(snapshot)
+    worth = [h for h in held if h.owed or h.job.priority > outranks.get(h.job.queue, h.job.priority)]
+    worth.sort(key=lambda h: (not h.owed, -h.job.priority, h.admitted_at, h.job.id))
+    return [h.on_model() for h in worth[:limit]]
 
 
 def placement_oracle(session: Session) -> Place:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangline.core.actions.allocate import allocate_one
-from gangline.core.fairshare import FairOrder, FairShare, Pending, UsageHistory
+from gangline.core.fairshare import FairShare, Pending, UsageHistory
 from gangline.core.framework.cycle import AllocationIds, Session, default_allocation_id
 from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile
@@ -36,6 +36,7 @@ from gangline.core.queues import (
     gpu_resource,
     mig_resource,
 )
+from gangline.core.quota_gate import Flavour, fair_admission
 from gangline.core.snapshot import RunningJob, Slot, Snapshot
 
 SHARED_SUFFIX = "/milli"
@@ -199,8 +200,8 @@ class QueueContext:
         facts = self.run_facts.get(job.id)
         if facts is not None and facts.expected_end is not None:
             return facts.expected_end
-        if facts is not None and job.duration_hint_s is not None:
-            return facts.started_at + job.duration_hint_s
+        if facts is not None and job.run_bound_s is not None:
+            return facts.started_at + job.run_bound_s
         return None
 
     def grace(self, job: Job) -> float:
@@ -353,34 +354,23 @@ def request_for_order(job: Job, snapshot: Snapshot) -> dict[Resource, int]:
 def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> list[Job]:
     """Priority, then the queue's dominant share (growing as work is admitted), then submit time.
 
-    Shares are charged as if each job in turn were admitted, but only when its queue's quota would
-    admit it (work that cannot run must not push its queue back), on a copy of the ledger.
+    The quota gate's fair admission (:func:`gangline.core.quota_gate.fair_admission`, the rule the quota
+    service lets jobs through by), on copies of the ledger and the fair shares: each job is charged as
+    if admitted when its queue's quota would admit it (work that cannot run must not push its queue
+    back), on its GPU type or the cluster's first (:func:`request_for_order`).
     """
-    fair = ctx.fair.clone()
-    order_ledger = ctx.ledger.copy()
     items = [Pending(j.queue, j.priority, ctx.submit_time.get(j.id, 0.0), j.id, j) for j in jobs]
-    order = FairOrder(items, fair)
-    out: list[Job] = []
-    # Requests by shape (read only below), and the (queue, shape)s quota refused: the ledger only
-    # grows here, so a request it refused once it refuses again.
-    requests: dict[tuple[object, ...], dict[Resource, int]] = {}
-    refused: set[tuple[QueueName, tuple[object, ...]]] = set()
-    while (p := order.next()) is not None:
-        job = p.item
-        out.append(job)
+    # One flavour per request shape (read only by the gate).
+    flavours: dict[tuple[object, ...], tuple[Flavour, ...]] = {}
+
+    def flavours_of(job: Job) -> tuple[Flavour, ...]:
         shape = (job.gpu_type, job.mig_profile, job.gpu_milli, job.workers, job.gpus_per_worker)
-        req = requests.get(shape)
-        if req is None:
-            req = requests[shape] = request_for_order(job, snapshot)
-        if (job.queue, shape) in refused:
-            order.skipped()
-        elif order_ledger.fits(job.queue, req):
-            order_ledger.admit(p.item.queue, req)
-            order.admitted(req)
-        else:
-            refused.add((job.queue, shape))
-            order.skipped()
-    return out
+        known = flavours.get(shape)
+        if known is None:
+            known = flavours[shape] = (Flavour(job.gpu_type, request_for_order(job, snapshot)),)
+        return known
+
+    return [job for job, _ in fair_admission(items, ctx.ledger.copy(), ctx.fair.clone(), flavours_of)]
 
 
 def run_queue_cycle(

@@ -1,0 +1,197 @@
+"""The quota gate: fair order over waiting jobs, each let through on the first flavour its queue's quota
+admits, held jobs skipped (smaller ones behind go), why a job waits, and where a stranded job moves."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gangline.core.fairshare import FairShare, Pending
+from gangline.core.framework.status import ReasonCode
+from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
+from gangline.core.model import GpuMode, GpuModel, MiB, QueueName
+from gangline.core.queues import (
+    CohortName,
+    QueueSpec,
+    QuotaLedger,
+    QuotaTree,
+    Resource,
+    ResourceQuota,
+)
+from gangline.core.quota_gate import (
+    Flavour,
+    fair_admission,
+    first_fit,
+    held_flavours,
+    hold_reason,
+    let_through,
+    stranded_move,
+)
+
+H100 = "H100"
+GB200 = "GB200"
+A = QueueName("team-a")
+B = QueueName("team-b")
+
+
+def tree(nominal_a: int = 8, nominal_b: int = 8, *, gb200: int = 0, borrow: int | None = None) -> QuotaTree:
+    def quotas(n: int) -> dict[Resource, ResourceQuota]:
+        out = {Resource(H100): ResourceQuota(n, borrowing_limit=borrow)}
+        if gb200:
+            out[Resource(GB200)] = ResourceQuota(gb200)
+        return out
+
+    lab = CohortName("lab")
+    return QuotaTree([QueueSpec(A, quotas(nominal_a), lab), QueueSpec(B, quotas(nominal_b), lab)])
+
+
+def fair(t: QuotaTree) -> FairShare:
+    return FairShare(
+        capacity={r: t.total_nominal(r) for r in t.resources},
+        weights={q: 1.0 for q in t.queue_names()},
+        allocation={},
+    )
+
+
+def gpus(n: int, model: str = H100) -> Flavour:
+    return Flavour(model, {Resource(model): n})
+
+
+def node(model: str, count: int, memory: int = 81920) -> NodeOffer:
+    return NodeOffer(
+        tuple(GpuOffer(GpuModel(model), MiB(memory), GpuMode.WHOLE) for _ in range(count)), "", "l", "s"
+    )
+
+
+def job(name: str, queue: QueueName = A, *, priority: int = 0, at: float = 0.0) -> Pending[str]:
+    return Pending(queue, priority, at, name, name)
+
+
+def test_jobs_go_in_fair_order_while_they_fit_and_a_held_one_lets_smaller_ones_behind_it_go() -> None:
+    t = tree(8, 8, borrow=0)
+    ledger = QuotaLedger(t)
+    sizes = {"a-big": 12, "a-small": 4, "a-four": 4, "b-one": 8, "b-two": 1}
+    waiting = [
+        job("a-big", at=0),
+        job("a-small", at=1),
+        job("a-four", at=2),
+        job("b-one", B, at=0),
+        job("b-two", B, at=1),
+    ]
+
+    gate = let_through(waiting, ledger, fair(t), t, lambda j: ([gpus(sizes[j])], []), explain=1)
+
+    # Equal shares: the earlier admitted first; then the queue with the smaller share.
+    assert [(j, f.model) for j, f in gate.admitted] == [("b-one", H100), ("a-small", H100), ("a-four", H100)]
+    assert [j for j, _ in gate.held] == ["a-big", "b-two"]
+    [(_, why), (_, unexplained)] = gate.held  # only the first held job is explained
+    assert why is not None and why.constraint == "quota" and "team-a uses 8 of its 8 H100" in why.message
+    assert unexplained is None
+    assert ledger.usage(A, Resource(H100)) == 8 and ledger.usage(B, Resource(H100)) == 8
+
+
+def test_priority_goes_first_whatever_the_share() -> None:
+    t = tree(4, 4, borrow=0)
+    waiting = [job("low", at=0), job("high", priority=5, at=9)]
+    order = [j for j, _ in fair_admission(waiting, QuotaLedger(t), fair(t), lambda j: [gpus(4)])]
+    assert order == ["high", "low"]
+
+
+def test_the_first_flavour_quota_admits_is_charged() -> None:
+    t = tree(8, 8, gb200=4, borrow=0)
+    ledger = QuotaLedger(t)
+    ledger.admit(A, {Resource(H100): 8})
+    assert first_fit(ledger, A, [gpus(4), gpus(4, GB200)]) == gpus(4, GB200)
+    assert first_fit(ledger, A, [gpus(9, GB200)]) is None  # more than the cohort's 8
+
+
+def test_only_flavours_whose_nodes_can_hold_the_workers_are_kept_and_the_others_say_why() -> None:
+    hardware = Hardware(
+        [
+            NodeOffer(
+                tuple(GpuOffer(GpuModel(H100), MiB(81920), GpuMode.WHOLE) for _ in range(8)), "", "l", "s"
+            ),
+            NodeOffer(
+                tuple(GpuOffer(GpuModel(GB200), MiB(190000), GpuMode.WHOLE) for _ in range(4)), "", "l", "s"
+            ),
+        ]
+    )
+    ask = WorkerAsk(workers=1, gpus=8)
+    fits, misfits = held_flavours(hardware, ask, [gpus(8), gpus(8, GB200)])
+    assert fits == [gpus(8)]
+    assert [r.code for r in misfits] == [ReasonCode.GANG_SIZE] and misfits[0].details["gpu_type"] == GB200
+    # Nothing registered yet: every flavour is kept.
+    assert held_flavours(None, ask, [gpus(8), gpus(8, GB200)]) == ([gpus(8), gpus(8, GB200)], [])
+
+
+def test_a_held_job_is_told_whether_its_queue_is_owed_the_quota_it_waits_for() -> None:
+    t = tree(8, 8)
+    ledger = QuotaLedger(t)
+    ledger.admit(B, {Resource(H100): 16})  # team-b borrows all of team-a's quota
+
+    owed = hold_reason(A, [gpus(4)], [], ledger, t, fair(t))
+    assert (owed.code, owed.constraint, owed.owed) == ("quota", "reclaim", True)
+    assert (
+        owed.details["used"] == 0 and owed.details["nominal"] == 8 and owed.details["within_nominal"] is True
+    )
+
+    over = hold_reason(B, [gpus(4)], [], ledger, t, fair(t))
+    assert (over.constraint, over.owed) == ("quota", False)
+    assert "team-b uses 16 of its 8 H100" in over.message
+
+
+def test_a_job_no_model_can_hold_is_told_so() -> None:
+    hardware = Hardware(
+        [
+            NodeOffer(
+                tuple(GpuOffer(GpuModel(GB200), MiB(190000), GpuMode.WHOLE) for _ in range(4)), "", "l", "s"
+            )
+        ]
+    )
+    fits, misfits = held_flavours(hardware, WorkerAsk(workers=1, gpus=8), [gpus(8, GB200)])
+    t = tree(gb200=8)
+    why = hold_reason(A, fits, misfits, QuotaLedger(t), t, fair(t))
+    assert (why.code, why.constraint) == ("gang_size", "hardware") and why.details["largest_node"] == 4
+
+
+def test_a_stranded_job_moves_to_the_first_other_flavour_with_room_counting_its_own_charge_as_free() -> None:
+    t = tree(8, 8, gb200=4, borrow=0)
+    ledger = QuotaLedger(t)
+    ledger.admit(A, {Resource(H100): 4})  # the stranded job's own charge
+    assert stranded_move(A, gpus(4), [gpus(4), gpus(4, GB200)], ledger) == gpus(4, GB200)
+    ledger.admit(B, {Resource(GB200): 6})  # the cohort's 8 GB200: 2 left
+    assert stranded_move(A, gpus(4), [gpus(4, GB200)], ledger) is None
+    assert ledger.usage(A, Resource(H100)) == 4  # the caller's ledger is left as it was
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([A, B]), st.integers(0, 2), st.integers(1, 10)),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_the_gate_never_goes_over_quota_and_holds_only_what_does_not_fit(
+    raw: list[tuple[QueueName, int, int]],
+) -> None:
+    t = tree(8, 6, borrow=2)
+    ledger = QuotaLedger(t)
+    sizes = {f"j{k}": n for k, (_, _, n) in enumerate(raw)}
+    waiting = [job(f"j{k}", q, priority=p, at=float(k)) for k, (q, p, _) in enumerate(raw)]
+
+    gate = let_through(waiting, ledger, fair(t), t, lambda j: ([gpus(sizes[j])], []))
+
+    for q in (A, B):
+        assert ledger.available(q, Resource(H100)) >= 0
+        assert ledger.usage(q, Resource(H100)) <= t.nominal(q, Resource(H100)) + 2
+    queue_of = {p.item: p.queue for p in waiting}
+    for held, why in gate.held:  # a held job does not fit even now, after all the others were charged
+        assert not ledger.fits(queue_of[held], {Resource(H100): sizes[held]})
+        assert why is not None and why.code == "quota"
+    assert sorted([j for j, _ in gate.admitted] + [j for j, _ in gate.held]) == sorted(sizes)
+
+
+def test_a_flavour_that_charges_nothing_always_fits() -> None:
+    t = tree()
+    assert first_fit(QuotaLedger(t), QueueName("not-configured"), [Flavour(None, {})]) == Flavour(None, {})
