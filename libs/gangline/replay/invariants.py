@@ -93,6 +93,8 @@ class Summary:
     waiting: int = 0
     after_final: int = 0
     """Lifecycle events written about a job after it completed or failed (a preemption racing the end)."""
+    released_again: int = 0
+    """Releases of an allocation already released (preemption's and placement's racing one end)."""
     problems: list[Problem] = field(default_factory=list)
     recovery: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -121,6 +123,7 @@ class Summary:
             "requeued": self.requeued,
             "waiting": self.waiting,
             "after_final": self.after_final,
+            "released_again": self.released_again,
             **self.violations,
             "ok": self.ok,
             "recovery": self.recovery,
@@ -279,7 +282,9 @@ class _Checker:
         alloc = str(data.get("allocation_id"))
         holding = self.live.pop(alloc, None)
         if holding is None:
-            return  # released again (a retried release), or the grant was never read: nothing held
+            if alloc in self.released_ever:
+                self.summary.released_again += 1
+            return  # released again (two writers raced: see released_again), or never granted
         self.summary.released += 1
         self.released_ever.add(alloc)
         self.releases_at[alloc] = r.timestamp_ms or 0

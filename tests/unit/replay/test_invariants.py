@@ -285,9 +285,10 @@ def test_a_job_that_ended_stays_ended_and_a_grant_after_its_end_is_a_duplicate()
     # A preemption that raced the completion still writes about the job: it is not stuck for that.
     log.event("a", "preempted", allocation_id="a.1")
     log.event("a", "requeued", attempt=2)
+    log.release("a", "a.1", "preempted")
     summary = check_log(log.records)
     assert summary.ok, summary.problems
-    assert (summary.after_final, summary.completed) == (2, 1)
+    assert (summary.after_final, summary.released_again, summary.completed) == (2, 1, 1)
     # Run again after its end: a duplicate.
     log.grant("a", "a.2", ("n1", ["g0"]))
     log.release("a", "a.2")
