@@ -6,12 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e fuzz-api
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e fuzz-api chaos
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
 	@echo "make up / down  start / stop all of that in the background (CLUSTER=spec.yaml to choose the cluster)"
 	@echo "make bench-e2e  request-to-grant throughput and latency through Kafka with 1,000 simulated nodes"
+	@echo "make chaos      kill -9 every decision service under load, restart the broker, fail two nodes; check the log and replay it (own broker, CHAOS_ARGS)"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
@@ -84,6 +85,15 @@ run: venv
 
 bench-e2e: venv
 	$(PY) -m services.bench.e2e $(BENCH_ARGS)
+
+# Chaos under load on a broker of its own (127.0.0.1:19192, its own data dir; never the shared 9092):
+# SIGKILL of each decision service 3 times, one broker restart on its kept data, a silent node and an
+# XID 79, then the invariant checker and `gangline replay --verify --decider all` over the log. About
+# 5 minutes; prints one JSON summary and fails on any violation. Its short version runs in make test
+# (tests/e2e/test_chaos.py).
+CHAOS_ARGS ?=
+chaos: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.chaos $(CHAOS_ARGS)
 
 # schemathesis against the API's OpenAPI (every phase and check) on a real API process, on the
 # running Kafka and PostgreSQL (make infra-up); prints schemathesis' summary and report figures.

@@ -5,6 +5,10 @@
 #   deploy/local/kafka.sh up       format a throwaway data dir, start the broker, wait until it answers
 #                                  a metadata request, create the topics of schemas/topics.yaml
 #   deploy/local/kafka.sh down     stop it (SIGTERM, then SIGKILL after a timeout), delete its data
+#   deploy/local/kafka.sh stop     stop it the same way, keeping its data
+#   deploy/local/kafka.sh start    start it again on the data it kept (no format: the SCRAM credentials,
+#                                  topics, offsets and transactions of the last run are all still there)
+#   deploy/local/kafka.sh restart  stop, then start: a broker restart that loses nothing
 #   deploy/local/kafka.sh status   exit 0 when our broker on this port runs, 1 otherwise
 #   deploy/local/kafka.sh logs     the tail of its server.log
 #
@@ -112,11 +116,13 @@ PYEOF
 }
 
 admin_password() {
-    local name password
+    local name password found=""
+    # Read every line: leaving early breaks the reader's pipe (a BrokenPipeError on stderr).
     while read -r name password; do
-        [[ "$name" == "$ADMIN_USER" ]] && { echo "$password"; return; }
+        [[ "$name" == "$ADMIN_USER" && -z "$found" ]] && found="$password"
     done < <(credentials)
-    die "no password for the super user '$ADMIN_USER' in $CREDENTIALS"
+    [[ -n "$found" ]] || die "no password for the super user '$ADMIN_USER' in $CREDENTIALS"
+    echo "$found"
 }
 
 # server.properties for data dir $1, on stdout (it holds the admin password: written 0600).
@@ -193,6 +199,19 @@ print(u)')"
     echo "$dir"
 }
 
+jvm() {
+    JVM=(java "-Xms${HEAP}" "-Xmx${HEAP}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+        -Djava.awt.headless=true "-Dkafka.logs.dir=$LOGDIR"
+        "-Dlog4j2.configurationFile=$ROOT/deploy/kafka/log4j2.properties" -cp "$LIBS/*")
+}
+
+ports_free() {
+    for p in "$PORT" "$CONTROLLER_PORT"; do
+        port_open "$p" && die "127.0.0.1:$p is taken by another process; set GANGLINE_KAFKA_PORT"
+    done
+    return 0
+}
+
 cmd_up() {
     local started pid
     started="$(now)"
@@ -204,23 +223,43 @@ cmd_up() {
         create_topics
         return
     fi
-    for p in "$PORT" "$CONTROLLER_PORT"; do
-        port_open "$p" && die "127.0.0.1:$p is taken by another process; set GANGLINE_KAFKA_PORT"
-    done
-
-    JVM=(java "-Xms${HEAP}" "-Xmx${HEAP}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20
-        -Djava.awt.headless=true "-Dkafka.logs.dir=$LOGDIR"
-        "-Dlog4j2.configurationFile=$ROOT/deploy/kafka/log4j2.properties" -cp "$LIBS/*")
+    ports_free
+    jvm
     local template
     template="$(formatted_template)"
     rm -rf "$INSTANCE"
     mkdir -p "$LOGDIR"
     cp -a "$template" "$INSTANCE/data"
+    launch "$started"
+}
+
+# Start the broker on the data dir of an earlier `up` (kept by `stop`): the storage is not formatted
+# again, so the credentials bootstrapped at format time, the topics and the log all stay as they were.
+cmd_start() {
+    local started pid
+    started="$(now)"
+    fetch_locked
+    ensure_venv
+    export_admin_client
+    if pid="$(running_pid)"; then
+        log "already up on 127.0.0.1:$PORT (pid $pid)"
+        return
+    fi
+    [[ -f "$INSTANCE/data/meta.properties" ]] || die "no data dir at $INSTANCE/data to start on: use up"
+    ports_free
+    jvm
+    mkdir -p "$LOGDIR"
+    launch "$started"
+}
+
+# Render the properties for the instance's data dir, start the broker, wait until it serves, add the
+# catalogue's topics and ACLs (idempotent); $1 is when the command started.
+launch() {
     (umask 077; render_props "$INSTANCE/data" >"$PROPS")
 
     # setsid: the broker outlives this script and is not hit by signals sent to the caller's group.
     # 8>&- 9>&-: the broker must not inherit (and so hold forever) the lock files of this script.
-    setsid "${JVM[@]}" kafka.Kafka "$PROPS" </dev/null >"$LOGDIR/stdout.log" 2>&1 8>&- 9>&- &
+    setsid "${JVM[@]}" kafka.Kafka "$PROPS" </dev/null >>"$LOGDIR/stdout.log" 2>&1 8>&- 9>&- &
     echo $! >"$PIDFILE"
 
     local deadline=$((SECONDS + READY_TIMEOUT_S))
@@ -235,10 +274,11 @@ cmd_up() {
     done
     # Listening is not serving: wait for a real metadata request to be answered, then add the topics.
     create_topics "$((deadline - SECONDS > 1 ? deadline - SECONDS : 1))"
-    log "up on 127.0.0.1:$PORT (pid $(cat "$PIDFILE")): ready with topics in $(since "$started")s"
+    log "up on 127.0.0.1:$PORT (pid $(cat "$PIDFILE")): ready with topics in $(since "$1")s"
 }
 
-cmd_down() {
+# Stop our broker on this port (SIGTERM, then SIGKILL after a timeout); its data stays.
+stop_broker() {
     local pid
     if pid="$(running_pid)"; then
         kill -TERM "$pid" 2>/dev/null || true
@@ -249,12 +289,28 @@ cmd_down() {
         if kill -0 "$pid" 2>/dev/null; then
             log "the broker ignored SIGTERM for ${STOP_TIMEOUT_S}s: SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
+            while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
         fi
         log "stopped the broker on 127.0.0.1:$PORT (pid $pid)"
     else
         log "no broker of ours on 127.0.0.1:$PORT"
     fi
+}
+
+cmd_down() {
+    stop_broker
     rm -rf "$INSTANCE"
+}
+
+cmd_stop() {
+    stop_broker
+    [[ -d "$INSTANCE/data" ]] && log "data kept in $INSTANCE/data (start runs on it again; down deletes it)"
+    return 0
+}
+
+cmd_restart() {
+    stop_broker
+    cmd_start
 }
 
 cmd_status() {
@@ -292,7 +348,10 @@ case "${1:-}" in
     fetch) fetch_locked ;;
     up) with_lock cmd_up ;;
     down) with_lock cmd_down ;;
+    stop) with_lock cmd_stop ;;
+    start) with_lock cmd_start ;;
+    restart) with_lock cmd_restart ;;
     status) cmd_status ;;
     logs) cmd_logs ;;
-    *) echo "usage: $0 {fetch|up|down|status|logs}" >&2; exit 2 ;;
+    *) echo "usage: $0 {fetch|up|down|stop|start|restart|status|logs}" >&2; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ DESIGN §3). A job with a ``time_limit_s`` shorter than that is stopped at the l
 stops it: the checkpoint is acknowledged (``job.checkpointed``) and the job ends ``job.failed`` code
 ``time_limit``. A release read stops the job here (preempted, node failed, cancelled). It answers
 ``job.preempting`` with ``job.checkpointed``.
-``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would.
+``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would;
+``report_xid`` reports a GPU failed on a node that lives on.
 
 What one poll of the log calls for (``job.started`` for every grant read, say) is sent as one batch,
 and so are the completions and checkpoint acknowledgements whose timers fire together: one sender
@@ -124,16 +125,20 @@ class FakeCluster:
             if node in {p.node for p in running.granted.placements} and running.timer is not None:
                 running.timer.cancel()
         if xid is not None:
-            gpu = self.nodes[node].gpus[0].id
-            event = GpuHealthChanged(
-                node=node,
-                gpu=gpu,
-                previous="healthy",
-                state="failed",
-                cause=HealthCause(kind="xid", message=f"XID {xid} on {gpu}", xid=xid),
-            )
-            self._outbox.append((self.topics.health, event, derived_id(node, "xid", xid, self._seq[node])))
-            await self.flush()
+            await self.report_xid(node, xid)
+
+    async def report_xid(self, node: NodeId, xid: int) -> None:
+        """The node reports its GPU 0 failed with ``xid`` (an XID 79: fallen off the bus) and lives on."""
+        gpu = self.nodes[node].gpus[0].id
+        event = GpuHealthChanged(
+            node=node,
+            gpu=gpu,
+            previous="healthy",
+            state="failed",
+            cause=HealthCause(kind="xid", message=f"XID {xid} on {gpu}", xid=xid),
+        )
+        self._outbox.append((self.topics.health, event, derived_id(node, "xid", xid, self._seq[node])))
+        await self.flush()
 
     def running_allocations(self) -> list[AllocationGranted]:
         return [r.granted for r in self._running.values()]

@@ -220,7 +220,12 @@ class Transaction:
 
     @property
     def order(self) -> tuple[int, int]:
+        """Its place among the transactions of its run: the positions only grow within one run."""
         return (sum(self.positions.values()), min(r.offset for r in self.outputs))
+
+    @property
+    def first_written_ms(self) -> int:
+        return min(r.timestamp_ms or 0 for r in self.outputs)
 
     def merge_headers(self, headers: dict[str, str]) -> None:
         """Take the optional headers from whichever output of the transaction carries them."""
@@ -254,7 +259,16 @@ def group_transactions(
             transaction = transactions[key] = Transaction(run, parse_positions(inputs))
         transaction.merge_headers(dict(r.headers))
         transaction.outputs.append(r)
-    return sorted(transactions.values(), key=lambda t: t.order), unstamped
+    # Runs one after the other, each in the order of its positions. Positions are no order across runs:
+    # a run that has not read a topic yet (requests, heartbeats) has none for it, so its sums start
+    # lower than its predecessor's last ones, and sorting every transaction by them interleaved the two
+    # runs (each switch a restart from the restore).
+    began: dict[str, int] = {}
+    for t in transactions.values():
+        began[t.incarnation] = min(began.get(t.incarnation, t.first_written_ms), t.first_written_ms)
+    return sorted(
+        transactions.values(), key=lambda t: (began[t.incarnation], t.incarnation, t.order)
+    ), unstamped
 
 
 def unstamped_differences(unstamped: Iterable[LogRecord]) -> list[Difference]:

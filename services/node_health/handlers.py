@@ -6,7 +6,11 @@ every ``check_every_s`` the service looks for nodes silent longer than ``silence
 node is silent no tick arrives; that whole-cluster outage is left to operators.) Silence is judged
 only while the service keeps up with the log: a heartbeat consumed more than ``max_lag`` after it
 was sent means node_health itself is behind (a burst, a restart, a starved CPU), and the beats it has
-not read yet would make every node look silent. It waits until it has caught up instead.
+not read yet would make every node look silent. It waits until it has caught up instead. And silence
+is counted only over time the cluster was heard at all: when the newest heartbeat jumps ahead by more
+than the silence (no node got a beat into the log for that long: the broker was down, say), every
+node's silence counts from that beat, as it does from the service's start; else, once the broker is
+back, the first node heard would make all the others look silent.
 
 For a failed node (declared here, reported by an agent, or by an operator) or a failed GPU, every
 live allocation that uses it is released (``node_failed``) and its job requeued as its next attempt
@@ -85,6 +89,10 @@ class NodeHealthState:
     last_seq: dict[NodeId, int] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
+    heard_at: datetime | None = None
+    """The time of the newest heartbeat folded."""
+    heard_since: datetime | None = None
+    """Since when heartbeats came without a gap of a whole silence (see the module docstring)."""
     rates: GpuErrorRates = field(default_factory=GpuErrorRates)
     """The drain policy's windows (the core's defaults unless the settings say otherwise)."""
     gpu_state: dict[GpuKey, HealthState] = field(default_factory=dict)
@@ -139,6 +147,9 @@ class NodeHealthState:
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
+            if self.heard_at is None or envelope.time - self.heard_at > self.silence:
+                self.heard_since = envelope.time  # nothing was heard from any node for a while
+            self.heard_at = max(envelope.time, self.heard_at or envelope.time)
             if not self.cluster.node_failed(data.node):
                 self.last_seen[data.node] = max(envelope.time, self.started)
                 self.last_seq[data.node] = data.seq
@@ -208,8 +219,9 @@ def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
         return []
     state.last_check = now
     out: list[Outgoing] = []
+    heard = max(state.started, state.heard_since or state.started)
     for node, seen in sorted(state.last_seen.items()):
-        if state.cluster.node_failed(node) or now - max(seen, state.started) <= state.silence:
+        if state.cluster.node_failed(node) or now - max(seen, heard) <= state.silence:
             continue
         seq = state.last_seq.get(node)
         silent_s = int((now - seen).total_seconds())

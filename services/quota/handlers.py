@@ -54,8 +54,10 @@ State is the one lifecycle fold (:class:`~gangline.fold.cluster.ClusterFold`) ov
 ``allocations.log`` (our own ``job.queued`` included), and the node topics, which does not depend on
 the order between the topics: per job quota counts queued attempts against the attempts owed (one,
 plus one per ``job.requeued``) and against the allocations released. The decayed usage history is
-advanced with event times (never the wall clock), so the same events in the same order give the same
-state. A job the fold retired (finished, its grants released) and a job of an unlimited queue are
+advanced with event times (never the wall clock), and a change read after a later one (another
+partition, another topic, the restore reading topic by topic) is dated back to its own time
+(:func:`~gangline.core.fairshare.backdate`): the same events give the same state in whatever order they
+are read. A job the fold retired (finished, its grants released) and a job of an unlimited queue are
 ``retired`` here: any event about it read again changes nothing, and the select skips it. The restore
 also reads quota's own pending reasons, so a restarted quota does not repeat a pending it already sent.
 """
@@ -70,7 +72,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangline.bus import Outgoing
-from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance
+from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, backdate
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import Hardware, NodeOffer
@@ -365,7 +367,12 @@ class QuotaState:
         dropped: TreeKey | None = None
         want = self._charge_of(job)
         if want != job.charge:
-            self._advance(at)
+            # A change older than the history (read after a later one: another partition, another topic,
+            # the restore's order) is dated back to its own time, so the order facts are read in is moot.
+            late = self.half_life_s > 0 and at.timestamp() < self.history.as_of
+            before = self._allocation() if late else None
+            if not late:
+                self._advance(at)
             if job.charge is not None:
                 if job.charge.limited:
                     self.ledger.release(Queue(job.charge.queue), job.charge.request)
@@ -373,6 +380,14 @@ class QuotaState:
             if want is not None and want.limited:
                 self.ledger.admit(Queue(want.queue), want.request)
             job.charge = want
+            if before is not None:
+                self.history = backdate(
+                    self.history,
+                    before,
+                    self._allocation(),
+                    since=at.timestamp(),
+                    half_life_s=self.half_life_s,
+                )
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)

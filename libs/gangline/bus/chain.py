@@ -17,7 +17,8 @@ topic it chains, the record gets its headers and an explicit partition. The desi
   topic, :meth:`ChainStamper.refresh` reads each of its partitions (``read_committed``) from where
   it last stopped (the beginning, the first time) up to the last stable offset and keeps the last
   chained record of every source. Aborted records are never read, and the headers of the last committed record
-  of a chain are all a writer needs to continue it.
+  of a chain are all a writer needs to continue it. Only a record that continues its chain (seq and prev
+  follow the head, the content matches the hash) becomes the head: a forged one is passed over.
 * **Transactions.** :meth:`mark` notes the heads when a transaction begins, :meth:`rollback` puts
   them back when it aborts: a retried batch re-stamps from the committed heads.
 * **One writer per chain at a time.** Two live writers with the same source on one partition would
@@ -40,7 +41,7 @@ from aiokafka.partitioner import murmur2
 
 from gangline.bus.security import KafkaSecurity, client_options
 from gangline.events.base import JsonObject
-from gangline.events.chain import HASH_HEADER, SEQ_HEADER, ChainWriter
+from gangline.events.chain import GENESIS, HASH_HEADER, PREV_HEADER, SEQ_HEADER, ChainWriter, chain_hash
 from gangline.events.codec import too_deep
 
 ChainKey = tuple[str, int, str]
@@ -175,11 +176,12 @@ class ChainStamper:
                 else:
                     self._read_to[tp] = ends[tp]
             last: dict[ChainKey, dict[str, str]] = {}
+            known = self.heads()
             while todo:
                 batch = await consumer.getmany(*todo, timeout_ms=500, max_records=5000)
                 for tp, records in batch.items():
                     for record in records:
-                        _note(last, tp, record.headers, record.value)
+                        _note(last, tp, record.headers, record.value, known)
                 for tp in list(todo):
                     # Transaction markers and aborted records move the position without a record.
                     position = await consumer.position(tp)
@@ -215,14 +217,42 @@ def _note(
     tp: TopicPartition,
     raw_headers: Iterable[tuple[str, bytes]],
     value: bytes | None,
+    known: Mapping[ChainKey, tuple[int, str]] | None = None,
 ) -> None:
+    """Keep the record's chain headers as its chain's head if it continues the chain, checked.
+
+    ``last`` holds the heads noted so far in this read; ``known``, each chain's (next seq, last hash)
+    before it. A record whose headers are malformed (``gangline-chain-seq: not-a-number``), whose seq or
+    prev does not follow the head, or whose content does not match its hash is not the head: anyone
+    who could write the topic could write it, and the writer must not continue (fork) its chain from it.
+    """
     headers = {k: v.decode(errors="replace") for k, v in raw_headers}
-    if SEQ_HEADER not in headers or HASH_HEADER not in headers or not value:
+    if SEQ_HEADER not in headers or HASH_HEADER not in headers or PREV_HEADER not in headers or not value:
         return
     if too_deep(value):  # a forged record: json.loads would raise RecursionError
         return
     try:
-        source = json.loads(value).get("source")
-    except (ValueError, AttributeError, RecursionError):
+        envelope = json.loads(value)
+    except (ValueError, RecursionError):
         return
-    last[(tp.topic, tp.partition, source if isinstance(source, str) else "?")] = headers
+    if not isinstance(envelope, dict):
+        return
+    source = envelope.get("source")
+    chain = (tp.topic, tp.partition, source if isinstance(source, str) else "?")
+    seq_text = headers[SEQ_HEADER]
+    if not (seq_text.isascii() and seq_text.isdigit()):
+        return
+    head = last.get(chain)
+    if head is not None:
+        expected = (int(head[SEQ_HEADER]) + 1, head[HASH_HEADER])
+    else:
+        expected = (known or {}).get(chain, (0, GENESIS))
+    seq = int(seq_text)
+    if (seq, headers[PREV_HEADER]) != expected:
+        return
+    try:
+        if chain_hash(headers[PREV_HEADER], seq, envelope) != headers[HASH_HEADER]:
+            return
+    except ValueError:  # prev is not hex
+        return
+    last[chain] = headers

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
 from gangline.core.model import GpuId as CoreGpuId
@@ -60,6 +60,7 @@ from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_n
 from gangline.fold.cordons import CORDON_EVENTS, NodeCordons
 
 log = logging.getLogger(__name__)
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 FOLDED_EVENTS = (
     "node.registered",
@@ -294,8 +295,15 @@ class ClusterFold:
                 return False
             record.grants[data.allocation_id] = data
             record.granted_at.setdefault(data.allocation_id, envelope.time)
-            if data.allocation_id not in record.released and self._snapshot is not None:
-                self._grant_in_snapshot(self._snapshot, record, data)
+            mirrored = self._snapshot
+            # Its GPUs may look taken (a release not read yet): then the snapshot is rebuilt from the
+            # records when next wanted, by the same rule whenever that is (see _holders).
+            if (
+                data.allocation_id not in record.released
+                and mirrored is not None
+                and not self._grant_in_snapshot(mirrored, record, data)
+            ):
+                self._snapshot = None
             self._note_end(record, data.allocation_id)
             self._refresh(record)
             return False
@@ -403,20 +411,49 @@ class ClusterFold:
             snap = Snapshot(nodes)
             for node, why in snap.refused.items():
                 log.warning("node %s is left out of the cluster: %s", node, why)
-            for record in self.jobs.values():
-                live = record.live()
-                if live is not None:
-                    self._grant_in_snapshot(snap, record, live)
+            for record, live in self._holders():
+                self._grant_in_snapshot(snap, record, live)
             self._snapshot = snap
         return self._snapshot
 
+    def _holders(self) -> list[tuple[JobRecord, AllocationGranted]]:
+        """The live grants to mirror, oldest first; of two that hold one whole GPU, the newer.
+
+        Two live grants of one GPU mean the older one's release is in the log but not read yet (the
+        partitions of allocations.log are read side by side, a restore reads them one after the other):
+        the grant was written after its writer read that release. Which of the two is mirrored must not
+        depend on the order the facts were read in, or a restarted service and its replay see two clusters.
+        """
+        live = [(record, granted) for record in self.jobs.values() if (granted := record.live()) is not None]
+
+        def written(item: tuple[JobRecord, AllocationGranted]) -> tuple[datetime, str, str]:
+            record, granted = item
+            at = record.granted_at.get(granted.allocation_id, _NEVER)
+            return (at, record.job_id, granted.allocation_id)
+
+        taken: set[tuple[str, str]] = set()
+        kept: list[tuple[JobRecord, AllocationGranted]] = []
+        for record, granted in sorted(live, key=written, reverse=True):
+            whole = {(p.node, gpu) for p in granted.placements if not p.shared for gpu in p.gpus}
+            if whole & taken:
+                log.warning(
+                    "cannot mirror a grant in the snapshot: %s holds GPUs granted since to another job "
+                    "(its release not read yet)",
+                    granted.allocation_id,
+                )
+                continue
+            taken |= whole
+            kept.append((record, granted))
+        return kept[::-1]
+
     @staticmethod
-    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> None:
+    def _grant_in_snapshot(snap: Snapshot, record: JobRecord, granted: AllocationGranted) -> bool:
         spec = record.spec or JobSpec(queue=granted.queue, workers=granted.workers, gpus_per_worker=1)
         status = snap.grant(core_job(record.job_id, spec), core_allocation(granted))
         if not status.ok:
             # The log is the truth; a grant we cannot mirror (e.g. a node not registered yet) is logged.
             log.warning("cannot mirror a grant in the snapshot: %s", status.message)
+        return bool(status.ok)
 
     def running(self) -> list[RunningJob]:
         return list(self.snapshot().running.values())

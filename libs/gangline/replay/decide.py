@@ -48,6 +48,7 @@ from gangline.core.model import (
 from gangline.core.snapshot import Snapshot
 from gangline.events.base import JsonObject
 from gangline.events.codec import dumps
+from gangline.events.jobs import JobRequested
 from gangline.replay.log import LogRecord
 
 GRANTED = "gangline.allocation.granted.v1"
@@ -161,7 +162,11 @@ class PlacementModel:
             running = list(self.snapshot.running.values())
             self.snapshot = Snapshot.build(list(self.nodes.values()), running)
         elif t == REQUESTED:
-            job = job_from_request(data)
+            try:
+                JobRequested.model_validate(data)
+                job = job_from_request(data)
+            except (KeyError, TypeError, ValueError):
+                return []  # a request admission rejected (workers 0, no queue, ...): never placed
             if job.id in self.pending or job.id in self.snapshot.running:
                 return []  # a duplicate request (idempotency by job id)
             self.pending[job.id] = job

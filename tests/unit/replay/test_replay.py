@@ -77,6 +77,21 @@ def test_a_tampered_grant_is_named_by_the_chain_and_by_the_replay(log: list[LogR
     assert "placements" in rep.mismatches[0].message
 
 
+def test_a_rejected_request_in_the_log_is_passed_over_not_a_crash(log: list[LogRecord]) -> None:
+    # What admission rejects still sits on jobs.requests: workers 0, no queue, a job id of the wrong type.
+    request = next(r for r in log if r.topic == "jobs.requests")
+    bad = []
+    for k, data in enumerate(({"workers": 0}, {"queue": None}, {"job_id": 7})):
+        env = json.loads(json.dumps(request.envelope))
+        env["data"].update(data)
+        if data.get("queue", "") is None:
+            del env["data"]["queue"]
+        bad.append(replace(request, offset=10_000 + k, envelope=env))
+    rep = replay_decisions([*bad, *log])
+    assert rep.ok, rep.mismatches
+    assert rep.compared == len(_granted(log))
+
+
 def test_a_missing_record_is_named(log: list[LogRecord]) -> None:
     chained = [k for k, r in enumerate(log) if r.topic == "allocations.log"]
     gone = log[chained[2]]

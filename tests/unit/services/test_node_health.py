@@ -123,6 +123,23 @@ def test_a_registration_read_again_neither_rewinds_heartbeats_nor_revives_a_fail
     assert "a-0" in state.failed
 
 
+def test_after_an_outage_in_which_no_node_was_heard_silence_counts_from_the_first_beat_after_it() -> None:
+    # The broker was down from t=2 to t=30: no node's heartbeat got into the log meanwhile.
+    state = new_state()
+    state.restore(env(grant("g", "a-0")))
+    for node in ("a-0", "a-1", "a-2"):
+        decide(beat(node, 1, 2), state, now=T0 + timedelta(seconds=2))  # type: ignore[arg-type]
+    # a-2's first beat after the outage is read before a-0's and a-1's: they are not silent for that.
+    assert decide(beat("a-2", 2, 30), state, now=T0 + timedelta(seconds=30.1)) == []  # type: ignore[arg-type]
+    decide(beat("a-1", 2, 30.5), state, now=T0 + timedelta(seconds=30.6))  # type: ignore[arg-type]
+    for k, at in enumerate((34, 38), start=3):
+        for node in ("a-1", "a-2"):
+            assert decide(beat(node, k, at), state, now=T0 + timedelta(seconds=at)) == []  # type: ignore[arg-type]
+    # a-0 never spoke again: 10 s after the outage ended it is silent, and fails.
+    out = decide(beat("a-1", 5, 41), state, now=T0 + timedelta(seconds=41))  # type: ignore[arg-type]
+    assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-0"]
+
+
 def test_a_node_failure_older_than_the_nodes_latest_registration_releases_nothing() -> None:
     """node_health folds nodes with the one lifecycle fold, as placement does: a failure read after a
     newer registration of the node (another topic, a restore) is history, not news."""

@@ -77,3 +77,46 @@ def test_waiting_jobs_are_decided_in_the_same_order_whatever_order_they_were_fol
 
     # Two 4-GPU jobs fit: the earliest admitted, then the tie at t=2 broken by job id.
     assert placed == {("early", "same-a")}
+
+
+def test_two_live_grants_of_one_gpu_mirror_the_newer_whatever_order_they_were_read_in() -> None:
+    """x held gpu0..3 and was released (on a partition not read yet); y was granted gpu0..1 since."""
+    from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
+    from gangline.events.types import AllocationId, GpuId, NodeId, QueueName
+
+    [node] = [env(n, at=0) for n in cluster(("a", 1, 8)).registrations()]
+    admitted = [
+        env(JobAdmitted(job_id=JobId(j), spec=JobSpec(queue="default", workers=1, gpus_per_worker=g)), at=0)
+        for j, g in (("x", 4), ("y", 2))
+    ]
+
+    def granted(job: str, gpus: int, at: float) -> Envelope:
+        placement = Placement(rank=0, node=NodeId("a-0"), gpus=tuple(GpuId(f"gpu{k}") for k in range(gpus)))
+        event = AllocationGranted(
+            job_id=JobId(job),
+            allocation_id=AllocationId(f"{job}.1"),
+            queue=QueueName("default"),
+            placements=(placement,),
+        )
+        return env(event, at=at)
+
+    older, newer = granted("x", 4, at=1), granted("y", 2, at=5)
+    for grants in itertools.permutations([older, newer]):
+        snapshot = _state([node, *admitted, *grants]).snapshot()
+        assert sorted(snapshot.running) == ["y"], grants
+        assert sum(sum(per_node) for per_node in snapshot.free) == 6
+        # The same when the snapshot was built before the grants were read (as a service that planned
+        # in between has it), and once x's release is read too: y holds its two GPUs.
+        state = _state([node, *admitted])
+        state.snapshot()
+        for envelope in grants:
+            state.fold(envelope)
+        assert sorted(state.snapshot().running) == ["y"], grants
+        state.fold(
+            env(
+                AllocationReleased(job_id=JobId("x"), allocation_id=AllocationId("x.1"), reason="completed"),
+                at=4,
+            )
+        )
+        assert sorted(state.snapshot().running) == ["y"]
+        assert sum(sum(per_node) for per_node in state.snapshot().free) == 6

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from svc_helpers import T0, env
 
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
@@ -462,3 +463,24 @@ def test_being_owed_nominal_quota_is_news_but_a_figure_is_not() -> None:
 
     assert pending_key(reason(4, "quota")) == pending_key(reason(6, "quota"))  # only a figure changed
     assert pending_key(reason(4, "quota")) != pending_key(reason(4, "reclaim"))
+
+
+def test_the_decayed_usage_does_not_depend_on_the_order_releases_are_read_in() -> None:
+    """Two releases of two queues, read in time order or the later first (another partition, or the
+    restore reading topic by topic): the same decayed usage, so the same fair-share figures."""
+
+    def history_after(order: list[Envelope]) -> dict[str, dict[str, float]]:
+        state = quota(LAB, half_life_s=600)
+        run(state, "a0", gpus_per_worker=4, at=0)
+        run(state, "b0", queue="team-b", gpus_per_worker=4, at=0)
+        for envelope in order:
+            state.fold(envelope)
+        assert state.history.as_of == (T0.timestamp() + 500)
+        return {str(q): {str(r): v for r, v in vec.items()} for q, vec in state.history.decayed.items()}
+
+    early, later = release("a0", at=100), release("b0", at=500)
+    in_order, reversed_order = history_after([early, later]), history_after([later, early])
+    assert in_order.keys() == reversed_order.keys() == {"team-a", "team-b"}
+    for queue, vec in in_order.items():
+        for resource, value in vec.items():
+            assert reversed_order[queue][resource] == pytest.approx(value, rel=1e-12)

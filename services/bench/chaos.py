@@ -1,0 +1,529 @@
+"""``make chaos``: kill -9 every decision service under load, restart the broker, fail two nodes; then
+check that nothing was lost or granted twice and that every decision replays identical.
+
+Everything runs on loopback, on a broker of its own (``deploy/local/kafka.sh`` on a private port and
+data dir: ``--port``, 19192 by default; never the shared one), for a bounded time:
+
+1. the broker is formatted and started; the five decision services run as real processes, each as
+   its own Kafka principal, under a supervisor that starts again whatever exits (after
+   ``--restart-delay-s``, as ``make up``'s does); the simulated nodes of
+   ``deploy/clusters/default.yaml`` run in this process (:class:`~services.agent.fake.FakeCluster`);
+2. for ``--load-s`` seconds, jobs arrive at ``--rate`` per second (seeded): singles and gangs (some
+   held inside a leaf), in an unlimited queue and a limited one, some preemptible, a few urgent;
+3. meanwhile, at seeded random moments: each service is killed with SIGKILL ``--kills`` times, the
+   broker is restarted once on the data it keeps (``kafka.sh restart``), one node goes silent and
+   another reports XID 79 on a GPU;
+4. the load stops and the run waits (``--drain-s`` at most) until every job is finished or waits
+   with a reason;
+5. the log is read from the beginning (read_committed) and :func:`gangline.replay.invariants.check_log`
+   counts what must be 0 (lost, duplicated grants, GPUs double-held, partial gangs, stuck jobs) and the
+   recovery times; nodes declared failed that were not failed on purpose are counted too;
+6. ``gangline replay --from kafka --verify --decider all`` runs over the same log.
+
+Prints one JSON summary on the last line; exits 1 when an invariant is violated, a node failed that
+should not have, or the replay differs. ``--short`` is the version the test suite runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from gangline.bus.security import client_options
+from gangline.cluster_spec import load_cluster_spec
+from gangline.events.types import NodeId
+from gangline.replay.invariants import Fault, Kill, check_log
+from gangline.replay.kafka import KafkaSource
+from services.agent.fake import FakeCluster
+from services.common.replay import SOURCES, decider_topics
+from services.common.topics import TopicNames
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("admission", "quota", "placement", "preemption", "node_health")
+CREDENTIALS = ROOT / "deploy" / "kafka" / "credentials.dev.yaml"
+KAFKA_SH = ROOT / "deploy" / "local" / "kafka.sh"
+QUEUES = """\
+queues:
+  - name: default
+    unlimited: true
+  - name: team
+    quotas:
+      H100-SXM5-80GB: {nominal: 24}
+      GB200-186GB: {nominal: 8}
+      L40S-48GB: {nominal: 8}
+"""
+"""An unlimited queue (admission → placement) and a limited one (quota queues and holds jobs)."""
+NODE_HEALTH = {"GANGLINE_SILENCE_S": "10", "GANGLINE_CHECK_EVERY_S": "0.5"}
+"""node_health's defaults: a node is failed after 10 s of silence (the broker's restart is a silence of
+every node, which node_health does not count: services/node_health/handlers.py)."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+def job_spec(rng: random.Random, k: int) -> dict[str, Any]:
+    """One job of the mix: mostly singles, some gangs, a few urgent; half in the limited queue; one in
+    fifty a request admission must reject (no workers), which stays in the log the replay reads."""
+    queue = "team" if k % 2 else "default"
+    if k % 50 == 49:
+        return {"queue": queue, "workers": 0, "gpus_per_worker": 1}
+    roll = rng.random()
+    spec: dict[str, Any]
+    if roll < 0.6:
+        spec = {"workers": 1, "gpus_per_worker": rng.choice([1, 1, 2, 4]), "priority": rng.choice([0, 0, 10])}
+    elif roll < 0.9:
+        spec = {
+            "workers": rng.choice([2, 2, 4]),
+            "gpus_per_worker": rng.choice([1, 2, 4]),
+            "gpu_type": "H100-SXM5-80GB",
+            "topology": {"level": "leaf", "mode": "required"},
+        }
+    elif roll < 0.97:
+        spec = {"workers": 1, "gpus_per_worker": 8, "gpu_type": "H100-SXM5-80GB", "preemptible": True}
+    else:
+        spec = {"workers": 2, "gpus_per_worker": 8, "gpu_type": "H100-SXM5-80GB", "priority": 100}
+    if rng.random() < 0.3:
+        spec["preemptible"] = True
+        spec["checkpoint_grace_s"] = 5
+    return {"queue": queue, "duration_hint_s": rng.choice([1, 2, 3, 4]), **spec}
+
+
+def request_bytes(job_id: str, spec: Mapping[str, Any]) -> bytes:
+    """A job.requested envelope as any producer writes it (plain JSON)."""
+    return json.dumps(
+        {
+            "specversion": "1.0",
+            "id": str(uuid.uuid4()),
+            "source": "chaos/load",
+            "type": "gangline.job.requested.v1",
+            "time": datetime.now(UTC).isoformat(),
+            "subject": job_id,
+            "datacontenttype": "application/json",
+            "data": {"job_id": job_id, **spec},
+        }
+    ).encode()
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def password(principal: str) -> str:
+    return str(yaml.safe_load(CREDENTIALS.read_text(encoding="utf-8"))[principal])
+
+
+@dataclass
+class Service:
+    """One decision service as a supervised process: started again ``delay_s`` after it exits."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    delay_s: float
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    exits: list[int] = field(default_factory=list)
+    """Exit statuses of the runs that ended (SIGKILL: -9)."""
+    killed: bool = False
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.name}"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def ready_count(self) -> int:
+        """How many runs logged that they process (each start restores, then logs it once)."""
+        try:
+            return self.log_path.read_text(errors="replace").count('"processor started"')
+        except FileNotFoundError:
+            return 0
+
+    async def supervise(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if self.proc is not None and self.proc.poll() is not None:
+                self.exits.append(self.proc.returncode)
+                self.proc = None
+                await asyncio.sleep(self.delay_s)
+                self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def kafka_sh(action: str, port: int) -> None:
+    env = {**os.environ, "GANGLINE_KAFKA_PORT": str(port), "GANGLINE_KAFKA_HEAP": "384m"}
+    subprocess.run([str(KAFKA_SH), action], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """When each fault happens, in seconds from the start of the load."""
+
+    kills: list[tuple[float, str]]
+    broker_at: float
+    silent_at: float
+    xid_at: float
+
+
+def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
+    """Seeded moments: the kills spread over the load, the broker restart and node faults in between."""
+    window = (0.1 * load_s, 0.8 * load_s)
+    moments = sorted((rng.uniform(*window), service) for service in SERVICES for _ in range(kills))
+    return Plan(
+        kills=moments,
+        broker_at=rng.uniform(0.5 * load_s, 0.65 * load_s),
+        silent_at=rng.uniform(0.15 * load_s, 0.3 * load_s),
+        xid_at=rng.uniform(0.35 * load_s, 0.45 * load_s),
+    )
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.bootstrap = f"127.0.0.1:{args.port}"
+        self.topics = TopicNames()
+        self.logs = Path(tempfile.mkdtemp(prefix="gangline-chaos-"))
+        self.queues_file = self.logs / "queues.yaml"
+        self.queues_file.write_text(QUEUES, encoding="utf-8")
+        self.kills: list[Kill] = []
+        self.faults: list[Fault] = []
+        self.offered: list[str] = []
+        self.recovering: dict[str, asyncio.Task[None]] = {}
+        """Per service, the timing of its recovery from the latest kill."""
+        self.services = {
+            name: Service(name, self.env(name), self.logs / f"{name}.log", args.restart_delay_s)
+            for name in SERVICES
+        }
+
+    def env(self, principal: str) -> dict[str, str]:
+        return {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GANGLINE_")},
+            "PYTHONPATH": f"{ROOT / 'libs'}:{ROOT}",
+            "GANGLINE_KAFKA_BOOTSTRAP": self.bootstrap,
+            "GANGLINE_KAFKA_USERNAME": principal,
+            "GANGLINE_KAFKA_PASSWORD": password(principal),
+            "GANGLINE_INSTANCE_ID": "chaos",
+            "GANGLINE_QUEUES_FILE": str(self.queues_file),
+            "GANGLINE_SESSION_TIMEOUT_MS": str(self.args.session_timeout_ms),
+            "GANGLINE_LOG_LEVEL": "INFO",
+            **NODE_HEALTH,
+        }
+
+    def note(self, what: str) -> None:
+        print(f"[chaos {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+    async def run(self) -> dict[str, Any]:
+        # This process's own clients (load, nodes, reader) are the broker's super user.
+        os.environ.update(
+            {
+                "GANGLINE_KAFKA_BOOTSTRAP": self.bootstrap,
+                "GANGLINE_KAFKA_USERNAME": "admin",
+                "GANGLINE_KAFKA_PASSWORD": password("admin"),
+            }
+        )
+        for key in (
+            "GANGLINE_KAFKA_PASSWORD_FILE",
+            "GANGLINE_KAFKA_SECURITY_PROTOCOL",
+            "GANGLINE_TOPIC_PREFIX",
+        ):
+            os.environ.pop(key, None)
+        self.note(f"broker on {self.bootstrap} (own data dir), logs in {self.logs}")
+        await asyncio.to_thread(kafka_sh, "down", self.args.port)  # a fresh log: nothing of an earlier run
+        try:
+            await asyncio.to_thread(kafka_sh, "up", self.args.port)
+            summary = await self.under_chaos()
+            summary["replay"] = await asyncio.to_thread(self.replay)
+        finally:
+            if not self.args.keep:
+                await asyncio.to_thread(kafka_sh, "down", self.args.port)
+        summary["service_exits"] = {name: s.exits for name, s in self.services.items()}
+        summary["logs"] = str(self.logs)
+        return summary
+
+    async def under_chaos(self) -> dict[str, Any]:
+        """The services and nodes under load and faults, then drained; the checker's figures."""
+        cluster = FakeCluster(
+            spec=load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
+            bootstrap=self.bootstrap,
+            topics=self.topics,
+            group_id="gangline.chaos-nodes",
+            time_scale=self.args.time_scale,
+            heartbeat_s=0.5,
+        )
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            nodes = asyncio.create_task(cluster.run(), name="fake-nodes")
+            tasks.append(nodes)
+            await asyncio.wait_for(cluster.ready.wait(), 60)
+            for service in self.services.values():
+                service.start()
+                tasks.append(asyncio.create_task(service.supervise(), name=f"supervise-{service.name}"))
+            await self.until_ready(timeout_s=90)
+            self.note("every service processes; load starts")
+            began = time.monotonic()
+            faults = asyncio.create_task(
+                self.faults_of(plan(self.rng, self.args.load_s, self.args.kills), cluster, began)
+            )
+            tasks.append(faults)
+            await self.load(began)
+            await faults
+            await asyncio.gather(*self.recovering.values())
+            self.note("load over; draining")
+            summary = await self.drain()
+            if nodes.done():
+                raise RuntimeError("the simulated nodes stopped") from nodes.exception()
+        finally:
+            tasks += self.recovering.values()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for service in self.services.values():
+                service.stop()
+        return summary
+
+    async def until_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(s.ready_count() >= 1 for s in self.services.values()):
+            if time.monotonic() > deadline:
+                late = [n for n, s in self.services.items() if s.ready_count() < 1]
+                raise RuntimeError(f"services not processing within {timeout_s} s: {late} (logs {self.logs})")
+            await asyncio.sleep(0.2)
+
+    async def load(self, began: float) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, **client_options(), enable_idempotence=True, linger_ms=5
+        )
+        await producer.start()
+        try:
+            count = int(self.args.load_s * self.args.rate)
+            for k in range(count):
+                delay = began + k / self.args.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                job = f"chaos-{k:05d}"
+                value = request_bytes(job, job_spec(self.rng, k))
+                while True:
+                    try:
+                        await (await producer.send(self.topics.requests, value=value, key=job.encode()))
+                        break
+                    except KafkaError as e:  # the broker restarting: the same record again (same id)
+                        self.note(f"request {job} not sent ({e!r}); again")
+                        await asyncio.sleep(0.5)
+                self.offered.append(job)
+        finally:
+            await producer.stop()
+
+    async def faults_of(self, plan: Plan, cluster: FakeCluster, began: float) -> None:
+        moments: list[tuple[float, str]] = [(t, s) for t, s in plan.kills]
+        moments += [(plan.broker_at, "broker"), (plan.silent_at, "silent"), (plan.xid_at, "xid")]
+        for at, what in sorted(moments):
+            delay = began + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if what in self.services:
+                await self.kill(what)
+            elif what == "broker":
+                await self.restart_broker()
+            else:
+                node = self.victim(cluster)
+                if what == "silent":
+                    self.faults.append(Fault(node, what, now_ms()))
+                    self.note(f"node {node} goes silent")
+                    await cluster.fail_node(NodeId(node))
+                else:
+                    gpu = cluster.nodes[NodeId(node)].gpus[0].id
+                    self.faults.append(Fault(node, what, now_ms(), gpu=gpu))
+                    self.note(f"node {node} reports XID 79 on {gpu}")
+                    await cluster.report_xid(NodeId(node), 79)
+
+    def victim(self, cluster: FakeCluster) -> str:
+        """A node not failed yet, one running a gang if any does (seeded among equals)."""
+        spared = {f.node for f in self.faults}
+        busy: dict[str, int] = {}
+        for granted in cluster.running_allocations():
+            for p in granted.placements:
+                busy[p.node] = max(busy.get(p.node, 0), len(granted.placements))
+        nodes = sorted(n for n in cluster.nodes if n not in spared)
+        best = max((busy.get(n, 0) for n in nodes), default=0)
+        return self.rng.choice([n for n in nodes if busy.get(n, 0) == best])
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL ``name`` once it processes again after its last kill; its recovery is timed meanwhile."""
+        service = self.services[name]
+        previous = self.recovering.get(name)
+        if previous is not None:
+            await previous
+        for _ in range(300):  # between runs (it exited: the supervisor starts it again), 60 s at most
+            if service.proc is not None:
+                break
+            await asyncio.sleep(0.2)
+        if service.proc is None:
+            self.note(f"{name} did not run again within 60 s; not killed")
+            return
+        ready = service.ready_count()
+        at = now_ms()
+        service.kill9()
+        self.note(f"kill -9 {name}")
+
+        async def recovered() -> None:
+            self.kills.append(Kill(name, at, (SOURCES[name],), await self.ready_after(service, ready)))
+
+        self.recovering[name] = asyncio.create_task(recovered())
+
+    async def ready_after(self, service: Service, ready: int, timeout_s: float = 60) -> int | None:
+        """When ``service`` logged that a run after this moment processes (None: not within the bound)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if service.ready_count() > ready:
+                return now_ms()
+            await asyncio.sleep(0.1)
+        return None
+
+    async def restart_broker(self) -> None:
+        at = now_ms()
+        self.note("broker restart (kafka.sh restart: its data kept)")
+        await asyncio.to_thread(kafka_sh, "restart", self.args.port)
+        back = now_ms()
+        self.note(f"broker back after {(back - at) / 1000:.1f} s")
+        self.kills.append(Kill("broker", at, (), back))
+
+    async def drain(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.args.drain_s
+        while True:
+            records = await KafkaSource(self.bootstrap).fetch(decider_topics(""))
+            kills = sorted(self.kills, key=lambda k: k.at_ms)
+            summary = check_log(records, kills=kills, faults=self.faults)
+            if summary.ok or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(2)
+        figures = summary.to_json()
+        failed = sorted(
+            {
+                str(r.envelope.get("data", {}).get("node"))
+                for r in records
+                if r.type == "gangline.node.failed.v1"
+            }
+        )
+        meant = {f.node for f in self.faults if f.kind == "silent"}
+        figures["nodes_failed"] = failed
+        figures["nodes_failed_unexpectedly"] = len(set(failed) - meant)
+        figures["offered_by_load"] = len(self.offered)
+        return figures
+
+    def replay(self) -> dict[str, Any]:
+        """``gangline replay --from kafka --verify --decider all`` over the run's log, as a user runs it."""
+        env = {**self.env("admin"), "GANGLINE_LOG_LEVEL": "WARNING"}
+        command = [
+            sys.executable,
+            "-m",
+            "services.tools.cli",
+            "replay",
+            "--from",
+            "kafka",
+            "--bootstrap",
+            self.bootstrap,
+            "--verify",
+            "--decider",
+            "all",
+            "--max-problems",
+            "10",
+        ]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        out = done.stdout + done.stderr
+        (self.logs / "replay.txt").write_text(out, encoding="utf-8")
+        found = re.search(r"all services: .*?(\d+) outputs compared: (identical|(\d+) difference)", out)
+        chain = re.search(r"hash chain: .*: (OK|\d+ problem)", out)
+        return {
+            "status": done.returncode,
+            "outputs_compared": int(found.group(1)) if found else None,
+            "differences": (0 if found.group(2) == "identical" else int(found.group(3))) if found else None,
+            "chain": chain.group(1) if chain else None,
+            "first": [line.strip() for line in out.splitlines() if "difference:" in line][:3],
+        }
+
+
+def verdict(summary: Mapping[str, Any]) -> bool:
+    replay = summary.get("replay", {})
+    return bool(
+        summary.get("ok")
+        and summary.get("nodes_failed_unexpectedly") == 0
+        and replay.get("status") == 0
+        and replay.get("differences") == 0
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="make chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--port", type=int, default=int(os.environ.get("GANGLINE_CHAOS_KAFKA_PORT", "19192")))
+    p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--load-s", type=float, default=150.0, help="how long jobs arrive")
+    p.add_argument("--rate", type=float, default=3.0, help="jobs per second")
+    p.add_argument("--kills", type=int, default=3, help="kill -9 of each service")
+    p.add_argument("--drain-s", type=float, default=150.0, help="at most this long for the jobs to finish")
+    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per second of a job's hint")
+    p.add_argument("--restart-delay-s", type=float, default=1.0, help="the supervisor's delay")
+    p.add_argument("--session-timeout-ms", type=int, default=4000)
+    p.add_argument("--short", action="store_true", help="the suite's version: 30 s of load, 1 kill each")
+    p.add_argument("--keep", action="store_true", help="leave the broker and its data for inspection")
+    args = p.parse_args(argv)
+    if args.short:
+        args.load_s, args.kills, args.drain_s = 30.0, 1, 90.0
+    if args.port == 9092:
+        p.error("chaos restarts its broker: give it one of its own (--port), never the shared 9092")
+    summary = asyncio.run(Chaos(args).run())
+    summary["passed"] = verdict(summary)
+    print(json.dumps(summary))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
