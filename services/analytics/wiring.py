@@ -15,11 +15,12 @@
   utilisation is measured against (the capacity registered now, not as it was then).
 
 Faust runs with ``processing_guarantee="exactly_once"``: each partition's table changelogs and
-consumer offsets commit in one Kafka transaction, so a crash at any instant leaves the tables as the
-committed input offsets imply; a restarted app reads its tables back from the changelogs (memory store)
-and goes on from those offsets. Records that do not decode are skipped and counted: this principal
-reads only (the services that own those topics dead-letter what they cannot read). One worker holds
-every partition (the figures are summed over the partitions it holds).
+consumer offsets commit in one Kafka transaction (the producer flushed first:
+:class:`_FlushingTransactions`), so a crash at any instant leaves the tables as the committed
+input offsets imply; a restarted app reads its tables back from the changelogs (memory store) and
+goes on from those offsets. Records that do not decode are skipped and counted: this principal
+reads only (the services that own those topics dead-letter what they cannot read). One worker
+holds every partition (the figures are summed over the partitions it holds).
 
 Served on ``analytics_port``: ``/analytics/gpu-hours?window=hour|day``, ``/analytics/waits``,
 ``/analytics/preemptions``, ``/analytics/jobs``, ``/analytics/running``, ``/analytics/capacity``
@@ -31,13 +32,14 @@ from __future__ import annotations
 import logging
 import operator
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import faust
-from faust.types import EventT, StreamT
+from faust.transport.consumer import TransactionManager
+from faust.types import TP, EventT, StreamT
 from faust.web import Request, Response, View
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -108,6 +110,9 @@ class Analytics:
             key_serializer="raw",
             value_serializer="json",
         )
+        # faust commits a transaction without flushing its producer buffer, where table changelog records
+        # wait to be sent: they would land in the next transaction, after the offsets that imply them.
+        app.transport.TransactionManager = _FlushingTransactions  # type: ignore[misc]
         self.app = app
         prefix = settings.topic_prefix
         self.job_topics = app.topic(
@@ -344,6 +349,16 @@ class Analytics:
                 return self.bytes(generate_latest(registry), content_type="text/plain; version=0.0.4")
 
         self.app.page("/metrics")(Metrics)
+
+
+class _FlushingTransactions(TransactionManager):
+    """faust's transaction manager, sending every buffered record (table changelogs) before each commit,
+    so a transaction holds every change made before the offsets it commits: a crash after the commit
+    loses none, a crash before it loses them with the offsets (and the events are read again)."""
+
+    async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        await self.producer.flush()
+        return bool(await super().commit(offsets, start_new_transaction=start_new_transaction))
 
 
 class _Collector(Collector):
