@@ -100,7 +100,7 @@ class Grant:
     allocation_id: str
     granted_at: float
     gpus: float
-    """GPUs held: whole GPUs, a shared slot as its fraction, a MIG slice as its compute share of 7."""
+    """GPUs held (:attr:`AllocationGranted.gpu_share`)."""
     gpu_model: str | None
     released_at: float | None = None
     reason: str | None = None
@@ -165,19 +165,6 @@ class JobFacts:
         return self.charged_model or self.spec_model or ANY_MODEL
 
 
-def held_gpus(placements: Sequence[allocations.Placement]) -> float:
-    """GPUs a grant holds: whole GPUs, plus each shared slot's fraction and each MIG slice's share of 7."""
-    total = 0.0
-    for p in placements:
-        if p.gpu_fraction_milli is not None:
-            total += p.gpu_fraction_milli / 1000
-        elif p.mig is not None:
-            total += int(p.mig.profile.split("g.", 1)[0]) / 7
-        else:
-            total += len(p.gpus)
-    return total
-
-
 def hour_pieces(start: float, end: float) -> list[tuple[float, float]]:
     """``[start, end)`` cut at UTC hour boundaries: (hour start, seconds inside that hour) per hour."""
     pieces: list[tuple[float, float]] = []
@@ -221,7 +208,7 @@ def _apply(facts: JobFacts, envelope: Envelope) -> JobFacts:
     if isinstance(data, allocations.AllocationGranted):
         if any(g.allocation_id == data.allocation_id and not _early(g) for g in facts.grants):
             return facts
-        grant = Grant(data.allocation_id, at, held_gpus(data.placements), data.gpu_type)
+        grant = Grant(data.allocation_id, at, data.gpu_share, data.gpu_type)
         grants = _merge_early_releases((*facts.grants, grant))
         return replace(facts, queue=facts.queue or data.queue, grants=grants)
     if isinstance(data, allocations.AllocationReleased):

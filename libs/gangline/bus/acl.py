@@ -173,7 +173,9 @@ def acl_bindings(
                     out.add(AclBinding(principal, ResourceType.TOPIC, own, PatternType.PREFIXED, operation))
                 for operation in (Operation.WRITE, Operation.DESCRIBE):
                     out.add(
-                        AclBinding(principal, ResourceType.TRANSACTIONAL_ID, own, PatternType.PREFIXED, operation)
+                        AclBinding(
+                            principal, ResourceType.TRANSACTIONAL_ID, own, PatternType.PREFIXED, operation
+                        )
                     )
             if grant.transactional:
                 resource = full if group.endswith(".") else full + "."

@@ -138,7 +138,8 @@ def test_shared_slots_and_mig_slices_count_as_their_part_of_a_gpu() -> None:
         Placement(rank=1, node="n0", gpus=("g1",), mig=MigSlice(gpu="g1", profile="3g.40gb")),
         Placement(rank=2, node="n1", gpus=("g0", "g1")),
     )
-    assert figures.held_gpus(placements) == pytest.approx(0.25 + 3 / 7 + 2)
+    granted = allocations.AllocationGranted(job_id="j1", allocation_id="a1", queue="q", placements=placements)
+    assert granted.gpu_share == pytest.approx(0.25 + 3 / 7 + 2)
 
 
 def test_a_rejected_job_counts_in_the_unknown_queue_once() -> None:
