@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from services.analytics.wiring import Analytics
 
 def main() -> int:
     settings = AnalyticsSettings.from_env()
-    # The memory store keeps nothing on disk; faust still wants a data directory of its own.
     data_dir = Path(
         os.environ.get("GANGLINE_ANALYTICS_DATA_DIR") or tempfile.mkdtemp(prefix="gangline-analytics-")
     )
