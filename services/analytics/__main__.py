@@ -14,9 +14,7 @@ from services.analytics.wiring import Analytics
 
 def main() -> int:
     settings = AnalyticsSettings.from_env()
-    data_dir = Path(
-        os.environ.get("GANGLINE_ANALYTICS_DATA_DIR") or tempfile.mkdtemp(prefix="gangline-analytics-")
-    )
+    data_dir = settings.analytics_data_dir or Path(tempfile.mkdtemp(prefix="gangline-analytics-"))
     analytics = Analytics(settings, data_dir=data_dir)
     asyncio.run(analytics.prepare())
     worker = faust.Worker(analytics.app, loglevel=settings.log_level.lower(), quiet=True)
