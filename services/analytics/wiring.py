@@ -29,6 +29,7 @@ Served on ``analytics_port``: ``/analytics/gpu-hours?window=hour|day``, ``/analy
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import time
@@ -98,6 +99,8 @@ class Analytics:
             topic_disable_leader=True,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=settings.commit_interval_s,
+            broker_session_timeout=settings.session_timeout_ms / 1000,
+            broker_heartbeat_interval=max(0.3, settings.session_timeout_ms / 5000),
             stream_recovery_delay=0.1,
             web_enabled=True,
             web_bind=settings.analytics_host,
@@ -112,7 +115,8 @@ class Analytics:
         )
         # faust commits a transaction without flushing its producer buffer, where table changelog records
         # wait to be sent: they would land in the next transaction, after the offsets that imply them.
-        app.transport.TransactionManager = _FlushingTransactions  # type: ignore[misc]
+        self.steps = asyncio.Lock()
+        app.transport.TransactionManager = _transactions(self.steps)  # type: ignore[misc]
         self.app = app
         prefix = settings.topic_prefix
         self.job_topics = app.topic(
@@ -191,13 +195,14 @@ class Analytics:
             if envelope is None:
                 continue
             job_id = envelope.subject
-            stored = self.jobs.get(job_id)
-            facts, measures = figures.fold_job(
-                job_id, figures.JobFacts.from_json(stored) if stored else None, envelope
-            )
-            self.jobs[job_id] = facts.to_json()
-            for measure in measures:
-                self._add(measure, event.message.partition)
+            async with self.steps:  # one event's table writes, whole, between two commits
+                stored = self.jobs.get(job_id)
+                facts, measures = figures.fold_job(
+                    job_id, figures.JobFacts.from_json(stored) if stored else None, envelope
+                )
+                self.jobs[job_id] = facts.to_json()
+                for measure in measures:
+                    self._add(measure, event.message.partition)
 
     def _add(self, measure: figures.Measure, partition: int) -> None:
         key = f"{measure.key}|{partition}"
@@ -219,7 +224,8 @@ class Analytics:
                 counts: dict[str, int] = {}
                 for gpu in envelope.data.gpus:
                     counts[gpu.model] = counts.get(gpu.model, 0) + 1
-                self.nodes[envelope.data.node] = sorted(counts.items())
+                async with self.steps:
+                    self.nodes[envelope.data.node] = sorted(counts.items())
 
     # -- reading the tables -------------------------------------------------------------------------
 
@@ -352,13 +358,26 @@ class Analytics:
 
 
 class _FlushingTransactions(TransactionManager):
-    """faust's transaction manager, sending every buffered record (table changelogs) before each commit,
-    so a transaction holds every change made before the offsets it commits: a crash after the commit
-    loses none, a crash before it loses them with the offsets (and the events are read again)."""
+    """faust's transaction manager, sending every buffered record (table changelogs) before each commit.
+
+    faust commits a transaction without sending what its producer buffer holds: the changelog records
+    of events whose offsets the commit includes would land in the next transaction, and a crash would
+    lose them with their offsets committed. Here the agents' steps wait while a commit flushes and
+    commits (``steps``), so a transaction holds whole events' changes: every event up to its offsets,
+    and perhaps the one being acknowledged, whose re-reading after a crash changes nothing (the fold
+    remembers what it emitted).
+    """
+
+    steps: asyncio.Lock
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        await self.producer.flush()
-        return bool(await super().commit(offsets, start_new_transaction=start_new_transaction))
+        async with self.steps:
+            await self.producer.flush()
+            return bool(await super().commit(offsets, start_new_transaction=start_new_transaction))
+
+
+def _transactions(steps: asyncio.Lock) -> type[_FlushingTransactions]:
+    return type("Transactions", (_FlushingTransactions,), {"steps": steps})
 
 
 class _Collector(Collector):

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from e2e.harness import ROOT, Proc, private_topics, service_env
 from gangline.bus.acl import apply_access, load_access
@@ -139,6 +140,16 @@ def same(a: dict[tuple[str, str, str], float], b: dict[tuple[str, str, str], flo
     return a.keys() == b.keys() and all(math.isclose(a[k], b[k], abs_tol=1e-5) for k in a)
 
 
+def differences(
+    got: dict[tuple[str, str, str], float], want: dict[tuple[str, str, str], float]
+) -> dict[tuple[str, str, str], tuple[float | None, float | None]]:
+    return {
+        k: (got.get(k), want.get(k))
+        for k in sorted(set(got) | set(want))
+        if not math.isclose(got.get(k, -1.0), want.get(k, -1.0), abs_tol=1e-5)
+    }
+
+
 async def publish(bootstrap: str, topics: TopicNames, events: list[tuple[str, Envelope]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(), acks="all")
     await producer.start()
@@ -149,6 +160,19 @@ async def publish(bootstrap: str, topics: TopicNames, events: list[tuple[str, En
         await producer.flush()
     finally:
         await producer.stop()
+
+
+async def committed_records(bootstrap: str, group: str, topics: TopicNames) -> int:
+    """How many input records ``group`` has committed, over allocations.log and jobs.events."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    inputs = {topics.allocations, topics.events}
+    print("OFFSETS", {f"{tp.topic[-16:]}/{tp.partition}": meta.offset for tp, meta in offsets.items()})
+    return sum(meta.offset for tp, meta in offsets.items() if tp.topic in inputs and meta.offset > 0)
 
 
 async def until(
@@ -223,10 +247,20 @@ async def test_hourly_gpu_hours_survive_a_kill_9_mid_stream(kafka_bootstrap: str
                 await publish(kafka_bootstrap, topics, second[:half])
                 await until(hourly, lambda h: len(h) > len(before), proc, timeout_s=120)
                 proc.kill9()
+                # The first stream's offsets were committed: the restarted app does not read it again, so
+                # its hours after the restart come from the changelog topics.
+                committed = await committed_records(kafka_bootstrap, f"{group_prefix}.analytics", topics)
+                assert committed >= len(first)
                 await publish(kafka_bootstrap, topics, second[half:])
                 proc.start()
 
-                after = await until(hourly, lambda h: same(h, want_all), proc, timeout_s=240)
+                try:
+                    after = await until(hourly, lambda h: same(h, want_all), proc, timeout_s=240)
+                except TimeoutError:
+                    got = await hourly()
+                    raise AssertionError(
+                        f"hours that differ (got, want): {differences(got, want_all)}"
+                    ) from None
                 assert same({k: after[k] for k in before}, before)  # the first stream's hours, unchanged
                 assert await ended() == finals(first) + finals(second)  # nothing counted twice
 
