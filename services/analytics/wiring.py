@@ -86,6 +86,8 @@ class Analytics:
         self.settings = settings
         self.undecodable = 0
         self._at = 0.0
+        self.steps = asyncio.Lock()
+        self.unsent: list[asyncio.Future[Any]] = []
         app = faust.App(
             settings.app_id,
             broker=[f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(",")],
@@ -112,10 +114,10 @@ class Analytics:
             web_metrics_enabled=False,
             key_serializer="raw",
             value_serializer="json",
+            Table=_tracked_table(self.unsent),
         )
         # faust commits a transaction without flushing its producer buffer, where table changelog records
         # wait to be sent: they would land in the next transaction, after the offsets that imply them.
-        self.steps = asyncio.Lock()
         app.transport.TransactionManager = _transactions(self.steps)  # type: ignore[misc]
         self.app = app
         prefix = settings.topic_prefix
@@ -203,6 +205,13 @@ class Analytics:
                 self.jobs[job_id] = facts.to_json()
                 for measure in measures:
                     self._add(measure, event.message.partition)
+                await self._delivered()
+
+    async def _delivered(self) -> None:
+        """Wait until the broker has every changelog record of this step (in the open transaction)."""
+        sent, self.unsent[:] = list(self.unsent), []
+        if sent:
+            await asyncio.gather(*sent)
 
     def _add(self, measure: figures.Measure, partition: int) -> None:
         key = f"{measure.key}|{partition}"
@@ -226,6 +235,7 @@ class Analytics:
                     counts[gpu.model] = counts.get(gpu.model, 0) + 1
                 async with self.steps:
                     self.nodes[envelope.data.node] = sorted(counts.items())
+                    await self._delivered()
 
     # -- reading the tables -------------------------------------------------------------------------
 
@@ -358,14 +368,15 @@ class Analytics:
 
 
 class _FlushingTransactions(TransactionManager):
-    """faust's transaction manager, sending every buffered record (table changelogs) before each commit.
+    """faust's transaction manager, committing only between two events' table writes.
 
-    faust commits a transaction without sending what its producer buffer holds: the changelog records
-    of events whose offsets the commit includes would land in the next transaction, and a crash would
-    lose them with their offsets committed. Here the agents' steps wait while a commit flushes and
-    commits (``steps``), so a transaction holds whole events' changes: every event up to its offsets,
-    and perhaps the one being acknowledged, whose re-reading after a crash changes nothing (the fold
-    remembers what it emitted).
+    faust sends table changelog records from a buffer, in the background, and commits a transaction
+    without waiting for them: records of events whose offsets the commit includes could land in the
+    next transaction, and a crash would lose them with their offsets committed. Here each agent step
+    holds ``steps`` from its first table write until the broker has all of its records (the table
+    class counts them: :func:`_tracked_table`), and a commit takes ``steps`` too: a transaction holds
+    whole events, every one up to the offsets it commits (and perhaps the one being acknowledged, whose
+    re-reading after a crash changes nothing: the fold remembers what it emitted).
     """
 
     steps: asyncio.Lock
@@ -378,6 +389,18 @@ class _FlushingTransactions(TransactionManager):
 
 def _transactions(steps: asyncio.Lock) -> type[_FlushingTransactions]:
     return type("Transactions", (_FlushingTransactions,), {"steps": steps})
+
+
+def _tracked_table(unsent: list[asyncio.Future[Any]]) -> type[faust.Table[Any, Any]]:
+    """faust's Table, keeping the future of each changelog record it sends in ``unsent``."""
+
+    class Tracked(faust.Table):  # type: ignore[type-arg]
+        def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+            future = super().send_changelog(*args, **kwargs)
+            unsent.append(future)
+            return future
+
+    return Tracked
 
 
 class _Collector(Collector):
