@@ -102,6 +102,10 @@ class Analytics:
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=settings.commit_interval_s,
             broker_session_timeout=settings.session_timeout_ms / 1000,
+            # A restarted worker (same instance id) takes its partitions back without a second member
+            # to rebalance around; one worker holds them all, so no standby copies either.
+            consumer_group_instance_id=settings.instance_id if settings.static_membership else None,
+            table_standby_replicas=0,
             broker_heartbeat_interval=max(0.3, settings.session_timeout_ms / 5000),
             stream_recovery_delay=0.1,
             web_enabled=True,
