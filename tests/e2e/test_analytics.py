@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import signal
 import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -191,6 +192,9 @@ async def until(
         except httpx.HTTPError:
             pass
         if loop.time() > deadline:
+            if proc.proc is not None:  # mode's worker logs every task's stack on SIGUSR1: where it waits
+                proc.proc.send_signal(signal.SIGUSR1)
+                await asyncio.sleep(2)
             raise TimeoutError(f"not there after {timeout_s}s; last: {last!r}; log {proc.log_path}")
         await asyncio.sleep(0.5)
 
