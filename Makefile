@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e fuzz-api chaos
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e fuzz-api chaos test-analytics-restart
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -105,6 +105,9 @@ chaos: venv
 FUZZ_API_EXAMPLES ?= 500
 FUZZ_API_CHECKS ?= all
 FUZZ_API_EXCLUDE ?= positive_data_acceptance
+test-analytics-restart: venv
+	GANGLINE_ANALYTICS_RESTART=1 deploy/local/run-tests.sh -q tests/e2e/test_analytics.py
+
 fuzz-api: venv
 	PYTHONPATH=libs:. $(PY) tests/integration/api/fuzz_api.py --max-examples $(FUZZ_API_EXAMPLES) \
 		--checks $(FUZZ_API_CHECKS) --exclude-checks "$(FUZZ_API_EXCLUDE)"

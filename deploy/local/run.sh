@@ -20,6 +20,7 @@ trap 'exit 130' INT TERM
 
 "$ROOT/deploy/local/up.sh" up
 echo "API: http://127.0.0.1:${GANGLINE_API_PORT:-8080} (OpenAPI: /docs); try 'gangline queues' or 'gangline nodes'"
+echo "Analytics: http://127.0.0.1:${GANGLINE_ANALYTICS_PORT:-8091}/analytics/gpu-hours?window=hour (JSON), /metrics"
 # The demo feeds jobs and watches every topic: the project's own tooling, so the broker's super user.
 export GANGLINE_KAFKA_USERNAME=admin
 GANGLINE_KAFKA_PASSWORD="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["admin"])' \

@@ -9,7 +9,7 @@
 #
 # Environment: CLUSTER (deploy/clusters/default.yaml), GANGLINE_TOPIC_PREFIX (""),
 # GANGLINE_FAKE_NODES_ARGS (extra flags for `gangline fake-nodes`, e.g. "--time-scale 0.05"),
-# GANGLINE_API_PORT (8080), plus every GANGLINE_* setting the services read.
+# GANGLINE_API_PORT (8080), GANGLINE_ANALYTICS_PORT (8091), plus every GANGLINE_* setting the services read.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -24,7 +24,7 @@ export GANGLINE_TOKENS_FILE="${GANGLINE_TOKENS_FILE:-$ROOT/deploy/docker/api-tok
 # The example queues (an unlimited `default`, team-a and team-b sharing a cohort), read by admission,
 # quota and the API alike.
 export GANGLINE_QUEUES_FILE="${GANGLINE_QUEUES_FILE:-$ROOT/deploy/docker/queues.yaml}"
-SERVICES=(admission quota placement preemption node_health ledger api)
+SERVICES=(admission quota placement preemption node_health ledger analytics api)
 
 log() { printf 'up.sh: %s\n' "$*" >&2; }
 
@@ -107,6 +107,7 @@ up() {
     log "up: Kafka $GANGLINE_KAFKA_BOOTSTRAP, topics prefix '${GANGLINE_TOPIC_PREFIX:-}', cluster $CLUSTER"
     log "API: http://127.0.0.1:$GANGLINE_PORT (OpenAPI at /docs); logs in $RUN/"
     log "Metrics: http://127.0.0.1:9471/metrics (admission) .. 9478 (fake nodes); the table in the README"
+    log "analytics: http://127.0.0.1:${GANGLINE_ANALYTICS_PORT:-8091}/analytics/gpu-hours (JSON), /metrics (Prometheus)"
     log "CLI: export GANGLINE_API_URL=http://127.0.0.1:$GANGLINE_PORT GANGLINE_TOKEN=dev-ops-admin-token; .venv/bin/gangline queues"
 }
 

@@ -78,6 +78,20 @@ class JobRow:
     allocation_id: str | None = None
     attempt: int = 1
     cancel_requested_at: datetime | None = None
+    gpu_model: str | None = None
+    """The GPU model of the latest grant (``allocation.granted``), else the one quota charged
+    (``job.queued``), else the job's own ``gpu_type``."""
+    granted_at: datetime | None = None
+    """The first grant: ``granted_at - admitted_at`` is the job's first wait."""
+    gpu_seconds: float = 0.0
+    """GPU-seconds held over every attempt: each release's own figure when it reports one, else its
+    held time times the grant's GPUs (:attr:`AllocationGranted.gpu_share`)."""
+    final_state: str | None = None
+    """completed, failed, cancelled or rejected once the job ended; None while it lives."""
+    held: tuple[tuple[str, datetime, float], ...] = ()
+    """(allocation id, granted at, GPUs) of each grant read: what a release is charged by (not a column)."""
+    released: frozenset[str] = frozenset()
+    """Allocations whose release was counted (not a column)."""
 
 
 def _spec_row(job_id: str, spec: jobs.JobSpec, *, at: StoredEvent) -> JobRow:
@@ -98,12 +112,16 @@ def _spec_row(job_id: str, spec: jobs.JobSpec, *, at: StoredEvent) -> JobRow:
         updated_at=at.time,
         last_event_id=at.event_id,
         submitted_by=spec.submitted_by,
+        gpu_model=spec.gpu_type,
     )
 
 
 def _order(event: StoredEvent) -> tuple[datetime, int]:
-    # At equal times the request comes first: nothing can happen to a job before it is asked for.
-    return event.time, 0 if isinstance(event.data, jobs.JobRequested) else 1
+    # At equal times the request comes first: nothing can happen to a job before it is asked for; and a
+    # release comes last, after the grant of the same instant it is charged by.
+    if isinstance(event.data, jobs.JobRequested):
+        return event.time, 0
+    return event.time, 2 if isinstance(event.data, allocations.AllocationReleased) else 1
 
 
 def fold_job(job_id: str, events: Iterable[StoredEvent]) -> JobRow | None:
@@ -120,12 +138,42 @@ def fold_job(job_id: str, events: Iterable[StoredEvent]) -> JobRow | None:
             else:
                 continue
         row = _apply_job_event(row, event)
-    return row
+    if row is None:
+        return None
+    return replace(row, final_state=row.state if row.state in TERMINAL_STATES else None)
+
+
+def _account(row: JobRow, event: StoredEvent) -> dict[str, Any]:
+    """What a grant or a release changes in the job's accounting columns."""
+    data = event.data
+    if isinstance(data, jobs.JobAdmitted):
+        return {"gpu_model": row.gpu_model or data.spec.gpu_type}
+    if isinstance(data, jobs.JobQueued) and data.gpu_type is not None:
+        return {"gpu_model": data.gpu_type}
+    if isinstance(data, allocations.AllocationGranted):
+        if any(a == data.allocation_id for a, _, _ in row.held):
+            return {}
+        return {
+            "held": (*row.held, (data.allocation_id, event.time, data.gpu_share)),
+            "granted_at": min(row.granted_at or event.time, event.time),
+            "gpu_model": data.gpu_type or row.gpu_model,
+        }
+    if isinstance(data, allocations.AllocationReleased) and data.allocation_id not in row.released:
+        grant = next((g for g in row.held if g[0] == data.allocation_id), None)
+        if data.gpu_seconds is not None:
+            used = float(data.gpu_seconds)
+        elif grant is not None:
+            used = max(0.0, (event.time - grant[1]).total_seconds()) * grant[2]
+        else:
+            return {}  # no grant read, no figure: charged once the grant is in the history
+        return {"gpu_seconds": row.gpu_seconds + used, "released": row.released | {data.allocation_id}}
+    return {}
 
 
 def _apply_job_event(row: JobRow, event: StoredEvent) -> JobRow:
     data = event.data
     changes: dict[str, Any] = {"updated_at": max(row.updated_at, event.time), "last_event_id": event.event_id}
+    changes |= _account(row, event)
     if isinstance(data, jobs.JobRequested):
         changes["submitted_at"] = min(row.submitted_at, event.time)
         changes["submitted_by"] = data.submitted_by or row.submitted_by

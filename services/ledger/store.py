@@ -162,6 +162,10 @@ _JOB_COLUMNS = (
     "attempt",
     "cancel_requested_at",
     "submitted_by",
+    "gpu_model",
+    "granted_at",
+    "gpu_seconds",
+    "final_state",
 )
 _JOB_JSON = {"topology", "spec", "pending_reasons"}
 
@@ -190,21 +194,36 @@ async def upsert_job(conn: asyncpg.Connection, row: JobRow) -> None:
 async def _project_allocation(conn: asyncpg.Connection, envelope: Envelope) -> None:
     data = envelope.data
     if isinstance(data, allocations.AllocationGranted):
+        # The rank's GPU model: the grant's, else the model its node registered.
         await conn.executemany(
             """
-            INSERT INTO allocations (allocation_id, job_id, rank, node, gpus, granted_at, granted_event_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            INSERT INTO allocations (allocation_id, job_id, rank, node, gpus, granted_at, granted_event_id,
+                                     queue, gpu_model, gpu_share)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+                    COALESCE($9, (SELECT gpu_model FROM nodes WHERE node = $4)), $10)
             ON CONFLICT (allocation_id, rank) DO NOTHING
             """,
             [
-                (data.allocation_id, data.job_id, p.rank, p.node, list(p.gpus), envelope.time, envelope.id)
+                (
+                    data.allocation_id,
+                    data.job_id,
+                    p.rank,
+                    p.node,
+                    list(p.gpus),
+                    envelope.time,
+                    envelope.id,
+                    data.queue,
+                    data.gpu_type,
+                    p.gpu_share,
+                )
                 for p in data.placements
             ],
         )
     elif isinstance(data, allocations.AllocationReleased):
         await conn.execute(
             """
-            UPDATE allocations SET released_at = $2, release_reason = $3, released_event_id = $4
+            UPDATE allocations SET released_at = $2, release_reason = $3, released_event_id = $4,
+                gpu_seconds = gpu_share * GREATEST(0, EXTRACT(EPOCH FROM ($2 - granted_at)))
             WHERE allocation_id = $1 AND released_at IS NULL
             """,
             data.allocation_id,

@@ -26,7 +26,17 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GANGLINE = {name: s for name, s in SERVICES.items() if s.get("image") == "gangline:dev"}
-LONG_RUNNING = {"admission", "quota", "placement", "preemption", "node-health", "ledger", "api", "fake-nodes"}
+LONG_RUNNING = {
+    "admission",
+    "quota",
+    "placement",
+    "preemption",
+    "node-health",
+    "ledger",
+    "analytics",
+    "api",
+    "fake-nodes",
+}
 READ_QUEUES = ("admission", "quota", "api", "placement", "preemption")
 """Placement and preemption read which queues are unlimited: placed without quota's job.queued."""
 """The services that read the queue configuration (GANGLINE_QUEUES_FILE)."""
@@ -96,6 +106,7 @@ def test_the_whole_system_is_there() -> None:
         "services.preemption",
         "services.node_health",
         "services.ledger",
+        "services.analytics",
         "services.api",
         "services.agent",
     }
@@ -152,6 +163,9 @@ def test_ports_are_published_on_loopback_and_agree_with_the_settings() -> None:
     for name, service in SERVICES.items():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name}: publish on 127.0.0.1 only ({port})"
+    analytics = SERVICES["analytics"]
+    analytics_port = environment(analytics)["GANGLINE_ANALYTICS_PORT"]
+    assert [p.rsplit(":", 1)[1] for p in analytics["ports"]] == [analytics_port]
     api = SERVICES["api"]
     api_port = environment(api)["GANGLINE_PORT"]
     assert api["ports"][0].rsplit(":", 1)[1] == api_port

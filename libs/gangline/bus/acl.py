@@ -50,6 +50,7 @@ class PatternType(IntEnum):
 class Operation(IntEnum):
     READ = 3
     WRITE = 4
+    CREATE = 5
     DESCRIBE = 8
 
 
@@ -95,6 +96,10 @@ class Grant(BaseModel):
     """For producers without a tenant: the queues its job requests may name (None: any)."""
     dead_letters: bool = True
     """May write the dead-letter twin of each topic it reads (False: a read-only principal)."""
+    streams: bool = False
+    """A stream-processing app (faust, Kafka Streams) whose application id is its first group
+    ``<prefix>.<group>``: it may create, read and write its own topics ``<prefix>.<group>-*`` (table
+    changelogs, repartition topics) and use the transactional ids ``<prefix>.<group>-*``."""
 
 
 class AccessFile(BaseModel):
@@ -162,6 +167,16 @@ def acl_bindings(
             )
             for resource, pattern in kinds:
                 out.add(AclBinding(principal, ResourceType.GROUP, resource, pattern, Operation.READ))
+            if grant.streams and group is grant.groups[0]:
+                own = f"{full.rstrip('.')}-"
+                for operation in (Operation.CREATE, Operation.READ, Operation.WRITE, Operation.DESCRIBE):
+                    out.add(AclBinding(principal, ResourceType.TOPIC, own, PatternType.PREFIXED, operation))
+                for operation in (Operation.WRITE, Operation.DESCRIBE):
+                    out.add(
+                        AclBinding(
+                            principal, ResourceType.TRANSACTIONAL_ID, own, PatternType.PREFIXED, operation
+                        )
+                    )
             if grant.transactional:
                 resource = full if group.endswith(".") else full + "."
                 for operation in (Operation.WRITE, Operation.DESCRIBE):

@@ -65,6 +65,16 @@ class Placement(BaseModel):
         """True when the rank holds a slice or shared slot rather than whole GPUs."""
         return self.mig is not None or self.gpu_fraction_milli is not None
 
+    @property
+    def gpu_share(self) -> float:
+        """GPUs the rank holds, for accounting: whole GPUs, a shared slot as its fraction, a MIG slice
+        as its compute slices out of 7 (``3g.40gb``: 3/7)."""
+        if self.gpu_fraction_milli is not None:
+            return self.gpu_fraction_milli / 1000
+        if self.mig is not None:
+            return int(self.mig.profile.split("g.", 1)[0]) / 7
+        return float(len(self.gpus))
+
 
 class AllocationGranted(Event):
     """GPUs granted to a whole gang at once: one placement per worker, ranks 0..W-1.
@@ -106,6 +116,11 @@ class AllocationGranted(Event):
     @property
     def workers(self) -> int:
         return len(self.placements)
+
+    @property
+    def gpu_share(self) -> float:
+        """GPUs the gang holds, for accounting (GPU-seconds): the ranks' :attr:`Placement.gpu_share`."""
+        return sum(p.gpu_share for p in self.placements)
 
     @property
     def whole_gpus(self) -> int:

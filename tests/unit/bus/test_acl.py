@@ -50,7 +50,14 @@ def test_the_committed_access_file_gives_each_principal_only_its_part() -> None:
         "p.allocations.log.dlq",
         "p.jobs.events.dlq",
     }
-    assert _topics(bindings, "analytics", Operation.WRITE) == set()
+    # Read-only on the log: analytics writes only its own faust topics (changelogs, repartition).
+    assert _topics(bindings, "analytics", Operation.WRITE) == {"gangline.analytics-"}
+    assert _topics(bindings, "analytics", Operation.READ) == {
+        "p.allocations.log",
+        "p.jobs.events",
+        "p.nodes.inventory",
+        "gangline.analytics-",
+    }
     assert "p.allocations.log" in _topics(bindings, "placement", Operation.WRITE)
     assert "p.allocations.log" not in _topics(bindings, "admission", Operation.WRITE)
     placement_txn = {
@@ -76,3 +83,22 @@ def test_a_pattern_that_names_no_topic_is_an_error() -> None:
     access = AccessFile(super_user="admin", principals={"s": Grant(write=("job.events",))})
     with pytest.raises(CatalogueError, match="names no topic"):
         acl_bindings(access, SPECS)
+
+
+def test_a_stream_app_owns_the_topics_and_transactional_ids_named_after_its_application_id() -> None:
+    access = AccessFile(
+        super_user="admin",
+        principals={"a": Grant(read=("allocations.log",), groups=("a",), streams=True, dead_letters=False)},
+    )
+    bindings = acl_bindings(access, SPECS, topic_prefix="p.", group_prefix="g")
+    own = [b for b in bindings if b.resource_name == "g.a-"]
+    assert {(b.resource_type, b.operation) for b in own} == {
+        (ResourceType.TOPIC, Operation.CREATE),
+        (ResourceType.TOPIC, Operation.READ),
+        (ResourceType.TOPIC, Operation.WRITE),
+        (ResourceType.TOPIC, Operation.DESCRIBE),
+        (ResourceType.TRANSACTIONAL_ID, Operation.WRITE),
+        (ResourceType.TRANSACTIONAL_ID, Operation.DESCRIBE),
+    }
+    assert all(b.pattern_type is PatternType.PREFIXED for b in own)
+    assert _topics(bindings, "a", Operation.WRITE) == {"g.a-"}  # no dead-letter twin, no public topic

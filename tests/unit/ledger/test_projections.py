@@ -228,3 +228,54 @@ def test_a_queue_status_row_is_quotas_figure_copied_and_the_latest_as_of_wins() 
     assert older is not None
     assert newer_status(None, row) and not newer_status(row, older) and newer_status(older, row)
     assert queue_status_row(at(1, requested())) is None
+
+
+# -- accounting (migration 0004) -----------------------------------------------------------------
+
+
+def granted_as(allocation_id: str, gpu_type: str | None = None) -> allocations.AllocationGranted:
+    return granted().model_copy(update={"allocation_id": allocation_id, "gpu_type": gpu_type})
+
+
+def test_a_job_is_charged_its_held_time_times_its_gpus_for_each_attempt() -> None:
+    history = [
+        *LIFE,  # granted a1 (8 GPUs) at 5 s
+        at(605, allocations.AllocationReleased(job_id=JOB, allocation_id="a1", reason="preempted")),
+        at(606, jobs.JobRequeued(job_id=JOB, reason="preempted", attempt=2)),
+        at(700, granted_as("a2", "H100")),
+        # The agent's own figure, when the release carries one, is the charge.
+        at(
+            900,
+            allocations.AllocationReleased(
+                job_id=JOB, allocation_id="a2", reason="completed", gpu_seconds=1234
+            ),
+        ),
+        at(900, jobs.JobCompleted(job_id=JOB, allocation_id="a2")),
+    ]
+    row = fold_job(JOB, history)
+    assert row is not None
+    granted_gpus = granted().gpu_share
+    assert row.gpu_seconds == pytest.approx(granted_gpus * 600 + 1234)
+    assert row.granted_at == T0 + timedelta(seconds=5)  # the first grant
+    assert (row.gpu_model, row.final_state, row.state) == ("H100", "completed", "completed")
+    assert fold_job(JOB, [*history, history[-3]]) == row  # a release read twice is charged once
+    for order in itertools.islice(itertools.permutations(history), 0, 40320, 997):
+        assert fold_job(JOB, order) == row
+
+
+def test_the_gpu_model_is_the_grants_else_the_charged_one_else_the_jobs_own() -> None:
+    own = requested(gpu_type="A100")
+    base = [at(0, own), at(1, jobs.JobAdmitted(job_id=JOB, spec=own.spec()))]
+    row = fold_job(JOB, base)
+    assert row is not None and row.gpu_model == "A100"
+    charged = [*base, at(2, jobs.JobQueued(job_id=JOB, queue="research", gpu_type="L40S"))]
+    row = fold_job(JOB, charged)
+    assert row is not None and row.gpu_model == "L40S"
+    row = fold_job(JOB, [*charged, at(3, granted_as("a1", "H100"))])
+    assert row is not None and row.gpu_model == "H100"
+
+
+def test_a_live_job_has_no_final_state_and_no_charge_before_its_release() -> None:
+    row = fold_job(JOB, LIFE)
+    assert row is not None
+    assert (row.final_state, row.gpu_seconds) == (None, 0.0)

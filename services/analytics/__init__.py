@@ -1,0 +1,1 @@
+"""Analytics: windowed GPU-hours, utilisation, waits, preemptions and final states, on faust-streaming."""
