@@ -42,6 +42,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--report", type=Path, help="write the first run's JSON report here")
+    p.add_argument(
+        "--progress-s",
+        type=float,
+        default=0.0,
+        help="every this many CPU seconds, print (stderr) the virtual day reached and the grants so far",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -56,12 +62,22 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from services.tools.simulate.engine import Transaction
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu1 = cpu0
     jobs = load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
     spec = load_cluster_spec(args.cluster)
     grants = hashlib.sha256()
     counts = {"granted": 0, "released": 0}
+    next_progress = [time.process_time() + args.progress_s]
 
     def observe(tx: Transaction) -> None:
+        if args.progress_s > 0 and time.process_time() >= next_progress[0]:
+            next_progress[0] += args.progress_s
+            print(
+                f"cpu {time.process_time() - cpu1:.0f} s: virtual day {tx.at / 86400:.1f}, "
+                f"{counts['granted']} granted",
+                file=sys.stderr,
+                flush=True,
+            )
         for _, envelope in tx.outputs:
             data = envelope.data
             if isinstance(data, AllocationGranted):
@@ -120,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for k in range(args.runs):
         cmd = base + (["--report", str(args.report)] if args.report and k == 0 else [])
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        cmd += ["--progress-s", str(args.progress_s)]
+        done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         run = json.loads(done.stdout.strip().splitlines()[-1])
         run["load"] = _load()
         runs.append(run)
