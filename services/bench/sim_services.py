@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
         default=0.0,
         help="every this many CPU seconds, print (stderr) the virtual day reached and the grants so far",
     )
+    p.add_argument(
+        "--every-event",
+        action="store_true",
+        help="also digest every event every service wrote (topic, id, cause, body): slower, strictest",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -66,6 +71,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     jobs = load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
     spec = load_cluster_spec(args.cluster)
     grants = hashlib.sha256()
+    events = hashlib.sha256()
     counts = {"granted": 0, "released": 0}
     next_progress = [time.process_time() + args.progress_s]
 
@@ -78,8 +84,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
-        for _, envelope in tx.outputs:
+        for topic, envelope in tx.outputs:
             data = envelope.data
+            if args.every_event:
+                events.update(f"{topic} {envelope.id} {envelope.causationid} {tx.at!r} ".encode())
+                events.update(data.model_dump_json().encode())
             if isinstance(data, AllocationGranted):
                 counts["granted"] += 1
                 placed = [(p.node, p.rank, tuple(p.gpus)) for p in data.placements]
@@ -115,6 +124,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "released": counts["released"],
         "decisions_sha256": grants.hexdigest(),
         "outcomes_sha256": outcomes.hexdigest(),
+        "events_sha256": events.hexdigest() if args.every_event else None,
     }
 
 
@@ -136,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for k in range(args.runs):
         cmd = base + (["--report", str(args.report)] if args.report and k == 0 else [])
-        cmd += ["--progress-s", str(args.progress_s)]
+        cmd += ["--progress-s", str(args.progress_s)] + (["--every-event"] if args.every_event else [])
         done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         run = json.loads(done.stdout.strip().splitlines()[-1])
         run["load"] = _load()
@@ -147,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(whole run {run['total_cpu_s']:.1f} / {run['total_wall_s']:.1f} s), load {run['load']}, "
             f"mean wait {run['mean_wait_s'] / 3600:.2f} h, decisions {run['decisions_sha256'][:16]}"
         )
-    digests = {(r["decisions_sha256"], r["outcomes_sha256"]) for r in runs}
+    digests = {(r["decisions_sha256"], r["outcomes_sha256"], r["events_sha256"]) for r in runs}
     summary = {
         "bench": "sim_services",
         "trace": args.trace,
@@ -167,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "same_decisions_every_run": len(digests) == 1,
         "decisions_sha256": runs[0]["decisions_sha256"],
         "outcomes_sha256": runs[0]["outcomes_sha256"],
+        "events_sha256": runs[0]["events_sha256"],
         "mean_wait_s": runs[0]["mean_wait_s"],
         "utilization": runs[0]["utilization"],
     }
