@@ -6,8 +6,9 @@
 
 Runs :func:`~services.tools.simulate.trace_run.simulate_services` (what ``gangline simulate --services``
 runs) ``--runs`` times, each in a fresh child process (so no run warms the next), and prints each
-run's CPU time (the child's process time: what the machine's other users do not change) and wall
-time, then their medians, the machine's load average before and after, and ends with one JSON line.
+run's CPU time (the child's process time: far less sensitive than wall time to the machine's other
+users, though a loaded box still inflates it) and wall time, then their medians, the machine's load
+average before and after, and ends with one JSON line.
 
 Each run also prints a digest of what the services decided: every grant (job, allocation, nodes,
 GPUs, virtual time) and every release, in the order they were written, and every job's start and
