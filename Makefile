@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly bench-sim up down run bench-e2e fuzz-api chaos test-analytics-restart
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -20,6 +20,8 @@ help:
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
 	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
+	@echo "make bench-sim-services  time the services' own decisions on 3,000 contended Philly jobs (3 runs, medians)"
+	@echo "make simulate-alibaba the Alibaba 2023 GPU-sharing packing experiment, report in docs/sim/"
 	@echo "make fuzz-api   schemathesis, every check, against a real API process (FUZZ_API_EXAMPLES per operation)"
 
 $(VENV)/.installed: pyproject.toml
@@ -119,22 +121,46 @@ PHILLY := $(TRACES)/pollux-philly/philly.csv
 
 # The full trace on the Philly-sized cluster (load ~15%: nothing waits), on the same cluster cut to a
 # fifth (490 GPUs, load ~76%: it really queues) and to a quarter (616 GPUs, ~61%), then the
-# 4x-arrivals window of the first 12k jobs.
+# 4x-arrivals window of the first 12k jobs, then the first 8,000 jobs on the contended cluster.
+# Every campaign runs the three baselines and the core's simulator under the default profile;
+# --services adds a row through the services' own handlers (admission, quota, placement, preemption,
+# node_health on an in-memory bus) where that finishes in minutes on the 2-core box: the full trace
+# on the contended and quarter clusters does not (docs/sim/README.md, "Simulator speed").
 simulate-philly: venv
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml \
-		--queues deploy/queues/philly.yaml \
+		--queues deploy/queues/philly.yaml --services --no-progress \
 		--report docs/sim/philly-report.json --plots docs/sim/philly
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
-		--queues deploy/queues/philly-contended.yaml \
+		--queues deploy/queues/philly-contended.yaml --no-progress \
 		--report docs/sim/philly-contended-report.json --plots docs/sim/philly-contended
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-quarter.yaml \
-		--queues deploy/queues/philly-quarter.yaml \
+		--queues deploy/queues/philly-quarter.yaml --no-progress \
 		--report docs/sim/philly-quarter-report.json --plots docs/sim/philly-quarter
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly.yaml \
-		--queues deploy/queues/philly.yaml --time-scale 4 --limit 12000 --cycle-s 60 \
+		--queues deploy/queues/philly.yaml --time-scale 4 --limit 12000 --cycle-s 60 --services --no-progress \
 		--report docs/sim/philly-x4-12k-report.json --plots docs/sim/philly-x4-12k
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
+		--queues deploy/queues/philly-contended.yaml --limit 8000 --services --no-progress \
+		--report docs/sim/philly-contended-8k-report.json --plots docs/sim/philly-contended-8k
+
+ALIBABA := $(TRACES)/alibaba-gpu-v2023/openb_pod_list_default.csv
+
+# FGD-style packing on the Alibaba 2023 GPU-sharing trace: every pod at once, none ends (core
+# simulator only: the services cannot register shared-GPU nodes yet).
+simulate-alibaba: venv
+	$(BIN)/gangline simulate --trace $(ALIBABA) --cluster deploy/clusters/alibaba-openb.yaml \
+		--time-scale 1e6 --hold --sample-s 1 --baselines k8s-first-fit --no-progress \
+		--report docs/sim/alibaba-packing-report.json
 
 # Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
 bench-sim: venv
 	time $(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
 		--queues deploy/queues/philly-contended.yaml --no-progress --report /tmp/gangline-bench-sim.json
+
+# The services' own decisions timed: 3 runs of the first 3,000 contended jobs (CPU and wall, medians,
+# load, and a digest of every grant: the same in every run and before and after a speed-up).
+BENCH_SIM_SERVICES_ARGS ?= --limit 3000 --runs 3
+bench-sim-services: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.sim_services --trace $(PHILLY) \
+		--cluster deploy/clusters/philly-contended.yaml --queues deploy/queues/philly-contended.yaml \
+		$(BENCH_SIM_SERVICES_ARGS)

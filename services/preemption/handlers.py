@@ -296,6 +296,9 @@ def _to_plan(state: PreemptionState) -> list[Job]:
         if core is not None:
             jobs.append(core)
             seen.add(job_id)
+    if state.replan and state.held and not mirror.snapshot().preemptible_running:
+        return jobs  # no preemptible job runs: neither preempt nor reclaim has a victim for them
+
     if state.replan and state.held:
         held: list[HeldJob] = []
         for job_id, hold in state.held.items():
@@ -319,8 +322,8 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
     """
     mirror = state.mirror
     snap = mirror.snapshot()
-    if not snap.nodes:
-        return []
+    if not snap.nodes or not snap.preemptible_running:
+        return []  # no preemptible job running: the core's preempt and reclaim find no victim
     if state.planner is None:
         state.planner = planning_profile(mirror.profile)
     run_facts: dict[CoreJobId, RunFacts] = {}

@@ -128,7 +128,7 @@ def dominant_share(
 class FairShare:
     """Dominant shares of every queue during one cycle; :meth:`charge` as work is admitted."""
 
-    __slots__ = ("_alloc", "_capacity", "_decayed", "_shares", "_weights")
+    __slots__ = ("_alloc", "_capacity", "_decayed", "_positions", "_shares", "_weights")
 
     def __init__(
         self,
@@ -144,7 +144,10 @@ class FairShare:
             q: {r: float(n) for r, n in v.items()} for q, v in allocation.items()
         }
         self._decayed = history.decayed if history is not None else None
-        self._shares: dict[QueueName, float] = {}
+        self._shares: dict[QueueName, tuple[float, Resource | None]] = {}
+        """Each queue's (dominant share, dominant resource), until a charge to it."""
+        self._positions: dict[QueueName, int] | None = None
+        """Each known queue's rank by (share, name), until any charge."""
 
     def clone(self) -> FairShare:
         """An independent copy (charges to it do not reach this one)."""
@@ -166,12 +169,14 @@ class FairShare:
     def share(self, queue: QueueName) -> float:
         s = self._shares.get(queue)
         if s is None:
-            s, _ = dominant_share(self.usage(queue), self._capacity, self._weights.get(queue, 1.0))
-            self._shares[queue] = s
-        return s
+            s = self._shares[queue] = dominant_share(
+                self.usage(queue), self._capacity, self._weights.get(queue, 1.0)
+            )
+        return s[0]
 
     def dominant_resource(self, queue: QueueName) -> Resource | None:
-        return dominant_share(self.usage(queue), self._capacity, self._weights.get(queue, 1.0))[1]
+        self.share(queue)
+        return self._shares[queue][1]
 
     def charge(self, queue: QueueName, request: ResourceVector) -> None:
         """Count work admitted in this cycle towards the queue's present allocation."""
@@ -179,18 +184,26 @@ class FairShare:
         for r, n in request.items():
             alloc[r] = alloc.get(r, 0.0) + n
         self._shares.pop(queue, None)
+        self._positions = None
 
     def uncharge(self, queue: QueueName, request: ResourceVector) -> None:
         alloc = self._alloc.setdefault(queue, {})
         for r, n in request.items():
             alloc[r] = alloc.get(r, 0.0) - n
         self._shares.pop(queue, None)
+        self._positions = None
 
     def position(self, queue: QueueName) -> tuple[int, int]:
         """(rank, of how many) of the queue by share, 1 = lowest share (served first at equal priority)."""
-        queues = set(self._weights) | set(self._alloc) | {queue}
-        mine = (self.share(queue), queue)
-        return 1 + sum(1 for q in queues if (self.share(q), q) < mine), len(queues)
+        positions = self._positions
+        if positions is None:
+            known = sorted((self.share(q), q) for q in set(self._weights) | set(self._alloc))
+            positions = self._positions = {q: k for k, (_, q) in enumerate(known, start=1)}
+        rank = positions.get(queue)
+        if rank is not None:
+            return rank, len(positions)
+        mine = (self.share(queue), queue)  # a queue with no weight and no allocation: ranked among them
+        return 1 + sum(1 for q in positions if (self.share(q), q) < mine), len(positions) + 1
 
     def describe(self, queue: QueueName) -> str:
         """E.g. "team-a fair share 0.42 (dominant H100), 3rd lowest of 5 queues"."""

@@ -214,6 +214,8 @@ class Snapshot:
                 if f:
                     self.buckets[m][f].append(i)
         self.running: dict[JobId, RunningJob] = {}
+        self.preemptible_running = 0
+        """How many of ``running`` are preemptible: none, and no action can find a victim."""
         self._journal: list[tuple[object, ...]] | None = None
 
     def _modelled(self, ordered: Sequence[Node]) -> list[Node]:
@@ -405,10 +407,14 @@ class Snapshot:
         old = self.running.get(job_id)
         if self._journal is not None:
             self._journal.append(("r", job_id, old))
+        if old is not None and old.job.preemptible:
+            self.preemptible_running -= 1
         if entry is None:
             self.running.pop(job_id, None)
         else:
             self.running[job_id] = entry
+            if entry.job.preemptible:
+                self.preemptible_running += 1
 
     # ---------------------------------------------------------------- reserving slots
 
@@ -667,6 +673,9 @@ class Snapshot:
         for g, used in enumerate(self.g_milli_used):
             if used != sum(self.g_milli.get(g, {}).values()) or used > FULL_GPU_MILLI:
                 problems.append(f"GPU {self.gpus[g].id}: milli accounting wrong ({used})")
+        preemptible = sum(1 for r in self.running.values() if r.job.preemptible)
+        if self.preemptible_running != preemptible:
+            problems.append(f"preemptible_running={self.preemptible_running} != {preemptible}")
         return problems
 
 

@@ -186,6 +186,8 @@ class ClusterFold:
     cordons: NodeCordons = field(default_factory=NodeCordons)
     """Operators' cordons and drains (nodes.operator): those nodes take no new work."""
     _snapshot: Snapshot | None = None
+    _run_facts: dict[CoreJobId, tuple[str, RunFacts]] = field(default_factory=dict, repr=False)
+    """Running job → (its allocation, its run facts), so each cycle does not work them out again."""
 
     # -- folding the log ---------------------------------------------------------------------
 
@@ -463,16 +465,27 @@ class ClusterFold:
     ) -> QueueContext:
         """The core's queue facts for a cycle: no quota (the quota service is the gate), the clock,
         when each waiting job was admitted, when each running job started, and what preemption frees."""
-        submit_time = {
-            CoreJobId(r.job_id): r.admitted_at.timestamp() for r in self.waiting.values() if r.admitted_at
-        }
+        submit_time: dict[CoreJobId, float] = {}  # only the cycle's jobs' are read (its fair order)
+        for job in jobs:
+            waiting = self.waiting.get(JobId(job.id))
+            if waiting is not None and waiting.admitted_at:
+                submit_time[job.id] = waiting.admitted_at.timestamp()
         run_facts: dict[CoreJobId, RunFacts] = {}
-        for job_id in snap.running:
+        known = self._run_facts
+        for job_id, running in snap.running.items():
+            seen = known.get(job_id)
+            if seen is not None and seen[0] == running.allocation.id:
+                run_facts[job_id] = seen[1]  # the same allocation: its grant's time does not change
+                continue
             record = self.jobs.get(JobId(job_id))
             live = record.live() if record is not None else None
             started = record.granted_at.get(live.allocation_id) if record and live else None
             if started is not None:
-                run_facts[job_id] = RunFacts(started_at=started.timestamp())
+                facts = run_facts[job_id] = RunFacts(started_at=started.timestamp())
+                if live is not None and str(live.allocation_id) == running.allocation.id:
+                    known[job_id] = (running.allocation.id, facts)
+        if len(known) > 2 * len(snap.running) + 64:
+            self._run_facts = {j: f for j, f in known.items() if j in snap.running}
         return open_context(
             snap,
             jobs,

@@ -195,7 +195,7 @@ def plot_campaign(
             ax.legend(fontsize=7)
         fig.suptitle(f"{title}: {r.policy}, per queue")
         fig.tight_layout()
-        written.append(out / f"cdf_by_queue_{r.policy}.png")
+        written.append(out / f"cdf_by_queue_{r.policy.replace(':', '-')}.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
     return written

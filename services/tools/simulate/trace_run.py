@@ -45,6 +45,7 @@ from services.common.queues import Queues, QueuesFile, load_queues, queues_of
 from services.tools.simulate.engine import (
     HeartbeatMode,
     NodeOptions,
+    Observer,
     ServiceOptions,
     ServiceSimulation,
     Transaction,
@@ -211,12 +212,14 @@ def simulate_services(
     options: SimulateOptions | None = None,
     failures: Sequence[tuple[float, str]] = (),
     keep_log: bool = False,
+    observers: Sequence[Observer] = (),
 ) -> ServiceRun:
     """Run ``jobs`` on ``spec`` through the services' handlers; the figures of `gangline simulate`.
 
     ``queues``: the services' queue configuration (or its file); every queue unlimited without one.
     ``profile_path``: placement's (and preemption's) profile; the services' default otherwise.
     ``failures``: (virtual time, node) at which a node goes silent for good.
+    ``observers``: also told of every transaction (after the run's own measuring).
     """
     if isinstance(queues, Path):
         queues = load_queues(queues)
@@ -231,6 +234,7 @@ def simulate_services(
         options=options,
         failures=failures,
         keep_log=keep_log,
+        observers=observers,
         entitlement=entitlement_weights([queues.tree.spec(q) for q in queues.tree.queue_names()], jobs),
     )
 
@@ -246,6 +250,7 @@ def simulate_on(
     failures: Sequence[tuple[float, str]] = (),
     keep_log: bool = False,
     entitlement: Mapping[QueueName, float] | None = None,
+    observers: Sequence[Observer] = (),
 ) -> ServiceRun:
     """Run ``jobs`` through the services' handlers on the nodes these registrations describe."""
     wall0 = time.perf_counter()
@@ -269,6 +274,7 @@ def simulate_on(
     )
     measure = _Measure(sim, jobs, rec)
     sim.observers.append(measure.observe)
+    sim.observers.extend(observers)
     sim.steps.append(measure.step)
     sim.register_nodes(0.0)
     for job in sorted(jobs, key=lambda j: (j.submit_s, j.id)):

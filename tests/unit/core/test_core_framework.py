@@ -115,6 +115,23 @@ def test_transaction_undoes_everything_and_savepoints_nest() -> None:
     assert snap.check_invariants() == []
 
 
+def test_preemptible_running_counts_grants_releases_and_rollbacks() -> None:
+    snap = build_snapshot(
+        fabric(leaves_per_spine=2, nodes_per_leaf=2),
+        [held(job("p", gpus=2, preemptible=True), {"n0-0-0": 2}), held(job("s", gpus=2), {"n0-0-1": 2})],
+    )
+    assert snap.preemptible_running == 1
+    with snap.transaction():
+        snap.release(JobId("p"))
+        assert snap.preemptible_running == 0
+        snap.release(JobId("s"))
+        assert snap.preemptible_running == 0
+    assert snap.preemptible_running == 1
+    snap.release(JobId("p"))
+    assert snap.preemptible_running == 0
+    assert snap.check_invariants() == []
+
+
 def test_domains_are_offered_tightest_first() -> None:
     snap = build_snapshot(
         fabric(leaves_per_spine=3, nodes_per_leaf=2),

@@ -182,3 +182,33 @@ def test_decayed_usage_stays_between_zero_and_the_allocation(half_life: float, d
     v = h.of(A).get(H100, 0.0)
     assert 0.0 <= v <= gpus + 1e-9
     assert math.isclose(v, gpus * (1 - 0.5 ** (dt / half_life)), rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([A, B, C, QueueName("d")]), st.integers(-4, 8), st.sampled_from([H100, A100])
+        ),
+        max_size=20,
+    )
+)
+def test_positions_and_dominant_resources_follow_every_charge(
+    charges: list[tuple[QueueName, int, Resource]],
+) -> None:
+    """Asked between charges (answers are kept until the next charge), positions and dominant resources
+    are those of a FairShare built fresh on the same allocation."""
+    fair = FairShare(capacity={H100: 16, A100: 8}, weights={A: 1.0, B: 2.0}, allocation={C: {A100: 2}})
+    alloc: dict[QueueName, dict[Resource, float]] = {C: {A100: 2.0}}
+    for queue, n, resource in charges:
+        if n >= 0:
+            fair.charge(queue, {resource: n})
+        else:
+            fair.uncharge(queue, {resource: -n})
+        vec = alloc.setdefault(queue, {})
+        vec[resource] = vec.get(resource, 0.0) + n
+        fresh = FairShare(capacity={H100: 16, A100: 8}, weights={A: 1.0, B: 2.0}, allocation=alloc)
+        for q in (A, B, C, QueueName("d"), QueueName("e")):
+            assert fair.position(q) == fresh.position(q)
+            assert fair.dominant_resource(q) == fresh.dominant_resource(q)
+            assert fair.describe(q) == fresh.describe(q)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from gangline.core.actions.allocate import allocate_one
@@ -237,7 +238,13 @@ def context_of(session: Session) -> QueueContext:
 def open_tree(snapshot: Snapshot, jobs: Sequence[Job]) -> QuotaTree:
     """Every queue of ``jobs`` and of the snapshot's running jobs, unlimited: no quota applies."""
     names = {j.queue for j in jobs} | {r.job.queue for r in snapshot.running.values()}
-    return QuotaTree([QueueSpec(q, unlimited=True) for q in sorted(names)])
+    return _unlimited_tree(tuple(sorted(names)))
+
+
+@lru_cache(maxsize=64)
+def _unlimited_tree(names: tuple[QueueName, ...]) -> QuotaTree:
+    """The tree of these queues, all unlimited (trees are immutable: one per set of names serves all)."""
+    return QuotaTree([QueueSpec(q, unlimited=True) for q in names])
 
 
 def open_context(
