@@ -60,6 +60,12 @@ class ServiceSettings(BaseModel):
     """How long offsets of batches that published nothing may wait for a commit (see ProcessorSettings)."""
     producer_retry_backoff_ms: int = Field(default=5, ge=1)
     """How soon a refused transactional request is retried (see ProcessorSettings); latency, mostly."""
+    max_batch_attempts: int = Field(default=3, ge=1)
+    """How often a batch (then a record alone) that fails outside the handler is tried before the record
+    is dead-lettered and skipped (GANGLINE_MAX_BATCH_ATTEMPTS; see ProcessorSettings)."""
+    max_handler_attempts: int = Field(default=3, ge=1)
+    """How often a record whose handler raises is tried before it is dead-lettered
+    (GANGLINE_MAX_HANDLER_ATTEMPTS)."""
     static_membership: bool = True
     """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
     queues_file: Path | None = None
@@ -103,6 +109,8 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         linger_ms=settings.linger_ms,
         idle_commit_ms=settings.idle_commit_ms,
         retry_backoff_s=0.05,
+        max_batch_attempts=settings.max_batch_attempts,
+        max_handler_attempts=settings.max_handler_attempts,
         producer_retry_backoff_ms=settings.producer_retry_backoff_ms,
         static_membership=settings.static_membership,
         session_timeout_ms=settings.session_timeout_ms,
