@@ -38,7 +38,7 @@ from gangline.core.queues import QueueName
 from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
-from gangline.events.jobs import NO_NUL, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
 from gangline.store.pool import create_pool
 from gangline.telemetry.propagation import extract_context
@@ -106,30 +106,6 @@ class Resources:
 
     pool: asyncpg.Pool
     producer: EventProducer
-
-
-def _given(field: str, kind: str) -> dict[str, Any]:
-    return {"required": [field], "properties": {field: {"type": kind}}}
-
-
-SLICE_RULE: dict[str, Any] = {
-    "allOf": [
-        {
-            "if": _given("mig_profile", "string"),
-            "then": {
-                "required": ["gpus_per_worker"],
-                "properties": {"gpus_per_worker": {"const": 0}, "gpu_fraction_milli": {"type": "null"}},
-            },
-            "else": {
-                "if": _given("gpu_fraction_milli", "integer"),
-                "then": {"required": ["gpus_per_worker"], "properties": {"gpus_per_worker": {"const": 0}}},
-                "else": {"properties": {"gpus_per_worker": {"minimum": 1}}},
-            },
-        }
-    ]
-}
-"""JobSpec's rule on slices, in the body's JSON Schema: a MIG profile or a GPU fraction takes
-``gpus_per_worker: 0`` (one slice per worker, not both); whole GPUs take ``gpus_per_worker >= 1``."""
 
 
 class JobSubmission(JobSpec):
