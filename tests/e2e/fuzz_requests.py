@@ -142,6 +142,11 @@ class Input:
     value: bytes | None
     key: bytes | None
     headers: Headers = field(default_factory=list)
+    event_id: str | None = None
+    """The id the decoder reads when the record decodes, when the mutation left it as made; else None (the
+    record is decoded here to learn it)."""
+    decodable: bool = True
+    """False for inputs that cannot be a CloudEvent at all (no decoding here)."""
 
 
 WRONG_TYPES: list[Any] = [None, True, 0, -1, 2**70, 1.5, "", "x", [], [1], {}, {"a": 1}, "1", "NaN"]
@@ -295,6 +300,9 @@ class Mutator:
             doc, kind = self.admissible(), "admissible"
         elif r < 0.25:
             doc, kind = self.fresh(), "schema_valid"
+            if doc["type"] == "gangline.job.requested.v1" and self.rnd.random() < 0.4:
+                doc["data"]["queue"] = "default"  # past the queue check, into the cluster's and the limits'
+                kind = "schema_valid_default_queue"
         elif r < 0.75:
             doc = self.fresh()
             kind, mutate = self.rnd.choice(self.structured)
@@ -304,16 +312,19 @@ class Mutator:
             kind, mutate_raw = self.rnd.choice(self.raw)
             value = mutate_raw(json.dumps(doc).encode())
             key = self._key(doc) if value is not None else self._key(doc) or b"tombstone"
-            return Input(kind, value if value is None else value[:MAX_INPUT_BYTES], key, headers)
+            decodable = kind in ("truncated", "byte_flip", "invalid_utf8", "duplicate_keys")
+            value = value if value is None else value[:MAX_INPUT_BYTES]
+            return Input(kind, value, key, headers, decodable=decodable)
         value = json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass")
         if DEEP_MARK in doc_text(value):
             value = value.replace(
                 f'"{DEEP_MARK}"'.encode(), b"[" * self._deep_depth + b"]" * self._deep_depth
             )
+        known = doc.get("id") if doc.get("id") == f"fz-{self.run}-{self.n}" else None
         if len(value) > MAX_INPUT_BYTES:
             value = value[:MAX_INPUT_BYTES]
             kind += "+truncated"
-        return Input(kind, value, self._key(doc), headers)
+        return Input(kind, value, self._key(doc), headers, event_id=known)
 
     def _key(self, doc: dict[str, Any]) -> bytes | None:
         r = self.rnd.random()
@@ -331,7 +342,7 @@ class Mutator:
         _set(doc, self._pick(doc), self.rnd.choice(WRONG_TYPES))
 
     def _huge_string(self, doc: dict[str, Any]) -> None:
-        size = self.rnd.choice([10_000, 100_000, 300_000, 900_000])
+        size = self.rnd.choice([1_000, 10_000, 10_000, 100_000, 100_000, 300_000, 900_000])
         _set(doc, self._pick(doc), self.rnd.choice("xé\n\x00") * size)
 
     def _deep_nesting(self, doc: dict[str, Any]) -> None:
@@ -362,7 +373,7 @@ class Mutator:
     def _many_entries(self, doc: dict[str, Any]) -> None:
         data = doc.get("data")
         if isinstance(data, dict):
-            count = self.rnd.choice([257, 1025, 20_000])
+            count = self.rnd.choice([257, 257, 1025, 1025, 20_000])
             field_name = self.rnd.choice(["env", "command"])
             data[field_name] = {f"V{i}": "v" for i in range(count)} if field_name == "env" else ["a"] * count
 
@@ -493,6 +504,7 @@ class _Answers:
         self.letters: dict[tuple[int, int], tuple[str, str]] = {}
         """(partition, offset) of a request → (code, reason) of admission's dead letter of it."""
         self.granted: set[str] = set()
+        self.admitted: set[str] = set()
         self.seen = 0
 
     async def poll(self) -> int:
@@ -525,6 +537,7 @@ class _Answers:
                             answer = ("rejected", data.code, data.reason)
                         else:
                             answer = ("admitted", "", "")
+                            self.admitted.add(str(data.job_id))
                         self.by_cause.setdefault(envelope.causationid, answer)
         self.seen += n
         return n
@@ -553,7 +566,7 @@ async def fuzz_requests(
     started = time.monotonic()
     figures = Figures()
     run = uuid.uuid4().hex[:6]
-    base_count = bases if bases is not None else max(50, min(400, inputs // 40))
+    base_count = bases if bases is not None else max(50, min(150, inputs // 100))
     progress(f"drawing {base_count} schema-derived envelopes")
     mutator = Mutator(schema_derived(base_count, seed), seed, run)
     generated = [mutator.next() for _ in range(inputs)]
@@ -611,14 +624,10 @@ async def fuzz_requests(
                 ]
                 for item, future in zip(part, futures, strict=True):
                     meta = await future
-                    sent.append(
-                        Sent(
-                            item.kind,
-                            meta.partition,
-                            meta.offset,
-                            _expected_id(item.value, figures.decoder_crashes),
-                        )
-                    )
+                    event_id = item.event_id
+                    if event_id is None and item.decodable:
+                        event_id = _expected_id(item.value, figures.decoder_crashes)
+                    sent.append(Sent(item.kind, meta.partition, meta.offset, event_id))
                     figures.by_input_kind[item.kind] += 1
                 await reader.poll()
                 alive()
@@ -654,7 +663,19 @@ async def fuzz_requests(
                     figures.rejection_codes[code] += 1
                 elif kind == "dead_letter":
                     figures.dead_letter_codes[code] += 1
-            progress(f"answers read ({time.monotonic() - started:.0f} s); valid jobs after")
+            # The admitted fuzz jobs may hold the cluster for days (their duration hints): cancel them all
+            # (placement's cancel path), then the valid jobs must find room.
+            progress(f"answers read ({time.monotonic() - started:.0f} s); cancelling {len(reader.admitted)}")
+            for job in sorted(reader.admitted):
+                cancel = _cancel_bytes(job)
+                await producer.send(
+                    topics.requests,
+                    cancel,
+                    key=job.encode(),
+                    headers=_signed(signer, topics.requests, job.encode(), cancel),
+                )
+            await producer.flush()
+            progress("valid jobs after")
             after = {f"fz-{run}-after-{i}" for i in range(valid_after)}
             for job in sorted(after):
                 await producer.send_and_wait(
@@ -680,6 +701,13 @@ async def fuzz_requests(
                 await reader.consumer.stop()
     figures.seconds = time.monotonic() - started
     return figures
+
+
+def _cancel_bytes(job_id: str) -> bytes:
+    body = json.loads(request_bytes(job_id))
+    body["type"] = "gangline.job.cancel_requested.v1"
+    body["data"] = {"job_id": job_id, "reason": "the fuzz is over"}
+    return json.dumps(body).encode()
 
 
 def _signed(signer: Any, topic: str, key: bytes | None, value: bytes | None) -> Headers:
@@ -737,12 +765,10 @@ async def _main(argv: list[str]) -> int:
             "inputs_sent": figures.inputs + api_cases,
             "jobs_requests_inputs": figures.inputs,
             "api_cases": api_cases,
-            "answered": {
-                **dict(figures.answered),
-                "api_4xx": api.get("status_4xx", 0),
-                "api_2xx": api.get("status_2xx", 0),
-            },
-            "unanswered": figures.unanswered + api.get("status_5xx", 0),
+            # An API case is answered as its OpenAPI promises (schemathesis' checks: no 5xx, a documented
+            # status and body; what the schema refuses, a 4xx); a failed check counts under api_failures.
+            "answered": {**dict(figures.answered), "api_as_documented": api_cases - api_failures},
+            "unanswered": figures.unanswered,
             "api_failures": api_failures,
             "service_restarts": figures.service_restarts + api.get("restarts", 0),
             "valid_after_granted": f"{figures.valid_after_granted}/{figures.valid_after_sent}",
