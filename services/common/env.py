@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from gangline.bus import ProcessorSettings
 from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -72,8 +72,24 @@ class ServiceSettings(BaseModel):
     """The queue configuration (GANGLINE_QUEUES_FILE), read by admission, quota and the API (placement and
     preemption read which queues are unlimited); see
     :mod:`services.common.queues`. Unset: one unlimited ``default`` queue."""
+    trust_access: Path | None = None
+    """GANGLINE_TRUST_ACCESS: readers check who wrote each record on jobs.requests, jobs.events and nodes.*
+    against this access file, and sign what they write (:mod:`gangline.bus.trust`, which reads these four
+    from the process environment); unset: no check (make up, compose and the tests set it)."""
+    trust_key_file: Path | None = None
+    """GANGLINE_TRUST_KEY_FILE: the master key (a mounted secret) the checking services hold."""
+    trust_tokens_file: Path | None = None
+    """GANGLINE_TRUST_TOKENS_FILE: the API's token file, which names each tenant's queues."""
+    writer_key_file: Path | None = None
+    """GANGLINE_WRITER_KEY_FILE: an edge writer's own derived key (an agent), instead of the master key."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
+
+    @model_validator(mode="after")
+    def _trust_has_its_key(self) -> Self:
+        if self.trust_access is not None and self.trust_key_file is None:
+            raise ValueError("GANGLINE_TRUST_ACCESS is set but GANGLINE_TRUST_KEY_FILE is not")
+        return self
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
