@@ -10,7 +10,9 @@ limit per tenant (429 with ``Retry-After``). Request bodies are validated strict
 they are: ``"1"`` is not a number). Every error is a problem document (:mod:`services.api.problems`).
 """
 
+import json
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -154,6 +156,34 @@ class Health(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+_FLOAT_LITERAL = re.compile(rb"[0-9][.eE]")
+
+
+def integral_numbers_as_integers(raw: bytes) -> bytes:
+    """The body with every integral number written as an integer (``8.0`` as ``8``): JSON Schema's
+    ``integer`` is any number with no fraction, so the OpenAPI promises ``"workers": 8.0`` is taken, while
+    strict validation takes only ``8`` (and still refuses ``"8"``). Bodies without such a number, and
+    bodies that are not JSON (validation says why), are returned as they are."""
+    if _FLOAT_LITERAL.search(raw) is None:
+        return raw
+    rewritten = False
+
+    def number(text: str) -> int | float:
+        nonlocal rewritten
+        value = float(text)
+        if value.is_integer() and abs(value) < 2**63:
+            rewritten = True
+            return int(value)
+        return value
+
+    try:
+        doc = json.loads(raw, parse_float=number)
+    except (ValueError, RecursionError):
+        return raw
+    # ASCII escapes: whatever the strings hold (a lone surrogate too) is written back as it was read.
+    return json.dumps(doc).encode() if rewritten else raw
+
+
 def strict_body(model: type[M], *, optional: bool = False) -> Callable[[Request], Any]:
     """A dependency that reads the body (the guard has bounded it) and validates it strictly as JSON."""
 
@@ -169,7 +199,7 @@ def strict_body(model: type[M], *, optional: bool = False) -> Callable[[Request]
                 kind="not-json",
             )
         try:
-            return model.model_validate_json(raw)
+            return model.model_validate_json(integral_numbers_as_integers(raw))
         except ValidationError as error:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in error.errors()]
             raise RequestValidationError(errors) from None
