@@ -188,7 +188,7 @@ async def test_json_types_are_taken_as_they_are_never_coerced(world: World) -> N
         )
         problem = is_problem(response, 422, "invalid")
         assert [(e["field"], e["type"]) for e in problem["errors"]] == [(field, kind)], (field, value)
-    # An integral number is an integer to JSON Schema, so to the OpenAPI: taken (schemathesis found it refused).
+    # An integral number is an integer to JSON Schema, so to the OpenAPI: taken (schemathesis: refused).
     integral = await world.client.post(
         "/v1/jobs", json={**base, "gpus_per_worker": 1.0}, headers=world.auth(world.research_token)
     )
