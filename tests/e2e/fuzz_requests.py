@@ -147,6 +147,8 @@ class Input:
     record is decoded here to learn it)."""
     decodable: bool = True
     """False for inputs that cannot be a CloudEvent at all (no decoding here)."""
+    signed: bool = True
+    """Whether it carries its writer's signature when readers check writers (else a forged one)."""
 
 
 WRONG_TYPES: list[Any] = [None, True, 0, -1, 2**70, 1.5, "", "x", [], [1], {}, {"a": 1}, "1", "NaN"]
@@ -292,6 +294,14 @@ class Mutator:
         return doc
 
     def next(self) -> Input:
+        made = self._next()
+        if self.rnd.random() < 0.03:  # a forged writer: the writer check must refuse it, with its reason
+            made.signed = False
+            made.headers = [*made.headers, ("gangline-writer", b"admin"), ("gangline-writer-sig", b"0" * 64)]
+            made.kind += "+forged_writer"
+        return made
+
+    def _next(self) -> Input:
         r = self.rnd.random()
         headers: Headers = []
         if self.rnd.random() < 0.05:
@@ -566,7 +576,7 @@ async def fuzz_requests(
     started = time.monotonic()
     figures = Figures()
     run = uuid.uuid4().hex[:6]
-    base_count = bases if bases is not None else max(50, min(150, inputs // 100))
+    base_count = bases if bases is not None else max(50, min(80, inputs // 100))
     progress(f"drawing {base_count} schema-derived envelopes")
     mutator = Mutator(schema_derived(base_count, seed), seed, run)
     generated = [mutator.next() for _ in range(inputs)]
@@ -599,11 +609,12 @@ async def fuzz_requests(
             await producer.start()
             # The pipeline is up when a first valid job is granted.
             warm = f"fz-{run}-warm"
+            first = request_bytes(warm, queue="default", workers=1, gpus_per_worker=1, duration_hint_s=1)
             await producer.send_and_wait(
                 topics.requests,
-                request_bytes(warm, queue="default", workers=1, gpus_per_worker=1, duration_hint_s=1),
+                first,
                 key=warm.encode(),
-                headers=_signed(signer, topics.requests, warm.encode(), None),
+                headers=_signed(signer, topics.requests, warm.encode(), first),
             )
             await _wait_granted(reader, {warm}, timeout_s=120, alive=alive)
             if warm not in reader.granted:
@@ -618,7 +629,10 @@ async def fuzz_requests(
                         topics.requests,
                         value=item.value,
                         key=item.key,
-                        headers=[*item.headers, *_signed(signer, topics.requests, item.key, item.value)],
+                        headers=[
+                            *item.headers,
+                            *(_signed(signer, topics.requests, item.key, item.value) if item.signed else []),
+                        ],
                     )
                     for item in part
                 ]
@@ -678,11 +692,12 @@ async def fuzz_requests(
             progress("valid jobs after")
             after = {f"fz-{run}-after-{i}" for i in range(valid_after)}
             for job in sorted(after):
+                valid = request_bytes(job, queue="default", workers=1, gpus_per_worker=8, duration_hint_s=1)
                 await producer.send_and_wait(
                     topics.requests,
-                    request_bytes(job, queue="default", workers=1, gpus_per_worker=8, duration_hint_s=1),
+                    valid,
                     key=job.encode(),
-                    headers=_signed(signer, topics.requests, job.encode(), None),
+                    headers=_signed(signer, topics.requests, job.encode(), valid),
                 )
             figures.valid_after_sent = len(after)
             await _wait_granted(reader, after, timeout_s=180, alive=alive)
@@ -732,11 +747,12 @@ async def _main(argv: list[str]) -> int:
     parser.add_argument("--api-max-time", type=int, default=None)
     parser.add_argument("--api-exclude-checks", default="")
     args = parser.parse_args(argv)
-    if not os.environ.get("GANGLINE_KAFKA_USERNAME"):
-        sys.path.insert(0, str(ROOT / "tests"))
-        from conftest import _authenticate_as_admin
+    # As the test session does: the super user's credentials, and readers checking writers (a fresh key).
+    from conftest import _authenticate_as_admin, _trust_on
 
-        _authenticate_as_admin()
+    _authenticate_as_admin()
+    trust_dir = Path(tempfile.mkdtemp(prefix="gangline-fuzz-trust-"))
+    _trust_on(trust_dir)
     bootstrap = os.environ.setdefault("GANGLINE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     dsn = os.environ.get("GANGLINE_PG_DSN", "postgresql://postgres@127.0.0.1:55432/gangline")
 
