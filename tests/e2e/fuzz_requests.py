@@ -295,6 +295,11 @@ class Mutator:
 
     def next(self) -> Input:
         made = self._next()
+        room = MAX_INPUT_BYTES - sum(len(k) + len(v) for k, v in made.headers) - len(made.key or b"")
+        if made.value is not None and len(made.value) > room:
+            made.value = made.value[: max(room, 0)]  # the broker takes no record over 1 MiB in all
+            made.kind += "+truncated"
+            made.event_id = None
         if self.rnd.random() < 0.03:  # a forged writer: the writer check must refuse it, with its reason
             made.signed = False
             made.headers = [*made.headers, ("gangline-writer", b"admin"), ("gangline-writer-sig", b"0" * 64)]
