@@ -106,7 +106,7 @@ fuzz-api: venv
 # running Kafka and PostgreSQL (make infra-up). Prints the figures, then one JSON line; fails when an input
 # went unanswered, a service exited, a valid job sent afterwards was not granted or an API check failed.
 # The bounded slice runs in make test (tests/e2e/test_fuzz_requests.py).
-FUZZ_INPUTS ?= 70000
+FUZZ_INPUTS ?= 92000
 FUZZ_API_MAX_TIME ?= 720
 fuzz: venv
 	PYTHONPATH=libs:. $(PY) tests/e2e/fuzz_requests.py --inputs $(FUZZ_INPUTS) --api-examples 100000 \
