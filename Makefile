@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
 	@echo "make bench-sim-services  time the services' own decisions on 3,000 contended Philly jobs (3 runs, medians)"
 	@echo "make simulate-alibaba the Alibaba 2023 GPU-sharing packing experiment, report in docs/sim/"
+	@echo "make fuzz       FUZZ_INPUTS records fuzzed into jobs.requests (services as processes) and the API fuzz beside it; one JSON line"
 	@echo "make fuzz-api   schemathesis, every check, against a real API process (FUZZ_API_EXAMPLES per operation)"
 
 $(VENV)/.installed: pyproject.toml
@@ -113,6 +114,18 @@ test-analytics-restart: venv
 fuzz-api: venv
 	PYTHONPATH=libs:. $(PY) tests/integration/api/fuzz_api.py --max-examples $(FUZZ_API_EXAMPLES) \
 		--checks $(FUZZ_API_CHECKS) --exclude-checks "$(FUZZ_API_EXCLUDE)"
+
+# The full fuzz (tests/e2e/fuzz_requests.py): FUZZ_INPUTS schema-derived (hypothesis-jsonschema) and mutated
+# records into jobs.requests of the services run as processes on topics of their own, and schemathesis
+# against a real API process for FUZZ_API_MAX_TIME seconds beside it (the checks of fuzz-api); on the
+# running Kafka and PostgreSQL (make infra-up). Prints the figures, then one JSON line; fails when an input
+# went unanswered, a service exited, a valid job sent afterwards was not granted or an API check failed.
+# The bounded slice runs in make test (tests/e2e/test_fuzz_requests.py).
+FUZZ_INPUTS ?= 92000
+FUZZ_API_MAX_TIME ?= 720
+fuzz: venv
+	PYTHONPATH=libs:. $(PY) tests/e2e/fuzz_requests.py --inputs $(FUZZ_INPUTS) --api-examples 100000 \
+		--api-max-time $(FUZZ_API_MAX_TIME) --api-exclude-checks "$(FUZZ_API_EXCLUDE)"
 
 # --- trace-driven simulation (gangline.sim); traces live in ../shared/traces ---
 TRACES ?= ../shared/traces

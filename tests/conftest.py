@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -68,17 +69,39 @@ def _authenticate_as_admin() -> None:
     os.environ["GANGLINE_KAFKA_PASSWORD"] = str(credentials["admin"])
 
 
+TRUST_ACCESS = ROOT / "deploy" / "kafka" / "access.yaml"
+TRUST_TOKENS = ROOT / "deploy" / "docker" / "api-tokens.dev.yaml"
+
+
+def _trust_on(session_dir: Path) -> None:
+    """Readers check who wrote each record (gangline.bus.trust), as in make up and compose: a fresh master
+    key for the session, the project's access file and the dev tenants. The test process and every service
+    it starts (tasks, or processes that inherit the environment) hold the master key, so what they write is
+    signed as their principal (the session's: admin). GANGLINE_TRUST=off, or a GANGLINE_TRUST_ACCESS of the
+    caller's own, leaves the environment as it is."""
+    if os.environ.get("GANGLINE_TRUST") == "off" or os.environ.get("GANGLINE_TRUST_ACCESS"):
+        return
+    key = session_dir / "trust.key"
+    key.write_text(secrets.token_hex(32))
+    key.chmod(0o600)
+    os.environ["GANGLINE_TRUST_ACCESS"] = str(TRUST_ACCESS)
+    os.environ["GANGLINE_TRUST_KEY_FILE"] = str(key)
+    os.environ["GANGLINE_TRUST_TOKENS_FILE"] = str(TRUST_TOKENS)
+
+
 def _script(name: str, action: str) -> None:
     subprocess.run([str(ROOT / "deploy" / "local" / name), action], cwd=ROOT, check=True)
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """host:port of a ready Kafka broker whose catalogue topics exist."""
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a ready Kafka broker whose catalogue topics exist; clients authenticate as the super
+    user and readers check writers (:func:`_trust_on`)."""
     explicit = os.environ.get("GANGLINE_KAFKA_BOOTSTRAP")
     port = int(os.environ.get("GANGLINE_KAFKA_PORT", "9092"))
     bootstrap = explicit or f"127.0.0.1:{port}"
     _authenticate_as_admin()
+    _trust_on(tmp_path_factory.mktemp("trust"))
     host, _, port_text = bootstrap.rpartition(":")
     started = False
     if not _answers(host, int(port_text)):

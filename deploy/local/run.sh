@@ -26,6 +26,10 @@ export GANGLINE_KAFKA_USERNAME=admin
 GANGLINE_KAFKA_PASSWORD="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["admin"])' \
     "${GANGLINE_KAFKA_CREDENTIALS:-$ROOT/deploy/kafka/credentials.dev.yaml}")"
 export GANGLINE_KAFKA_PASSWORD
+# It signs what it writes with the super user's key, derived from the master key up.sh made (readers check writers).
+if [[ "${GANGLINE_TRUST:-on}" != off ]]; then
+    export GANGLINE_TRUST_KEY_FILE="${GANGLINE_TRUST_KEY_FILE:-$ROOT/.cache/gangline-up/trust.key}"
+fi
 "$PY" -m services.agent.demo --jobs "${DEMO_JOBS:-120}"
 echo "The system keeps running (API at http://127.0.0.1:${GANGLINE_API_PORT:-8080}); Ctrl-C stops everything."
 while true; do sleep 1; done

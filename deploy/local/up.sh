@@ -9,7 +9,8 @@
 #
 # Environment: CLUSTER (deploy/clusters/default.yaml), GANGLINE_TOPIC_PREFIX (""),
 # GANGLINE_FAKE_NODES_ARGS (extra flags for `gangline fake-nodes`, e.g. "--time-scale 0.05"),
-# GANGLINE_API_PORT (8080), GANGLINE_ANALYTICS_PORT (8091), plus every GANGLINE_* setting the services read.
+# GANGLINE_API_PORT (8080), GANGLINE_ANALYTICS_PORT (8091), GANGLINE_TRUST (on; off: readers do not check
+# writers), plus every GANGLINE_* setting the services read.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -41,6 +42,37 @@ become() {  # principal: this (sub)shell's Kafka clients authenticate as it
     export GANGLINE_KAFKA_PASSWORD
 }
 
+# Trust at the edges of the log (libs/gangline/bus/trust.py): readers check who wrote each record on
+# jobs.requests, jobs.events and nodes.*, and dead-letter what its writer may not say (deploy/kafka/access.yaml;
+# tenants' queues from the API's token file). The services hold the master key (made once, kept in
+# $RUN/trust.key: the log's signatures must verify at every restart) and sign as their principal; the
+# simulated nodes get only the agent's derived key, like any edge writer. GANGLINE_TRUST=off turns it off.
+TRUST_KEY="${GANGLINE_TRUST_KEY_FILE:-$RUN/trust.key}"
+trust_on() { [[ "${GANGLINE_TRUST:-on}" != off ]]; }
+trust_keys() {  # the master key when missing, and the derived keys of the edge writers
+    trust_on || return 0
+    if [[ ! -s "$TRUST_KEY" ]]; then
+        (umask 077; "$PY" -c 'import secrets; print(secrets.token_hex(32))' >"$TRUST_KEY")
+        log "made the trust master key $TRUST_KEY"
+    fi
+    local who
+    for who in agent producer team-a team-b; do
+        (umask 077; "$PY" -m gangline.bus.trust derive-key --master-file "$TRUST_KEY" --principal "$who" \
+            >"$RUN/$who.key")
+    done
+}
+trusted() {  # name: this (sub)shell checks writers and signs as its principal, or only signs (fake-nodes)
+    trust_on || return 0
+    if [[ "$1" == fake-nodes ]]; then
+        unset GANGLINE_TRUST_ACCESS GANGLINE_TRUST_KEY_FILE GANGLINE_TRUST_TOKENS_FILE
+        export GANGLINE_WRITER_KEY_FILE="$RUN/agent.key"
+        return
+    fi
+    export GANGLINE_TRUST_ACCESS="${GANGLINE_TRUST_ACCESS:-$ROOT/deploy/kafka/access.yaml}"
+    export GANGLINE_TRUST_KEY_FILE="$TRUST_KEY"
+    export GANGLINE_TRUST_TOKENS_FILE="${GANGLINE_TRUST_TOKENS_FILE:-$GANGLINE_TOKENS_FILE}"
+}
+
 running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 start() {  # name, command...: run it under a small supervisor that restarts it when it exits
@@ -49,6 +81,7 @@ start() {  # name, command...: run it under a small supervisor that restarts it 
     (
         cd "$ROOT"
         become "$(principal_of "$name")"
+        trusted "$name"
         child=
         trap '[[ -n $child ]] && kill -TERM "$child" 2>/dev/null; [[ -n $child ]] && wait "$child"; exit 0' TERM INT
         while true; do
@@ -90,6 +123,7 @@ up() {
         "$ROOT/deploy/local/postgres.sh" up && touch "$RUN/postgres.ours"
     fi
     "$PY" -m gangline.store.migrate >/dev/null
+    trust_keys
     (
         become admin
         "$PY" -m services.common.admin create-topics >&2
@@ -108,6 +142,7 @@ up() {
     log "API: http://127.0.0.1:$GANGLINE_PORT (OpenAPI at /docs); logs in $RUN/"
     log "Metrics: http://127.0.0.1:9471/metrics (admission) .. 9478 (fake nodes); the table in the README"
     log "analytics: http://127.0.0.1:${GANGLINE_ANALYTICS_PORT:-8091}/analytics/gpu-hours (JSON), /metrics (Prometheus)"
+    trust_on && log "trust: on (master key $TRUST_KEY); a producer of its own signs with GANGLINE_KAFKA_USERNAME=producer GANGLINE_WRITER_KEY_FILE=$RUN/producer.key (team-a, team-b: $RUN/team-a.key, ...)"
     log "CLI: export GANGLINE_API_URL=http://127.0.0.1:$GANGLINE_PORT GANGLINE_TOKEN=dev-ops-admin-token; .venv/bin/gangline queues"
 }
 

@@ -10,7 +10,9 @@ limit per tenant (429 with ``Retry-After``). Request bodies are validated strict
 they are: ``"1"`` is not a number). Every error is a problem document (:mod:`services.api.problems`).
 """
 
+import json
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -38,7 +40,7 @@ from gangline.core.queues import QueueName
 from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
-from gangline.events.jobs import NO_NUL, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec
 from gangline.events.nodes import DEFAULT_DRAIN_GRACE_S, MAX_DRAIN_GRACE_S, NodeCordoned, NodeUncordoned
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
 from gangline.store.pool import create_pool
@@ -111,30 +113,6 @@ class Resources:
     producer: EventProducer
 
 
-def _given(field: str, kind: str) -> dict[str, Any]:
-    return {"required": [field], "properties": {field: {"type": kind}}}
-
-
-SLICE_RULE: dict[str, Any] = {
-    "allOf": [
-        {
-            "if": _given("mig_profile", "string"),
-            "then": {
-                "required": ["gpus_per_worker"],
-                "properties": {"gpus_per_worker": {"const": 0}, "gpu_fraction_milli": {"type": "null"}},
-            },
-            "else": {
-                "if": _given("gpu_fraction_milli", "integer"),
-                "then": {"required": ["gpus_per_worker"], "properties": {"gpus_per_worker": {"const": 0}}},
-                "else": {"properties": {"gpus_per_worker": {"minimum": 1}}},
-            },
-        }
-    ]
-}
-"""JobSpec's rule on slices, in the body's JSON Schema: a MIG profile or a GPU fraction takes
-``gpus_per_worker: 0`` (one slice per worker, not both); whole GPUs take ``gpus_per_worker >= 1``."""
-
-
 class JobSubmission(JobSpec):
     """A job request as the API takes it: the event's fields, the job id optional (the API makes one).
 
@@ -203,6 +181,34 @@ class Health(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+_FLOAT_LITERAL = re.compile(rb"[0-9][.eE]")
+
+
+def integral_numbers_as_integers(raw: bytes) -> bytes:
+    """The body with every integral number written as an integer (``8.0`` as ``8``): JSON Schema's
+    ``integer`` is any number with no fraction, so the OpenAPI promises ``"workers": 8.0`` is taken, while
+    strict validation takes only ``8`` (and still refuses ``"8"``). Bodies without such a number, and
+    bodies that are not JSON (validation says why), are returned as they are."""
+    if _FLOAT_LITERAL.search(raw) is None:
+        return raw
+    rewritten = False
+
+    def number(text: str) -> int | float:
+        nonlocal rewritten
+        value = float(text)
+        if value.is_integer() and abs(value) < 2**63:
+            rewritten = True
+            return int(value)
+        return value
+
+    try:
+        doc = json.loads(raw, parse_float=number)
+    except (ValueError, RecursionError):
+        return raw
+    # ASCII escapes: whatever the strings hold (a lone surrogate too) is written back as it was read.
+    return json.dumps(doc).encode() if rewritten else raw
+
+
 def strict_body(model: type[M], *, optional: bool = False) -> Callable[[Request], Any]:
     """A dependency that reads the body (the guard has bounded it) and validates it strictly as JSON."""
 
@@ -218,7 +224,7 @@ def strict_body(model: type[M], *, optional: bool = False) -> Callable[[Request]
                 kind="not-json",
             )
         try:
-            return model.model_validate_json(raw)
+            return model.model_validate_json(integral_numbers_as_integers(raw))
         except ValidationError as error:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in error.errors()]
             raise RequestValidationError(errors) from None

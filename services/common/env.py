@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from gangline.bus import ProcessorSettings
 from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -60,12 +60,28 @@ class ServiceSettings(BaseModel):
     """How long offsets of batches that published nothing may wait for a commit (see ProcessorSettings)."""
     producer_retry_backoff_ms: int = Field(default=5, ge=1)
     """How soon a refused transactional request is retried (see ProcessorSettings); latency, mostly."""
+    max_batch_attempts: int = Field(default=3, ge=1)
+    """How often a batch (then a record alone) that fails outside the handler is tried before the record
+    is dead-lettered and skipped (GANGLINE_MAX_BATCH_ATTEMPTS; see ProcessorSettings)."""
+    max_handler_attempts: int = Field(default=3, ge=1)
+    """How often a record whose handler raises is tried before it is dead-lettered
+    (GANGLINE_MAX_HANDLER_ATTEMPTS)."""
     static_membership: bool = True
     """A restarted replica (same instance id) takes its partitions back at once, without a rebalance."""
     queues_file: Path | None = None
     """The queue configuration (GANGLINE_QUEUES_FILE), read by admission, quota and the API (placement and
     preemption read which queues are unlimited); see
     :mod:`services.common.queues`. Unset: one unlimited ``default`` queue."""
+    trust_access: Path | None = None
+    """GANGLINE_TRUST_ACCESS: readers check who wrote each record on jobs.requests, jobs.events and nodes.*
+    against this access file, and sign what they write (:mod:`gangline.bus.trust`, which reads these four
+    from the process environment); unset: no check (make up, compose and the tests set it)."""
+    trust_key_file: Path | None = None
+    """GANGLINE_TRUST_KEY_FILE: the master key (a mounted secret) the checking services hold."""
+    trust_tokens_file: Path | None = None
+    """GANGLINE_TRUST_TOKENS_FILE: the API's token file, which names each tenant's queues."""
+    writer_key_file: Path | None = None
+    """GANGLINE_WRITER_KEY_FILE: an edge writer's own derived key (an agent), instead of the master key."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
     metrics_host: str = "127.0.0.1"
@@ -77,6 +93,12 @@ class ServiceSettings(BaseModel):
     @classmethod
     def _metrics_off(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
+
+    @model_validator(mode="after")
+    def _trust_has_its_key(self) -> Self:
+        if self.trust_access is not None and self.trust_key_file is None:
+            raise ValueError("GANGLINE_TRUST_ACCESS is set but GANGLINE_TRUST_KEY_FILE is not")
+        return self
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
@@ -112,6 +134,8 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         linger_ms=settings.linger_ms,
         idle_commit_ms=settings.idle_commit_ms,
         retry_backoff_s=0.05,
+        max_batch_attempts=settings.max_batch_attempts,
+        max_handler_attempts=settings.max_handler_attempts,
         producer_retry_backoff_ms=settings.producer_retry_backoff_ms,
         static_membership=settings.static_membership,
         session_timeout_ms=settings.session_timeout_ms,

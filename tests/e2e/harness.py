@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.security import KafkaSecurity, client_options
-from gangline.bus.trust import WriterSigner
+from gangline.bus.trust import WriterSigner, default_signer
 from gangline.cluster_spec import ClusterSpec, load_cluster_spec
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
@@ -179,10 +179,12 @@ class LogReader:
 
 
 async def end_offsets(bootstrap: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **client_options(), group_id=None)
+    # Subscribed to it, so that starting fetches its metadata (its partitions).
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, **client_options(), group_id=None)
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
+        parts = consumer.partitions_for_topic(topic)
+        assert parts, f"{topic} does not exist or may not be read"
         tps = [TopicPartition(topic, p) for p in parts]
         ends = await consumer.end_offsets(tps)
         return sum(ends.values())
@@ -295,8 +297,12 @@ async def send_raw(
     signer: WriterSigner | None = None,
 ) -> None:
     """Write raw records as ``security``'s principal (None: the test session's, the super user), signed
-    by ``signer`` when given (:mod:`gangline.bus.trust`)."""
+    by ``signer`` when given (:mod:`gangline.bus.trust`), else, as the session's principal, with the key
+    the environment gives it (as any Gangline writer would); another principal's records go unsigned."""
     from aiokafka import AIOKafkaProducer
+
+    if signer is None and security is None:
+        signer = default_signer()
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_options(security))
     await producer.start()

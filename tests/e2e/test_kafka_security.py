@@ -27,6 +27,7 @@ from e2e.harness import (
     LogReader,
     Proc,
     Tasks,
+    end_offsets,
     fake_cluster,
     private_topics,
     request_bytes,
@@ -337,10 +338,11 @@ DECIDERS = ("admission", "quota", "placement", "preemption", "node_health")
 
 
 async def test_the_pipeline_runs_with_each_service_as_its_own_principal(
-    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trust_on: bytes
 ) -> None:
     """The ACLs of access.yaml are enough for every service to do its work, and nothing more is granted:
-    each decision service a subprocess under its own principal, the nodes as the `agent` principal."""
+    each decision service a subprocess under its own principal, the nodes as the `agent` principal, and
+    readers checking writers (as make up runs them): each signs as itself and none is refused."""
     async with secured_topics(kafka_bootstrap, "principals") as topics:
         env = service_env(kafka_bootstrap, topics, queues_file=str(QUEUES))
         procs = {
@@ -368,6 +370,7 @@ async def test_the_pipeline_runs_with_each_service_as_its_own_principal(
                     topics.requests,
                     [("ok", request_bytes("ok", **job))],
                     security=principal("team-a"),
+                    signer=WriterSigner("team-a", derive_key(trust_on, "team-a")),
                 )
                 async with LogReader(kafka_bootstrap, [topics.events, topics.allocations]) as log:
 
@@ -390,3 +393,8 @@ async def test_the_pipeline_runs_with_each_service_as_its_own_principal(
                 await tasks.stop()
                 for proc in procs.values():
                     proc.terminate()
+        # Every writer signed as itself and may say what it said: nothing was dead-lettered.
+        checked = (topics.requests, topics.events, topics.heartbeats, topics.inventory, topics.health)
+        assert {t: await end_offsets(kafka_bootstrap, f"{t}.dlq") for t in checked} == dict.fromkeys(
+            checked, 0
+        )

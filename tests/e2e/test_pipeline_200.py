@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from e2e.harness import ROOT, LogReader, Tasks, audit_allocations, private_topics, service_env
 from gangline.bus.security import client_options
+from gangline.bus.trust import default_signer
 from gangline.cluster_spec import load_cluster_spec
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobRejected
@@ -111,8 +112,10 @@ async def test_200_requests_exactly_one_grant_each(kafka_bootstrap: str) -> None
             producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
             await producer.start()
             try:
+                signer = default_signer()  # the session's principal signs, as readers check writers
                 for key, raw in messages:
-                    await producer.send(topics.requests, value=raw, key=key.encode())
+                    headers = signer.headers(topics.requests, key.encode(), raw) if signer is not None else []
+                    await producer.send(topics.requests, value=raw, key=key.encode(), headers=headers)
                 await producer.flush()
             finally:
                 await producer.stop()

@@ -196,7 +196,8 @@ def test_every_service_publishes_its_metrics_port_on_loopback() -> None:
         assert f"127.0.0.1:{port}:{port}" in SERVICES[name].get("ports", []), (
             f"{name}: publish /metrics ({port})"
         )
-        assert environment(SERVICES[name])["GANGLINE_METRICS_HOST"] == "0.0.0.0", name
+        host = "GANGLINE_ANALYTICS_HOST" if service == "analytics" else "GANGLINE_METRICS_HOST"
+        assert environment(SERVICES[name])[host] == "0.0.0.0", name
 
 
 def test_start_order_waits_on_health_and_one_shots() -> None:
@@ -362,3 +363,39 @@ def test_k8s_pods_carry_prometheus_scrape_annotations_for_their_metrics_port() -
             "/metrics",
         )
         assert {"name": "metrics", "containerPort": port} in container["ports"]
+
+
+def _mounted_file(name: str, path: str) -> Path:
+    """The host file compose puts at ``path`` in the service's container (a secret or a config)."""
+    service = SERVICES[name]
+    secrets = {f"/run/secrets/{s}": COMPOSE["secrets"][s]["file"] for s in service.get("secrets", [])}
+    configs = {c["target"]: COMPOSE["configs"][c["source"]]["file"] for c in service.get("configs", [])}
+    mounted = {**secrets, **configs}
+    assert path in mounted, f"{name}: {path} is not mounted ({sorted(mounted)})"
+    return ROOT / mounted[path]
+
+
+@pytest.mark.parametrize(
+    "name", ["admission", "quota", "placement", "preemption", "node-health", "ledger", "api"]
+)
+def test_every_service_checks_writers_with_the_access_file_and_the_master_key(name: str) -> None:
+    from gangline.bus.trust import load_policy
+
+    env = environment(SERVICES[name])
+    access = _mounted_file(name, env["GANGLINE_TRUST_ACCESS"])
+    key = _mounted_file(name, env["GANGLINE_TRUST_KEY_FILE"])
+    tokens = _mounted_file(name, env["GANGLINE_TRUST_TOKENS_FILE"])
+    assert access.resolve() == (ROOT / "deploy" / "kafka" / "access.yaml").resolve()
+    assert load_policy(access, key, tokens).rules  # the files parse together (every tenant is known)
+
+
+def test_the_simulated_nodes_sign_as_the_agent_with_its_derived_key_only() -> None:
+    from gangline.bus.trust import WriterSigner, derive_key
+
+    env = environment(SERVICES["fake-nodes"])
+    assert not {k for k in env if k.startswith("GANGLINE_TRUST_")}, "an edge writer holds no master key"
+    writer_key = _mounted_file("fake-nodes", env["GANGLINE_WRITER_KEY_FILE"])
+    master = _mounted_file("admission", environment(SERVICES["admission"])["GANGLINE_TRUST_KEY_FILE"])
+    signer = WriterSigner.from_env({**env, "GANGLINE_WRITER_KEY_FILE": str(writer_key)})
+    assert signer is not None and signer.principal == "agent"
+    assert signer.key == derive_key(master.read_bytes().strip(), "agent")

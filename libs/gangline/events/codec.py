@@ -125,6 +125,10 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
         raise MalformedMessage(f"the message is not JSON ({exc})") from None
     if not isinstance(body, dict):
         raise MalformedMessage(f"the message is JSON {_json_kind(body)}, not a CloudEvents object")
+    if _SURROGATE_ESCAPE.search(raw) is not None and _lone_surrogate(body):
+        raise MalformedMessage(
+            "the message escapes a lone UTF-16 surrogate (\\ud800-\\udfff): no Unicode text"
+        )
 
     event_id = _text_or_none(body.get("id"))
     subject = _text_or_none(body.get("subject"))
@@ -167,6 +171,18 @@ def decode(raw: bytes, registry: Registry | None = None) -> Envelope:
         return Envelope(**attributes)
     except pydantic.ValidationError as exc:
         raise MalformedMessage("; ".join(render_errors(exc.errors(), prefix="")), **context) from None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: valid JSON, but alone (not in a pair) it is no Unicode character."""
+
+
+def _lone_surrogate(body: Any) -> bool:
+    try:
+        dumps(body)
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 _STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)

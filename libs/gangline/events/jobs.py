@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from gangline.events.base import MODEL_CONFIG, Event, UtcDatetime
@@ -49,6 +49,30 @@ NO_NUL = r"^[^\x00]*$"
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
 
 
+def _given(field: str, kind: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"type": kind}}}
+
+
+SLICE_RULE: dict[str, Any] = {
+    "allOf": [
+        {
+            "if": _given("mig_profile", "string"),
+            "then": {
+                "required": ["gpus_per_worker"],
+                "properties": {"gpus_per_worker": {"const": 0}, "gpu_fraction_milli": {"type": "null"}},
+            },
+            "else": {
+                "if": _given("gpu_fraction_milli", "integer"),
+                "then": {"required": ["gpus_per_worker"], "properties": {"gpus_per_worker": {"const": 0}}},
+                "else": {"properties": {"gpus_per_worker": {"minimum": 1}}},
+            },
+        }
+    ]
+}
+"""JobSpec's rule on slices (``_consistent``), in its JSON Schema: a MIG profile or a GPU fraction takes
+``gpus_per_worker: 0`` (one slice per worker, not both); whole GPUs take ``gpus_per_worker >= 1``."""
+
+
 class Topology(BaseModel):
     """Keep all ranks inside one ``level`` of the topology, as a hard constraint or a preference."""
 
@@ -72,7 +96,7 @@ class JobSpec(BaseModel):
     strings handed to the workers hold no NUL.
     """
 
-    model_config = MODEL_CONFIG
+    model_config = ConfigDict(**MODEL_CONFIG, json_schema_extra=SLICE_RULE)
 
     queue: QueueNameField
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)]
@@ -100,7 +124,9 @@ class JobSpec(BaseModel):
     """argv of each worker; empty when the agent's default entry point is used."""
     env: Annotated[
         dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS, pattern=NO_NUL)]],
-        Field(max_length=MAX_ENV_ENTRIES),
+        # Names that do not match the pattern are refused: say so in the schema (patternProperties alone
+        # would let them through).
+        Field(max_length=MAX_ENV_ENTRIES, json_schema_extra={"additionalProperties": False}),
     ] = Field(default_factory=dict)
     duration_hint_s: Annotated[int, Field(ge=1, le=MAX_DURATION_HINT_S)] | None = None
     """The producer's estimate of run time, used by backfill; never enforced (at most 366 days)."""

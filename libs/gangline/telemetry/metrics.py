@@ -39,6 +39,7 @@ METRICS_PORTS = {
     "ledger": 9476,
     "api": 9477,
     "agent": 9478,
+    "analytics": 8091,  # the faust app serves /metrics beside its /analytics JSON (GANGLINE_ANALYTICS_PORT)
 }
 """Each service's default ``/metrics`` port (``GANGLINE_METRICS_PORT`` overrides it)."""
 

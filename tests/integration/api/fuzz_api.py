@@ -50,6 +50,11 @@ class RunningApi:
     url: str
     token: str
     prefix: str
+    process: asyncio.subprocess.Process | None = None
+
+    def alive(self) -> bool:
+        """Whether the API process still runs (it never restarts by itself)."""
+        return self.process is not None and self.process.returncode is None
 
 
 def _free_port() -> int:
@@ -116,7 +121,7 @@ async def running_api(bootstrap: str, dsn: str, workdir: Path) -> AsyncIterator[
                 await asyncio.sleep(0.1)
             else:
                 raise RuntimeError("the API did not become healthy in 30 s")
-        yield RunningApi(url, token, prefix)
+        yield RunningApi(url, token, prefix, proc)
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)

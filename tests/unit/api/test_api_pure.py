@@ -178,3 +178,21 @@ def test_the_bodys_json_schema_states_the_slice_rule_the_model_checks() -> None:
                 assert jsonschema.Draft202012Validator(schema).is_valid(body) == valid, body
     with pytest.raises(ValidationError, match="Input should be a valid integer"):
         JobSubmission.model_validate_json('{"queue": "q", "workers": "1", "gpus_per_worker": 1}')
+
+
+def test_an_integral_number_is_an_integer_as_json_schema_says_and_a_string_is_not() -> None:
+    # Found by schemathesis (positive data): "workers": 35922.0 is an integer to JSON Schema.
+    from services.api.app import JobSubmission, integral_numbers_as_integers
+
+    raw = b'{"queue": "q", "workers": 2.0, "gpus_per_worker": 1e0, "gpu_memory_mib": 1.5e3}'
+    job = JobSubmission.model_validate_json(integral_numbers_as_integers(raw))
+    assert (job.workers, job.gpus_per_worker, job.gpu_memory_mib) == (2, 1, 1500)
+    with pytest.raises(ValidationError, match="workers"):
+        JobSubmission.model_validate_json(integral_numbers_as_integers(b'{"queue": "q", "workers": 2.5}'))
+    with pytest.raises(ValidationError, match="workers"):
+        JobSubmission.model_validate_json(
+            integral_numbers_as_integers(b'{"queue": "q", "workers": "2", "gpus_per_worker": 1}')
+        )
+    for untouched in (b'{"workers": 2}', b"{not json", b'{"a": "\\ud800", "b": 1}', b"[" * 5000):
+        assert integral_numbers_as_integers(untouched) == untouched
+    assert json.loads(integral_numbers_as_integers(b'{"a": "\\ud800", "b": 1.0}')) == {"a": "\ud800", "b": 1}

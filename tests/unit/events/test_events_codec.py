@@ -328,3 +328,22 @@ def test_cloudevents_attributes_are_bounded() -> None:
     body["id"] = "e" * 513
     with pytest.raises(MalformedMessage, match="id"):
         decode(raw(body))
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("data.command", ["a\udfff"]), ("subject", "\ud800"), ("data.env", {"K": "\udcff\udcfe"})],
+)
+def test_a_lone_surrogate_escape_is_malformed_not_an_encoding_crash(where: str, value: Any) -> None:
+    # Found by the fuzz (tests/e2e/fuzz_requests.py): json reads "\udfff" into a str no UTF-8 can hold.
+    body = message()
+    if where.startswith("data."):
+        body["data"][where.removeprefix("data.")] = value
+    else:
+        body[where] = value
+    with pytest.raises(MalformedMessage, match="lone UTF-16 surrogate"):
+        decode(raw(body))
+
+
+def test_a_surrogate_pair_escape_is_one_character() -> None:
+    assert decode(raw(message(command=["a\ud83d\ude00"]))).data.command == ("a😀",)

@@ -35,3 +35,16 @@ def test_preemption_reads_the_minimum_runtime_of_a_victim_and_hands_it_to_the_co
     assert new_state(settings).policy.min_runtime_s == 90
     with pytest.raises(ValueError):
         PreemptionSettings.from_env({"GANGLINE_MIN_RUNTIME_S": "-1"})
+
+
+@pytest.mark.parametrize("cls", [AdmissionSettings, QuotaSettings, PlacementSettings, PreemptionSettings])
+def test_the_bounded_retries_of_a_failing_batch_and_handler_come_from_the_environment(
+    cls: type[ServiceSettings],
+) -> None:
+    told = cls.from_env({"GANGLINE_MAX_BATCH_ATTEMPTS": "7", "GANGLINE_MAX_HANDLER_ATTEMPTS": "2"})
+    processor = processor_settings(told, "s", ["t"])
+    assert (processor.max_batch_attempts, processor.max_handler_attempts) == (7, 2)
+    default = processor_settings(cls.from_env({}), "s", ["t"])
+    assert (default.max_batch_attempts, default.max_handler_attempts) == (3, 3)
+    with pytest.raises(ValueError):
+        cls.from_env({"GANGLINE_MAX_BATCH_ATTEMPTS": "0"})
