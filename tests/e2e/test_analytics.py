@@ -202,8 +202,8 @@ async def until(
 
 @pytest.mark.skipif(
     os.environ.get("GANGLINE_ANALYTICS_RESTART") != "1",
-    reason="known, open: now and then the worker restarted after a kill -9 ends one job short (an event "
-    "lost, not a stall; see the README's analytics section); run it with `make test-analytics-restart`",
+    reason="known, open: now and then the worker restarted after a kill -9 never counts some jobs (see the "
+    "README's analytics section); run it with `make test-analytics-restart`",
 )
 async def test_hourly_gpu_hours_survive_a_kill_9_mid_stream(kafka_bootstrap: str, tmp_path: Path) -> None:
     rng = random.Random(14)
