@@ -206,6 +206,11 @@ class QuotaJob:
     """Its flavours the nodes can hold, and why the others cannot, as of an inventory version."""
     latest_queued: str | None = None
     """The id of the latest ``job.queued`` read (None: none)."""
+    gate: tuple[int, list[Flavour], list[Reason]] | None = None
+    """What the gate may let it through on, and why its other flavours' nodes cannot hold it, as of an
+    inventory version (:meth:`QuotaState.gate_options`)."""
+    pending: tuple[JobSpec, datetime | None, Pending[QuotaJob]] | None = None
+    """Its place in its queue's line, as of its spec and admitted time (:func:`_pending_item`)."""
 
     @property
     def job_id(self) -> JobId:
@@ -468,6 +473,16 @@ class QuotaState:
             return [Flavour(None, {})]
         return self.held_options(job)[0]
 
+    def gate_options(self, job: QuotaJob) -> tuple[list[Flavour], list[Reason]]:
+        """:meth:`gate_flavours` and why the other flavours' nodes cannot hold it, worked out once per
+        inventory version (the queue configuration does not change under a state)."""
+        version = self.inventory.version
+        cached = job.gate
+        if cached is None or cached[0] != version:
+            misfits = self.held_options(job)[1]
+            cached = job.gate = (version, self.gate_flavours(job), misfits)
+        return cached[1], cached[2]
+
     def fair_share(self, tree: TreeKey, at: datetime) -> FairShare:
         """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
         queues = self._tree_queues.get(tree, [])
@@ -585,7 +600,7 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
         state.ledger.copy(),
         state.fair_share(tree, cause.time),
         state.queues.tree,
-        lambda job: (state.gate_flavours(job), state.held_options(job)[1]),
+        state.gate_options,
         explain=REVIEWS_PER_DECISION,
     )
     for job, flavour in gate.admitted:
@@ -597,9 +612,15 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
 
 
 def _pending_item(job: QuotaJob) -> Pending[QuotaJob]:
-    assert job.spec is not None
-    admitted = job.admitted_at.timestamp() if job.admitted_at is not None else math.inf
-    return Pending(Queue(job.spec.queue), job.spec.priority, admitted, job.job_id, job)
+    spec, at = job.spec, job.admitted_at
+    assert spec is not None
+    cached = job.pending
+    if cached is not None and cached[0] is spec and cached[1] == at:
+        return cached[2]
+    admitted = at.timestamp() if at is not None else math.inf
+    pending = Pending(Queue(spec.queue), spec.priority, admitted, job.job_id, job)
+    job.pending = (spec, at, pending)
+    return pending
 
 
 def _queue(

@@ -200,13 +200,36 @@ def let_through(
             held.append(p)
         else:
             gate.admitted.append((p.item, fit))
+    reasons: dict[_ReasonKey, HoldReason] = {}
     for k, p in enumerate(held):
         if explain is not None and k >= explain:
             gate.held.append((p.item, None))
             continue
         flavours, misfits = options(p.item)
-        gate.held.append((p.item, hold_reason(p.queue, flavours, misfits, ledger, tree, fair)))
+        # Nothing is charged any more in this pass: the reason is a function of what it is asked about.
+        key = reason_key(p.queue, flavours, misfits)
+        why = reasons.get(key)
+        if why is None:
+            why = reasons[key] = hold_reason(p.queue, flavours, misfits, ledger, tree, fair)
+        gate.held.append((p.item, why))
     return gate
+
+
+_ReasonKey = tuple[
+    QueueName,
+    tuple[tuple[str | None, tuple[tuple[Resource, int], ...]], ...],
+    tuple[tuple[str, str, str, tuple[tuple[str, int | str], ...]], ...],
+]
+
+
+def reason_key(queue: QueueName, flavours: Sequence[Flavour], misfits: Sequence[Reason]) -> _ReasonKey:
+    """Everything :func:`hold_reason` reads of a job (with the ledger, tree and fair shares fixed): two
+    jobs with the same key are held for the same reason, word for word (orders kept: they show)."""
+    return (
+        queue,
+        tuple((f.model, tuple(f.request.items())) for f in flavours),
+        tuple((r.code.value, r.plugin, r.message, tuple(r.details.items())) for r in misfits),
+    )
 
 
 def hold_reason(

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gangline.core.fairshare import FairShare, Pending
-from gangline.core.framework.status import ReasonCode
+from gangline.core.framework.status import Reason, ReasonCode
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
 from gangline.core.model import GpuMode, GpuModel, MiB, QueueName
 from gangline.core.queues import (
@@ -25,6 +25,7 @@ from gangline.core.quota_gate import (
     held_flavours,
     hold_reason,
     let_through,
+    reason_key,
     stranded_move,
 )
 
@@ -195,3 +196,60 @@ def test_the_gate_never_goes_over_quota_and_holds_only_what_does_not_fit(
 def test_a_flavour_that_charges_nothing_always_fits() -> None:
     t = tree()
     assert first_fit(QuotaLedger(t), QueueName("not-configured"), [Flavour(None, {})]) == Flavour(None, {})
+
+
+MISFITS = [
+    Reason(ReasonCode.GANG_SIZE, "hardware", "no node holds 8 GPUs", {"gpu_type": GB200, "largest_node": 4}),
+    Reason(ReasonCode.GANG_SIZE, "hardware", "no node holds 8 GPUs", {"gpu_type": GB200, "largest_node": 2}),
+    Reason(ReasonCode.MEMORY, "hardware", "too little memory", {"gpu_type": H100}),
+]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([A, B]),
+            st.integers(0, 1),
+            st.lists(st.tuples(st.sampled_from([H100, GB200]), st.integers(1, 9)), max_size=2),
+            st.lists(st.integers(0, len(MISFITS) - 1), max_size=2),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 12),
+)
+def test_every_held_job_gets_the_reason_a_fresh_computation_gives_it(
+    raw: list[tuple[QueueName, int, list[tuple[str, int]], list[int]]], usage: int
+) -> None:
+    # let_through works a reason out once per (queue, flavours, misfits) within a pass: each held job's
+    # must be the one hold_reason gives it alone, against what is charged once the pass is over.
+    t = tree(8, 6, gb200=4, borrow=3)
+    ledger = QuotaLedger(t)
+    ledger.admit(B, {Resource(H100): usage})
+    share = fair(t)
+    options = {
+        f"j{k}": ([gpus(n, model) for model, n in flavours], [MISFITS[m] for m in misfits])
+        for k, (_, _, flavours, misfits) in enumerate(raw)
+    }
+    for name, (flavours, misfits) in options.items():
+        if not flavours and not misfits:  # a job always has a flavour or a reason none fits
+            options[name] = ([], [MISFITS[0]])
+    waiting = [job(f"j{k}", q, priority=p, at=float(k)) for k, (q, p, _, _) in enumerate(raw)]
+
+    gate = let_through(waiting, ledger, share, t, lambda j: options[j])
+
+    queue_of = {p.item: p.queue for p in waiting}
+    for held, why in gate.held:
+        flavours, misfits = options[held]
+        assert why == hold_reason(queue_of[held], flavours, misfits, ledger, t, share)
+
+
+def test_the_reason_key_tells_apart_whatever_a_reason_says() -> None:
+    base = reason_key(A, [gpus(4), gpus(4, GB200)], [])
+    assert reason_key(A, [gpus(4), gpus(4, GB200)], []) == base
+    assert reason_key(B, [gpus(4), gpus(4, GB200)], []) != base
+    assert reason_key(A, [gpus(4, GB200), gpus(4)], []) != base  # the order shows in the sentence
+    assert reason_key(A, [gpus(5), gpus(4, GB200)], []) != base
+    assert reason_key(A, [gpus(4), gpus(4, GB200)], MISFITS[:1]) != base
+    assert reason_key(A, [gpus(4)], MISFITS[:1]) != reason_key(A, [gpus(4)], MISFITS[1:2])

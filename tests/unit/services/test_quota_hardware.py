@@ -4,6 +4,7 @@ and a change of inventory lets waiting jobs through."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -15,7 +16,7 @@ from gangline.events.base import Envelope
 from gangline.events.jobs import JobFailed, JobPending, JobQueued
 from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState, NodeFailed, NodeRegistered
 from gangline.events.types import GpuId, JobId
-from services.quota.handlers import QuotaState, decide
+from services.quota.handlers import QuotaState, _pending_item, decide
 
 H100 = "H100-SXM5-80GB"
 GB200 = "GB200-186GB"
@@ -350,3 +351,74 @@ def test_a_job_waiting_on_a_model_whose_nodes_fail_waits_on_another_and_is_told_
     assert queued_ids(through) == ["waiter"]
     [queued] = [e.data for e in through if isinstance(e.data, JobQueued)]
     assert queued.gpu_type == GB200
+
+
+def test_a_jobs_gate_options_and_place_in_line_follow_every_change_of_the_nodes() -> None:
+    """What the gate may let a job through on is kept per job and inventory version, its place in line
+    per spec and admitted time: after every event each equals what is worked out afresh."""
+    [h0, h1] = nodes("h", H100, 2, 8)
+    [g0] = nodes("gb", GB200, 1, 4, memory_mib=190000)
+    [g8] = nodes("gb8", GB200, 1, 8, memory_mib=190000)
+    failed = GpuHealthChanged(
+        node=h0.node,
+        gpu=GpuId("gpu3"),
+        previous="healthy",
+        state="failed",
+        cause=HealthCause(kind="xid", message="XID 79", xid=79),
+    )
+    changes: list[Envelope] = [
+        env(h0, at=1),
+        env(g0, at=1),
+        env(failed, at=2),
+        env(h1, at=3),
+        env(NodeFailed(node=h1.node, code="heartbeat_timeout", reason="gone"), at=4),
+        env(g8, at=5),
+        env(NodeRegistered.model_validate(h1.model_dump()), at=6),
+    ]
+    for seed in range(6):
+        rng = random.Random(seed)
+        state = quota(TEAMS)
+        events = list(changes)
+        for k in range(8):
+            spec: dict[str, Any] = {
+                "gpus_per_worker": rng.choice([1, 4, 7, 8]),
+                "workers": rng.choice([1, 2]),
+            }
+            if rng.random() < 0.3:
+                spec["gpu_type"] = rng.choice([H100, GB200])
+            events.insert(rng.randrange(len(events) + 1), admit(f"j{k}", at=float(k), **spec))
+        for e in events:
+            feed(state, e)
+            for job in state.jobs.values():
+                if job.spec is None:
+                    continue
+                assert state.gate_options(job) == (state.gate_flavours(job), state.held_options(job)[1])
+                job.held = None  # held_options afresh, from the nodes now
+                fresh = (state.gate_flavours(job), state.held_options(job)[1])
+                assert state.gate_options(job) == fresh
+                line = _pending_item(job)
+                admitted = job.admitted_at.timestamp() if job.admitted_at is not None else math.inf
+                assert (line.queue, line.priority, line.submit_time, line.tie, line.item) == (
+                    job.spec.queue,
+                    job.spec.priority,
+                    admitted,
+                    job.job_id,
+                    job,
+                )
+
+
+def test_a_jobs_place_in_line_follows_its_spec_and_admitted_time() -> None:
+    state = quota(TEAMS)
+    feed(state, admit("j", at=1.0))
+    job = state.jobs[JobId("j")]
+    assert job.spec is not None and job.admitted_at is not None
+    first = _pending_item(job)
+    assert _pending_item(job) is first  # kept while nothing it is made of changes
+    assert (first.queue, first.priority, first.submit_time) == ("team-a", 0, job.admitted_at.timestamp())
+
+    job.record.spec = job.spec.model_copy(update={"priority": 5, "queue": "team-b"})
+    moved = _pending_item(job)
+    assert (moved.queue, moved.priority, moved.submit_time) == ("team-b", 5, first.submit_time)
+
+    job.record.admitted_at = None
+    assert _pending_item(job).submit_time == math.inf
