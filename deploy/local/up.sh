@@ -57,7 +57,7 @@ trust_keys() {  # the master key when missing, and the derived keys of the edge 
     fi
     local who
     for who in agent producer team-a team-b; do
-        (umask 077; "$PY" -m gangline.bus.trust derive-key --master-file "$TRUST_KEY" --principal "$who" \
+        (umask 077; "$PY" -c "import sys; from gangline.bus.trust import main; sys.exit(main())" derive-key --master-file "$TRUST_KEY" --principal "$who" \
             >"$RUN/$who.key")
     done
 }
