@@ -342,19 +342,7 @@ class FakeCluster:
         if any(p.node in self.silent for p in granted.placements):
             return
         held = (datetime.now(UTC) - running.started).total_seconds() / max(self.time_scale, 1e-9)
-        ack = JobCheckpointed(
-            job_id=granted.job_id,
-            allocation_id=allocation_id,
-            node=node,
-            checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
-        )
-        failed = JobFailed(
-            job_id=granted.job_id,
-            allocation_id=allocation_id,
-            code="time_limit",
-            reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
-            gpu_seconds=Seconds(int(held * granted.whole_gpus)),
-        )
+        ack, failed = time_limit_reached(granted, allocation_id, node, limit, held)
         self._durations.pop(granted.job_id, None)
         self._limits.pop(granted.job_id, None)
         self._outbox.append(
@@ -414,3 +402,24 @@ class FakeCluster:
             for topic, event, event_id in items
         ]
         await asyncio.gather(*futures)
+
+
+def time_limit_reached(
+    granted: AllocationGranted, allocation_id: AllocationId, node: NodeId, limit: float, held_s: float
+) -> tuple[JobCheckpointed, JobFailed]:
+    """What a simulated node reports for a job stopped at its time limit (the fake nodes' and the services'
+    simulator's alike): its checkpoint after the signal, then ``job.failed`` code ``time_limit``."""
+    ack = JobCheckpointed(
+        job_id=granted.job_id,
+        allocation_id=allocation_id,
+        node=node,
+        checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
+    )
+    failed = JobFailed(
+        job_id=granted.job_id,
+        allocation_id=allocation_id,
+        code="time_limit",
+        reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
+        gpu_seconds=Seconds(int(held_s * granted.whole_gpus)),
+    )
+    return ack, failed

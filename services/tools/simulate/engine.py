@@ -57,7 +57,6 @@ from gangline.events.jobs import (
     JobCancelRequested,
     JobCheckpointed,
     JobCompleted,
-    JobFailed,
     JobPreempting,
     JobRequested,
     JobStarted,
@@ -76,7 +75,7 @@ from gangline.fold.cluster import FOLDED_EVENTS
 from services.admission.handlers import on_request
 from services.admission.settings import AdmissionSettings
 from services.admission.wiring import new_state as admission_state
-from services.agent.fake import AGENT_EVENTS
+from services.agent.fake import AGENT_EVENTS, time_limit_reached
 from services.common.queues import Queues
 from services.common.topics import TopicNames
 from services.node_health.handlers import decide as node_health_decide
@@ -392,19 +391,7 @@ class SimNodes(Consumer):
         self._stop(allocation_id)
         held = self.sim.now - running.started
         node = granted.placements[0].node
-        ack = JobCheckpointed(
-            job_id=granted.job_id,
-            allocation_id=allocation_id,
-            node=node,
-            checkpoint=f"ckpt://{granted.job_id}/{allocation_id}",
-        )
-        failed = JobFailed(
-            job_id=granted.job_id,
-            allocation_id=allocation_id,
-            code="time_limit",
-            reason=f"the job reached its time limit of {limit} s on {node}; it checkpointed after the signal",
-            gpu_seconds=Seconds(int(held * granted.whole_gpus)),
-        )
+        ack, failed = time_limit_reached(granted, allocation_id, node, limit, held)
         self.durations.pop(granted.job_id, None)
         self.limits.pop(granted.job_id, None)
         events = self.sim.topics.events
