@@ -74,8 +74,9 @@ queues:
 """
 """An unlimited queue (admission → placement) and a limited one (quota queues and holds jobs)."""
 NODE_HEALTH = {"GANGLINE_SILENCE_S": "10", "GANGLINE_CHECK_EVERY_S": "0.5"}
-"""node_health's defaults: a node is failed after 10 s of silence (the broker's restart is a silence of
-every node, which node_health does not count: services/node_health/handlers.py)."""
+"""node_health's defaults: a node is failed after 10 s of silence (the broker's restart, kept down for
+longer than that, is a silence of every node, which node_health does not count:
+services/node_health/handlers.py)."""
 
 
 def now_ms() -> int:
@@ -428,8 +429,13 @@ class Chaos:
 
     async def restart_broker(self) -> None:
         at = now_ms()
-        self.note("broker restart (kafka.sh restart: its data kept)")
-        await asyncio.to_thread(kafka_sh, "restart", self.args.port)
+        self.note("broker restart (kafka.sh stop, then start: its data kept)")
+        await asyncio.to_thread(kafka_sh, "stop", self.args.port)
+        # Down for longer than node_health's silence: an outage it recognises as one (no node heard for a
+        # whole silence). A shorter one can still fail nodes heard late after it (in the closing note).
+        down_s = float(NODE_HEALTH["GANGLINE_SILENCE_S"]) + 2.0
+        await asyncio.sleep(max(0.0, down_s - (now_ms() - at) / 1000))
+        await asyncio.to_thread(kafka_sh, "start", self.args.port)
         back = now_ms()
         self.note(f"broker back after {(back - at) / 1000:.1f} s")
         self.kills.append(Kill("broker", at, (), back))
