@@ -117,6 +117,8 @@ async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) ->
     tty = sys.stdout.isatty()
     links = where_to_look(settings)
     print(links, flush=True)
+    if not tty:
+        links = ""  # said once above; a log need not repeat it in every table
 
     async def feed(producer: EventProducer) -> None:
         for at, job in jobs:
