@@ -23,6 +23,8 @@ from gangline.bus import EventConsumer, EventProducer
 from gangline.events.base import make_envelope
 from gangline.events.jobs import JobRequested, Topology
 from gangline.events.types import JobId, QueueName
+from gangline.fold.cluster import ClusterFold
+from gangline.queues_file import unlimited_queues
 from gangline.sim.trace import load_philly
 from services.agent.demo_view import DemoView, every_s, frame, render
 from services.common.env import ServiceSettings, topic_names
@@ -112,7 +114,11 @@ async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) ->
     )
     jobs.append((args.urgent_after_s, urgent))
     jobs.sort(key=lambda t: t[0])
-    view = DemoView(started=datetime.now(UTC), sent={str(j.job_id): str(j.queue) for _, j in jobs})
+    view = DemoView(
+        started=datetime.now(UTC),
+        sent={str(j.job_id): str(j.queue) for _, j in jobs},
+        fold=ClusterFold(unlimited_queues=unlimited_queues(settings.queues_file)),
+    )
     started = time.monotonic()
     tty = sys.stdout.isatty()
     links = where_to_look(settings)

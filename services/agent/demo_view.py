@@ -103,7 +103,8 @@ def detail(envelope: Envelope) -> str:
 
 @dataclass
 class DemoView:
-    """What the demo has read so far (module docstring). ``sent``: the demo's job ids and their queues."""
+    """What the demo has read so far (module docstring). ``sent``: the demo's job ids and their queues;
+    ``fold``: the lifecycle fold, told the unlimited queues as placement is (their jobs wait for no quota)."""
 
     started: datetime
     sent: dict[str, str]
@@ -179,6 +180,8 @@ def queue_table(view: DemoView) -> str:
     rows = []
     for q in names:
         charged, position = _quota(view.queues.get(q))
+        if charged is None and q in view.fold.unlimited_queues:
+            charged = "unlimited"  # outside quota's tree: quota reports no figures for it
         rows.append(
             [
                 q,

@@ -9,6 +9,7 @@ from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobPending, JobQueued, JobRequested, PendingReason
 from gangline.events.nodes import GpuHealthChanged, GpuInfo, HealthCause, NodeFailed, NodeRegistered
 from gangline.events.queues import QueueResource, QueueStatus
+from gangline.fold.cluster import ClusterFold
 from services.agent.demo_view import DemoView, counters_row, every_s, frame, render
 
 START = datetime(2026, 1, 5, 10, 0, 0, tzinfo=UTC)
@@ -174,3 +175,15 @@ def test_a_terminal_gets_the_view_redrawn_in_place_a_log_a_plain_table_less_ofte
 def test_where_to_look_stays_under_the_title() -> None:
     text = render(cluster_view(), 3.0, links="API: http://127.0.0.1:8080")
     assert text.splitlines()[:2] == ["gangline demo  3s  jobs finished 0/3", "API: http://127.0.0.1:8080"]
+
+
+def test_an_unlimited_queue_says_so_where_quota_reports_nothing() -> None:
+    view = DemoView(
+        started=START, sent={"a": "default"}, fold=ClusterFold(unlimited_queues=frozenset({"default"}))
+    )
+    view.read(env(node("h100-0", H100, 8), -60))
+    spec = request("a")
+    view.read(env(JobAdmitted(job_id="a", spec=spec.spec()), 2))  # placed with no job.queued: unlimited
+    view.read(env(grant("a", "default", "h100-0", range(2)), 3))
+    rows = {r[0]: r for r in section(render(view, 4.0), "QUEUE")}
+    assert rows["default"][1:] == ["0", "1", "0", "2", "unlimited", "-"]
