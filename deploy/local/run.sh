@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: start Kafka, PostgreSQL, every service and a simulated cluster, feed it a
 # time-compressed slice of the Philly trace plus a few gangs, a preemption and a node failure,
-# show live progress, and keep running until Ctrl-C, which stops everything cleanly.
+# show a live table (queues, GPUs by state, the last events: services/agent/demo_view.py), and
+# keep running until Ctrl-C, which stops everything cleanly.
 #
 # Environment: CLUSTER (deploy/clusters/default.yaml), TIME_SCALE (0.01: a simulated hour takes
 # 36 s), FAIL_NODE (h100-0) and FAIL_AFTER_S (45): the node that goes silent, and when;
@@ -19,8 +20,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$ROOT/deploy/local/up.sh" up
-echo "API: http://127.0.0.1:${GANGLINE_API_PORT:-8080} (OpenAPI: /docs); try 'gangline queues' or 'gangline nodes'"
-echo "Analytics: http://127.0.0.1:${GANGLINE_ANALYTICS_PORT:-8091}/analytics/gpu-hours?window=hour (JSON), /metrics"
+# The demo prints where to look (API, metrics, analytics) above its table.
 # The demo feeds jobs and watches every topic: the project's own tooling, so the broker's super user.
 export GANGLINE_KAFKA_USERNAME=admin
 GANGLINE_KAFKA_PASSWORD="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["admin"])' \

@@ -2,17 +2,20 @@
 
 Publishes, time-compressed, the first ``--jobs`` jobs of the Philly trace (preemptible, priority 0,
 their run time as ``duration_hint_s``), a few gangs with topology constraints, and after
-``--urgent-after-s`` an urgent gang that needs preemption. Prints progress every two seconds from
-``jobs.events`` and ``allocations.log`` until every job it sent has finished or was rejected.
+``--urgent-after-s`` an urgent gang that needs preemption. Shows, until every job it sent has finished
+or was rejected, a table of the queues, the GPUs by state, the last events and its counters
+(:mod:`services.agent.demo_view`), read from jobs.events, allocations.log, nodes.* and queues.status:
+redrawn in place every two seconds on a terminal, printed every ten seconds otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import time
 import uuid
-from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,11 +23,13 @@ from gangline.bus import EventConsumer, EventProducer
 from gangline.events.base import make_envelope
 from gangline.events.jobs import JobRequested, Topology
 from gangline.events.types import JobId, QueueName
+from gangline.fold.cluster import ClusterFold
+from gangline.queues_file import unlimited_queues
 from gangline.sim.trace import load_philly
+from services.agent.demo_view import DemoView, every_s, frame, render
 from services.common.env import ServiceSettings, topic_names
 
 SOURCE = "gangline/demo"
-FINAL = {"gangline.job.completed.v1", "gangline.job.rejected.v1", "gangline.job.failed.v1"}
 
 
 def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float, JobRequested]]:
@@ -80,6 +85,21 @@ def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float,
     return sorted(out, key=lambda t: t[0])
 
 
+def where_to_look(settings: ServiceSettings) -> str:
+    """The addresses to open while the demo runs (the ports ``make run`` gives the services)."""
+    api = os.environ.get("GANGLINE_API_PORT", "8080")
+    analytics = os.environ.get("GANGLINE_ANALYTICS_PORT", "8091")
+    return "\n".join(
+        [
+            f"API:       http://127.0.0.1:{api} (OpenAPI: /docs); 'gangline top' for the cluster map",
+            "Metrics:   http://127.0.0.1:9471/metrics (admission) .. 9478 (fake nodes)",
+            f"Analytics: http://127.0.0.1:{analytics}/analytics/gpu-hours?window=hour (JSON), /metrics",
+            f"Kafka:     {settings.kafka_bootstrap}"
+            + (f", topics prefixed {settings.topic_prefix!r}" if settings.topic_prefix else ""),
+        ]
+    )
+
+
 async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) -> None:
     topics = topic_names(settings)
     jobs = demo_jobs(Path(args.philly), args.jobs, spread_s=args.spread_s)
@@ -94,10 +114,17 @@ async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) ->
     )
     jobs.append((args.urgent_after_s, urgent))
     jobs.sort(key=lambda t: t[0])
-    sent = {str(j.job_id) for _, j in jobs}
-    counts: Counter[str] = Counter()
-    finished: set[str] = set()
+    view = DemoView(
+        started=datetime.now(UTC),
+        sent={str(j.job_id): str(j.queue) for _, j in jobs},
+        fold=ClusterFold(unlimited_queues=unlimited_queues(settings.queues_file)),
+    )
     started = time.monotonic()
+    tty = sys.stdout.isatty()
+    links = where_to_look(settings)
+    print(links, flush=True)
+    if not tty:
+        links = ""  # said once above; a log need not repeat it in every table
 
     async def feed(producer: EventProducer) -> None:
         for at, job in jobs:
@@ -106,46 +133,39 @@ async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) ->
                 await asyncio.sleep(delay)
             envelope = make_envelope(job, event_id=str(uuid.uuid4()), source=SOURCE, time=datetime.now(UTC))
             await producer.publish(topics.requests, envelope)
-            counts["requested"] += 1
+            view.requested(envelope)
 
+    # From the start of each topic: the nodes' registrations and quota's figures were written before the
+    # demo began, and the fold needs the grants still held; what came before is folded, not counted.
     consumer = EventConsumer(
         settings.kafka_bootstrap,
-        [topics.events, topics.allocations],
+        [
+            topics.events,
+            topics.allocations,
+            topics.inventory,
+            topics.health,
+            topics.operator,
+            topics.queue_status,
+        ],
         service="demo",
         group_id=f"demo-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="latest",
+        auto_offset_reset="earliest",
     )
     async with EventProducer(settings.kafka_bootstrap) as producer, consumer:
         feeding = asyncio.create_task(feed(producer))
-        last = 0.0
+        last = float("-inf")
         while time.monotonic() - started < args.max_s:
             for d in await consumer.getmany(timeout_ms=200):
-                if d.envelope.subject not in sent:
-                    continue
-                counts[d.envelope.type.split(".")[1] + "." + d.envelope.type.split(".")[2]] += 1
-                if d.envelope.type in FINAL:
-                    finished.add(d.envelope.subject)
+                view.read(d.envelope)
             now = time.monotonic() - started
-            if now - last >= 2:
+            if now - last >= every_s(tty=tty):
                 last = now
-                shown = " ".join(
-                    f"{k.split('.')[-1]}={counts[k]}"
-                    for k in (
-                        "requested",
-                        "job.admitted",
-                        "job.rejected",
-                        "allocation.granted",
-                        "job.preempting",
-                        "job.requeued",
-                        "allocation.released",
-                        "job.completed",
-                    )
-                )
-                print(f"[{now:6.1f}s] {shown}  finished {len(finished)}/{len(sent)}", flush=True)
-            if feeding.done() and finished >= sent:
+                print(frame(render(view, now, links=links), tty=tty), flush=True)
+            if feeding.done() and view.all_finished:
                 break
         feeding.cancel()
-    print(f"done: {len(finished)} of {len(sent)} jobs finished; {dict(counts)}")
+    print(frame(render(view, time.monotonic() - started, links=links), tty=tty), flush=True)  # the final view
+    print(f"done: {len(view.finished)} of {len(view.sent)} jobs finished; {dict(view.counts)}")
 
 
 def main() -> int:
