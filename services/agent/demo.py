@@ -32,7 +32,11 @@ from services.common.env import ServiceSettings, topic_names
 SOURCE = "gangline/demo"
 
 
-def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float, JobRequested]]:
+def demo_jobs(
+    philly: Path, count: int, *, spread_s: float, run: str = ""
+) -> list[tuple[float, JobRequested]]:
+    """The demo's jobs and when to send them; ``run`` ends every job id, so a second demo against a system
+    still up sends new jobs (admission takes a job id again with the same spec as the retry it is)."""
     trace = load_philly(philly, limit=count)
     first = min(j.submit_s for j in trace)
     span = max(1.0, max(j.submit_s for j in trace) - first)
@@ -42,7 +46,7 @@ def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float,
             (
                 (j.submit_s - first) / span * spread_s,
                 JobRequested(
-                    job_id=JobId(str(j.id)),
+                    job_id=JobId(f"{j.id}{run}"),
                     queue=QueueName("default"),
                     workers=j.workers,
                     gpus_per_worker=j.gpus_per_worker,
@@ -55,7 +59,7 @@ def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float,
         )
     gangs = [
         JobRequested(
-            job_id=JobId("gang-h100-2x8"),
+            job_id=JobId(f"gang-h100-2x8{run}"),
             queue=QueueName("default"),
             workers=2,
             gpus_per_worker=8,
@@ -64,7 +68,7 @@ def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float,
             duration_hint_s=1800,
         ),
         JobRequested(
-            job_id=JobId("gang-gb200-4x4-nvlink"),
+            job_id=JobId(f"gang-gb200-4x4-nvlink{run}"),
             queue=QueueName("default"),
             workers=4,
             gpus_per_worker=4,
@@ -73,7 +77,7 @@ def demo_jobs(philly: Path, count: int, *, spread_s: float) -> list[tuple[float,
             duration_hint_s=1800,
         ),
         JobRequested(
-            job_id=JobId("gang-l40s-2x4"),
+            job_id=JobId(f"gang-l40s-2x4{run}"),
             queue=QueueName("default"),
             workers=2,
             gpus_per_worker=4,
@@ -102,7 +106,7 @@ def where_to_look(settings: ServiceSettings) -> str:
 
 async def feed_and_watch(args: argparse.Namespace, settings: ServiceSettings) -> None:
     topics = topic_names(settings)
-    jobs = demo_jobs(Path(args.philly), args.jobs, spread_s=args.spread_s)
+    jobs = demo_jobs(Path(args.philly), args.jobs, spread_s=args.spread_s, run=f"-{uuid.uuid4().hex[:4]}")
     urgent = JobRequested(
         job_id=JobId(f"urgent-{uuid.uuid4().hex[:6]}"),
         queue=QueueName("default"),
