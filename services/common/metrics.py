@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import Metric
@@ -20,6 +22,7 @@ from prometheus_client.core import Metric
 from gangline.bus import Outgoing, Processor
 from gangline.telemetry.metrics import (
     CYCLE_BUCKETS,
+    WAIT_BUCKETS,
     Figures,
     counter,
     counting,
@@ -62,6 +65,26 @@ class ServiceMetrics:
     def on_decided(self, hook: OnDecided) -> None:
         """Call ``hook`` with the outputs of every fresh decision (to observe the service's histograms)."""
         self._on_decided.append(hook)
+
+    def first_waits(
+        self, family: str, event: type[Any], admitted_at: Callable[[Any], datetime | None]
+    ) -> None:
+        """Observe the histogram ``family`` ``{queue}`` for every decided output of type ``event``: the
+        seconds since its job's admission, which ``admitted_at`` reads off the service's fold (None when
+        the job is unknown or this is not its first such output: a requeued job's later ones would count
+        its run time as waiting)."""
+        waits = histogram(self.registry, family, WAIT_BUCKETS)
+
+        def observe(outputs: Sequence[Outgoing]) -> None:
+            for _, envelope in outputs:
+                data = envelope.data
+                if not isinstance(data, event):
+                    continue
+                since = admitted_at(data)
+                if since is not None:
+                    waits.labels(data.queue).observe(max(0.0, (envelope.time - since).total_seconds()))
+
+        self.on_decided(observe)
 
     def decided(self, outputs: Sequence[Outgoing], seconds: float | None) -> None:
         """One fresh decision (an event, or a batch's cycle) made ``outputs`` in ``seconds`` (None: not

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from datetime import datetime
 
 from prometheus_client.core import Metric
 
-from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted
 from gangline.fold.figures import (
     GPU_STATES,
@@ -16,7 +15,7 @@ from gangline.fold.figures import (
     jobs_by_state,
     pending_by_reason,
 )
-from gangline.telemetry.metrics import WAIT_BUCKETS, gauge, histogram
+from gangline.telemetry.metrics import gauge
 from services.common.metrics import ServiceMetrics
 from services.placement.handlers import PlacementState
 
@@ -47,17 +46,9 @@ def cluster_figures(state: PlacementState) -> list[Metric]:
 def watch(metrics: ServiceMetrics, state: PlacementState) -> None:
     """Serve the cluster's gauges and time each job's first grant from its admission."""
     metrics.add_figures(lambda: cluster_figures(state))
-    waits = histogram(metrics.registry, "gangline_request_to_grant_seconds", WAIT_BUCKETS)
 
-    def observe(outputs: Sequence[Outgoing]) -> None:
-        for _, envelope in outputs:
-            granted = envelope.data
-            if not isinstance(granted, AllocationGranted):
-                continue
-            record = state.jobs.get(granted.job_id)
-            # A requeued job's later grants would count its run time as waiting: the first only.
-            if record is not None and record.admitted_at is not None and len(record.grants) <= 1:
-                wait_s = (envelope.time - record.admitted_at).total_seconds()
-                waits.labels(granted.queue).observe(max(0.0, wait_s))
+    def admitted_at(granted: AllocationGranted) -> datetime | None:
+        record = state.jobs.get(granted.job_id)
+        return record.admitted_at if record is not None and len(record.grants) <= 1 else None
 
-    metrics.on_decided(observe)
+    metrics.first_waits("gangline_request_to_grant_seconds", AllocationGranted, admitted_at)

@@ -13,10 +13,9 @@ from datetime import UTC, datetime
 
 from prometheus_client.core import Metric
 
-from gangline.bus import Outgoing
 from gangline.events.jobs import JobQueued
 from gangline.events.queues import QueueStatus
-from gangline.telemetry.metrics import WAIT_BUCKETS, gauge, histogram
+from gangline.telemetry.metrics import gauge
 from services.common.metrics import ServiceMetrics
 from services.quota.handlers import QuotaState
 from services.quota.status import status_of, trees
@@ -60,17 +59,10 @@ def quota_figures(state: QuotaState, now: datetime) -> list[Metric]:
 def watch(metrics: ServiceMetrics, state: QuotaState) -> None:
     """Serve the quota gauges and time each job's first ``job.queued`` from its admission."""
     metrics.add_figures(lambda: quota_figures(state, datetime.now(UTC)))
-    waits = histogram(metrics.registry, "gangline_admission_wait_seconds", WAIT_BUCKETS)
 
-    def observe(outputs: Sequence[Outgoing]) -> None:
-        for _, envelope in outputs:
-            queued = envelope.data
-            if not isinstance(queued, JobQueued):
-                continue
-            job = state.jobs.get(queued.job_id)
-            # A requeued job is queued again: its first admission is the wait that counts.
-            if job is not None and job.admitted_at is not None and len(job.queued) <= 1:
-                wait_s = (envelope.time - job.admitted_at).total_seconds()
-                waits.labels(queued.queue).observe(max(0.0, wait_s))
+    def admitted_at(queued: JobQueued) -> datetime | None:
+        job = state.jobs.get(queued.job_id)
+        # A requeued job is queued again: its first admission is the wait that counts.
+        return job.admitted_at if job is not None and len(job.queued) <= 1 else None
 
-    metrics.on_decided(observe)
+    metrics.first_waits("gangline_admission_wait_seconds", JobQueued, admitted_at)
