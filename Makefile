@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
+.PHONY: help venv browser lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -64,8 +64,15 @@ db-migrate: venv
 
 # ruff and mypy, then the whole suite against a real broker and database; stops what it started,
 # fails when no test ran.
-test: venv check
+test: venv check browser
 	deploy/local/run-tests.sh
+
+# The dashboard's browser tests (tests/e2e/test_dashboard.py) drive Debian's chromium through Playwright's
+# executable_path: installed with apt when missing, never a browser download (`playwright install`).
+browser:
+	@command -v chromium >/dev/null || { echo "chromium missing: installing Debian's chromium with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+	  apt-get install -y -qq chromium >/dev/null; }
 
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
 test-unit: venv
