@@ -839,6 +839,7 @@ def create_app(
                 status.HTTP_401_UNAUTHORIZED,
                 "the stream token is invalid or has expired; ask POST /v1/stream-token for another",
                 kind="unauthenticated",
+                headers={"WWW-Authenticate": "Bearer"},  # RFC 6750's token, here in the query
             )
         caller = limited(found)
         feed = res().feed
@@ -858,17 +859,14 @@ def create_app(
 
     @app.get("/v1/analytics/{figure}", tags=["analytics"], responses=problems(*READ))
     async def analytics(
-        caller: Caller,
-        figure: AnalyticsFigure,
-        window: Literal["hour", "day"] = "hour",
-    ) -> Any:
-        """The analytics app's figures (``/analytics/<figure>``), rows of other tenants' queues left out
-        for a tenant (its own queues only: ``default``'s figures sum every tenant's jobs); 503 when the
-        analytics app is not configured or does not answer."""
+        caller: Caller, figure: AnalyticsFigure, window: Literal["hour", "day"] = "hour"
+    ) -> AnalyticsAnswer:
+        """The analytics app's figures (its ``/analytics/<figure>``) under ``figures``; for a tenant the rows
+        of its own queues only (``default``'s figures sum every tenant's jobs). When the analytics app is
+        not configured (GANGLINE_ANALYTICS_URL) or does not answer, ``available`` is false and ``detail``
+        says why: the figures are away, the API is not failing."""
         if settings.analytics_url is None:
-            raise ApiProblem(
-                status.HTTP_503_SERVICE_UNAVAILABLE, "no analytics app configured", kind="unavailable"
-            )
+            return AnalyticsAnswer(available=False, detail="no analytics app is configured", figures=None)
         url = f"{settings.analytics_url.rstrip('/')}/analytics/{figure}"
         try:
             async with httpx.AsyncClient(timeout=2.0) as client:
@@ -876,15 +874,12 @@ def create_app(
             answer.raise_for_status()
             body = answer.json()
         except (httpx.HTTPError, ValueError) as error:
-            raise ApiProblem(
-                status.HTTP_503_SERVICE_UNAVAILABLE,
-                f"the analytics app at {settings.analytics_url} did not answer: {type(error).__name__}",
-                kind="unavailable",
-            ) from error
+            detail = f"the analytics app at {settings.analytics_url} did not answer: {type(error).__name__}"
+            return AnalyticsAnswer(available=False, detail=detail, figures=None)
         own = caller.own_queues()
         if own is not None and isinstance(body, list):
             body = [row for row in body if isinstance(row, dict) and row.get("queue") in own]
-        return body
+        return AnalyticsAnswer(available=True, detail=None, figures=body)
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
@@ -893,6 +888,14 @@ def create_app(
     app.mount("/dashboard", StaticFiles(directory=STATIC, html=True), name="dashboard")
 
     return app
+
+
+class AnalyticsAnswer(BaseModel):
+    available: bool = Field(description="whether the analytics app answered")
+    detail: str | None = Field(description="why not, when it did not")
+    figures: Any = Field(
+        description="the app's JSON: rows per queue and GPU model (capacity: GPUs per model)"
+    )
 
 
 class QueueFigures(BaseModel):

@@ -478,18 +478,17 @@ function renderLog() {
 
 async function drawAnalytics() {
   const status = $("#analytics-status");
-  let hours, waits;
-  try {
-    [hours, waits] = await Promise.all([api("/v1/analytics/gpu-hours?window=hour"), api("/v1/analytics/waits")]);
-  } catch (error) {
-    if (error.status === 401) throw error;
-    status.textContent = `Analytics unavailable: ${error.message}. The rest of the dashboard is live.`;
+  const [hourly, waited] = await Promise.all([api("/v1/analytics/gpu-hours?window=hour"), api("/v1/analytics/waits")]);
+  const away = [hourly, waited].find((answer) => !answer.available);
+  if (away) {
+    status.textContent = `Analytics unavailable: ${away.detail}. The rest of the dashboard is live.`;
     status.dataset.state = "unavailable";
     $("#chart-utilisation").replaceChildren(el("p", { class: "empty", text: "no figures" }));
     $("#chart-waits").replaceChildren(el("p", { class: "empty", text: "no figures" }));
     $("#waits-latest tbody").replaceChildren();
     return;
   }
+  const hours = hourly.figures, waits = waited.figures;
   status.dataset.state = "available";
   status.textContent = `From the analytics app: ${hours.length} hourly rows, ${waits.length} wait windows.`;
   barChart($("#chart-utilisation"), hours.slice(-96));
