@@ -421,6 +421,8 @@ async def test_a_pending_job_turns_running_live_and_its_page_says_why_it_waited(
         )
         assert await page.evaluate("() => window.__noReload") is True  # the same document: no reload
         await page.wait_for_selector("#job-timeline li[data-type='job.started']", timeout=WAIT_MS)
+        for step in ("requested", "admitted", "queued", "placed", "started"):
+            await page.wait_for_selector(f"#job-steps li.done[data-step='job.{step}']", timeout=WAIT_MS)
         await page.wait_for_function(
             "() => document.querySelectorAll('#job-placement tbody tr').length === 2", timeout=WAIT_MS
         )
@@ -543,7 +545,7 @@ async def test_a_tenant_sees_and_hears_only_its_own_jobs(browser: Any, system: S
         assert await page.locator(f'.gpu[data-queue="{b}"]').count() == 0
         assert await page.locator('.gpu[data-state="other"]').count() > 0  # B's L40S GPUs, unnamed
 
-    # The stream refuses what it did not sign, and a token once expired.
+    # The stream refuses a token it did not sign (expiry and forgeries: tests/unit/services/test_api_live.py).
     assert (await system.api.get("/v1/stream", params={"token": "forged.token"})).status_code == 401
 
 

@@ -171,8 +171,9 @@ function onNotice(notice) {
 }
 
 function scheduleRedraw() {
-  clearTimeout(redrawTimer);
-  redrawTimer = setTimeout(redraw, 300);
+  // At most one redraw in flight per half second, however many notices arrive meanwhile.
+  if (redrawTimer) return;
+  redrawTimer = setTimeout(async () => { await redraw(); redrawTimer = null; }, 500);
 }
 
 // -- routing -------------------------------------------------------------------------------------
@@ -420,6 +421,7 @@ async function drawJob(jobId) {
         r.unblock ? el("div", { class: "unblock", text: `would unblock: ${r.unblock}` }) : null))));
   }
   $("#job-why").replaceChildren(why);
+  drawSteps(view.events, job.state);
   $("#job-timeline").replaceChildren(...view.events.map((e) =>
     el("li", { "data-type": shortType(e.type) },
       el("span", { class: "t-type", text: shortType(e.type) }),
@@ -431,6 +433,26 @@ async function drawJob(jobId) {
       el("td", { text: a.allocation_id }), el("td", { text: a.rank }), el("td", { text: a.node }),
       el("td", { text: a.gpus.join(", ") }), el("td", { text: when(a.granted_at) }),
       el("td", { text: a.released_at ? `${when(a.released_at)} (${a.release_reason})` : "held" }))));
+}
+
+const STEPS = ["job.requested", "job.admitted", "job.queued", "job.placed", "job.started"];
+const ENDS = ["job.completed", "job.failed", "job.cancelled", "job.rejected"];
+
+function drawSteps(events, state) {
+  // requested → admitted → queued → placed → started → its end: when each first happened (the latest run).
+  const first = new Map();
+  for (const e of events) {
+    const type = shortType(e.type);
+    if (type === "job.requeued" || type === "job.preempted") for (const s of STEPS.slice(2)) first.delete(s);
+    if (!first.has(type)) first.set(type, e.time);
+  }
+  const end = ENDS.find((t) => first.has(t)) || (state === "cancelled" ? "job.cancelled" : null);
+  const steps = [...STEPS, end || "…"];
+  $("#job-steps").replaceChildren(...steps.map((step) => {
+    const at = first.get(step);
+    return el("li", { class: at ? "done" : "", "data-step": step },
+      el("span", { text: step.replace("job.", "") }), el("time", { text: at ? when(at).slice(11) : "" }));
+  }));
 }
 
 // -- allocation log ------------------------------------------------------------------------------
