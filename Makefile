@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -64,8 +64,20 @@ db-migrate: venv
 
 # ruff and mypy, then the whole suite against a real broker and database; stops what it started,
 # fails when no test ran.
-test: venv check
+test: venv check browser
 	deploy/local/run-tests.sh
+
+# The dashboard's browser tests (tests/e2e/test_dashboard.py) drive Debian's chromium through Playwright's
+# executable_path: installed with apt when missing, never a browser download (`playwright install`).
+# Where apt cannot install it (not root), those tests skip and say why; the rest of make test runs.
+browser:
+	@command -v chromium >/dev/null || { echo "chromium missing: installing Debian's chromium with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "could not install chromium: the dashboard's browser tests will be skipped"; }
+
+# Refresh the dashboard screenshots the README shows (docs/dashboard/): the browser tests, saving there.
+screenshots: venv browser
+	GANGLINE_SCREENSHOTS=$(CURDIR)/docs/dashboard deploy/local/run-tests.sh tests/e2e/test_dashboard.py
 
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
 test-unit: venv

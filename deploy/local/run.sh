@@ -31,5 +31,5 @@ if [[ "${GANGLINE_TRUST:-on}" != off ]]; then
     export GANGLINE_TRUST_KEY_FILE="${GANGLINE_TRUST_KEY_FILE:-$ROOT/.cache/gangline-up/trust.key}"
 fi
 "$PY" -m services.agent.demo --jobs "${DEMO_JOBS:-120}"
-echo "The system keeps running (API at http://127.0.0.1:${GANGLINE_API_PORT:-8080}); Ctrl-C stops everything."
+echo "The system keeps running (API at http://127.0.0.1:${GANGLINE_API_PORT:-8080}, dashboard at http://127.0.0.1:${GANGLINE_API_PORT:-8080}/dashboard/); Ctrl-C stops everything."
 while true; do sleep 1; done

@@ -95,6 +95,8 @@ def where_to_look(settings: ServiceSettings) -> str:
     analytics = os.environ.get("GANGLINE_ANALYTICS_PORT", "8091")
     return "\n".join(
         [
+            f"Dashboard: http://127.0.0.1:{api}/dashboard/#token=dev-ops-admin-token (the dev admin; a "
+            "tenant's token, e.g. dev-team-a-token, shows its own queues)",
             f"API:       http://127.0.0.1:{api} (OpenAPI: /docs); 'gangline top' for the cluster map",
             "Metrics:   http://127.0.0.1:9471/metrics (admission) .. 9478 (fake nodes)",
             f"Analytics: http://127.0.0.1:{analytics}/analytics/gpu-hours?window=hour (JSON), /metrics",

@@ -15,7 +15,15 @@ def main() -> int:
     setup_tracing("api", otlp_endpoint=settings.otlp_endpoint, instance_id=settings.instance_id)
     app = create_app(settings)
     # uvicorn handles SIGTERM itself: it stops accepting, drains, then runs the lifespan's shutdown.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    # A dashboard's event stream never ends by itself: after 5 s of shutdown, open streams are cut.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     return 0
 
 

@@ -10,6 +10,8 @@ limit per tenant (429 with ``Retry-After``). Request bodies are validated strict
 they are: ``"1"`` is not a number). Every error is a problem document (:mod:`services.api.problems`).
 """
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -20,15 +22,18 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, TypeVar, cast
 
 import asyncpg
+import httpx
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from fastapi import Depends, FastAPI, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,25 +41,33 @@ from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gangline.bus import EventProducer
-from gangline.core.queues import QueueName
+from gangline.core.queues import QueueName, QuotaTree
 from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
 from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec
 from gangline.events.nodes import DEFAULT_DRAIN_GRACE_S, MAX_DRAIN_GRACE_S, NodeCordoned, NodeUncordoned
+from gangline.events.queues import QueueStatus
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
+from gangline.fold.figures import lent
 from gangline.store.pool import create_pool
 from gangline.telemetry.propagation import extract_context
 from gangline.telemetry.tracing import get_tracer
 from services.api import queries
-from services.api.auth import Authenticator, Principal, load_tokens
+from services.api.auth import Authenticator, Principal, StreamTokens, load_tokens
 from services.api.limits import RateLimiter, RequestGuard, retry_after
+from services.api.live import LiveFeed, stream
 from services.api.metrics import CountRequests, api_metrics
 from services.api.problems import ApiProblem, document, problem, problems, render
 from services.api.settings import ApiSettings
 from services.common.queues import Queues, load_queues
+from services.common.topics import TopicNames
 
 SOURCE = "gangline/api"
+STATIC = FilePath(__file__).parent / "static"
+"""The dashboard: plain HTML, JS and CSS, served at /dashboard/ (no build step)."""
+AnalyticsFigure = Literal["gpu-hours", "waits", "preemptions", "jobs", "running", "capacity"]
+"""The analytics app's JSON figures the API passes on (services/analytics)."""
 MAX_PAGE = 500
 RECENT_JOBS = 10_000
 """How many accepted submissions a replica remembers until the ledger has them (read-your-writes, 409)."""
@@ -111,6 +124,8 @@ class Resources:
 
     pool: asyncpg.Pool
     producer: EventProducer
+    feed: LiveFeed | None = None
+    """The dashboard's live feed (``GET /v1/stream``); None: the stream answers 503."""
 
 
 class JobSubmission(JobSpec):
@@ -280,6 +295,10 @@ def create_app(
     quota_tree = configured.tree
     auth = authenticator or Authenticator(load_tokens(file=settings.tokens_file, inline=settings.tokens))
     limiter = RateLimiter(rate=settings.rate_limit_per_s, burst=settings.rate_limit_burst, clock=monotonic)
+    key = settings.stream_token_key
+    stream_tokens = StreamTokens(
+        auth, key=key.get_secret_value().encode() if key else None, ttl_s=settings.stream_token_ttl_s
+    )
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
     operator_topic = settings.topic_prefix + topics.NODES_OPERATOR
@@ -297,12 +316,24 @@ def create_app(
             return
         pool = await create_pool(settings.pg_dsn.get_secret_value())
         producer = EventProducer(settings.kafka_bootstrap, client_id="gangline-api")
+        feed = LiveFeed(
+            bootstrap=settings.kafka_bootstrap,
+            topics=TopicNames(prefix=settings.topic_prefix),
+            pool=pool,
+            settle_s=settings.live_settle_s,
+        )
+        feeding: asyncio.Task[None] | None = None
         try:
             await producer.start()
-            state["r"] = Resources(pool, producer)
+            state["r"] = Resources(pool, producer, feed)
+            feeding = asyncio.create_task(feed.run(), name="live-feed")
             async with metrics.serve(settings):
                 yield
         finally:
+            if feeding is not None:
+                feeding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeding
             await producer.stop()
             await pool.close()
 
@@ -347,6 +378,9 @@ def create_app(
                 kind="unauthenticated",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        return limited(found)
+
+    def limited(found: Principal) -> Principal:
         wait_s = limiter.take(found.tenant)
         if wait_s is not None:
             raise ApiProblem(
@@ -734,6 +768,7 @@ def create_app(
             usage, counts = await queries.queue_usage(conn, queries.gpu_models(node_rows))
             reported = await queries.queue_statuses(conn)
         names = sorted(set(configured.names()) | set(usage) | set(counts))
+        lends = _lent_by_tree(reported, quota_tree)
         visible = caller.visible_queues()
         if visible is not None:
             names = [n for n in names if n in visible]
@@ -765,11 +800,102 @@ def create_app(
                     "jobs": counts.get(name, {}),
                     "reported": "unlimited" if unlimited else "quota" if status else "not_reported_yet",
                     **_quota_figures(status),
+                    "lent": None
+                    if status is None
+                    else {r: v for (q, r), v in sorted(lends.items()) if q == name},
                 }
             )
         return {"items": items}
 
+    @app.get("/v1/whoami", tags=["ops"], responses=problems(*READ))
+    async def whoami(caller: Caller) -> dict[str, Any]:
+        """The caller's tenant, whether it is an admin, and the queues it may read (null: all)."""
+        return {"tenant": caller.tenant, "admin": caller.admin, "queues": caller.visible_queues()}
+
+    @app.post("/v1/stream-token", tags=["live"], responses=problems(*READ))
+    async def stream_token(caller: Caller) -> dict[str, Any]:
+        """A short-lived token for ``GET /v1/stream?token=`` (a browser's EventSource sends no header)."""
+        token = stream_tokens.issue(caller, now_s=clock().timestamp())
+        return {"token": token, "expires_in_s": stream_tokens.ttl_s}
+
+    @app.get(
+        "/v1/stream",
+        tags=["live"],
+        responses={
+            **problems(400, 401, 413, 422, 429, 503),
+            200: {"content": {"text/event-stream": {}}, "description": "server-sent events"},
+        },
+    )
+    async def live_stream(
+        token: Annotated[str, Query(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_.-]+$")],
+    ) -> StreamingResponse:
+        """Server-sent events of what happens on the log, as the caller may see it: ``notice`` (one
+        event: type, time, job, node, queue, the job's state as the ledger projected it, a summary),
+        ``resync`` (the caller fell behind: reload). A tenant hears of its own jobs and queues only;
+        nodes are everyone's. ``token`` comes from ``POST /v1/stream-token``."""
+        found = stream_tokens.principal(token, now_s=clock().timestamp())
+        if found is None:
+            raise ApiProblem(
+                status.HTTP_401_UNAUTHORIZED,
+                "the stream token is invalid or has expired; ask POST /v1/stream-token for another",
+                kind="unauthenticated",
+                headers={"WWW-Authenticate": "Bearer"},  # RFC 6750's token, here in the query
+            )
+        caller = limited(found)
+        feed = res().feed
+        if feed is None:
+            raise ApiProblem(status.HTTP_503_SERVICE_UNAVAILABLE, "no live feed here", kind="unavailable")
+
+        async def events() -> AsyncIterator[str]:
+            with feed.subscribe(caller) as subscription:
+                async for chunk in stream(subscription):
+                    yield chunk
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.get("/v1/analytics/{figure}", tags=["analytics"], responses=problems(*READ))
+    async def analytics(
+        caller: Caller, figure: AnalyticsFigure, window: Literal["hour", "day"] = "hour"
+    ) -> AnalyticsAnswer:
+        """The analytics app's figures (its ``/analytics/<figure>``) under ``figures``; for a tenant the rows
+        of its own queues only (``default``'s figures sum every tenant's jobs). When the analytics app is
+        not configured (GANGLINE_ANALYTICS_URL) or does not answer, ``available`` is false and ``detail``
+        says why: the figures are away, the API is not failing."""
+        if settings.analytics_url is None:
+            return AnalyticsAnswer(available=False, detail="no analytics app is configured", figures=None)
+        url = f"{settings.analytics_url.rstrip('/')}/analytics/{figure}"
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                answer = await client.get(url, params={"window": window} if figure == "gpu-hours" else None)
+            answer.raise_for_status()
+            body = answer.json()
+        except (httpx.HTTPError, ValueError) as error:
+            detail = f"the analytics app at {settings.analytics_url} did not answer: {type(error).__name__}"
+            return AnalyticsAnswer(available=False, detail=detail, figures=None)
+        own = caller.own_queues()
+        if own is not None and isinstance(body, list):
+            body = [row for row in body if isinstance(row, dict) and row.get("queue") in own]
+        return AnalyticsAnswer(available=True, detail=None, figures=body)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard/")
+
+    app.mount("/dashboard", StaticFiles(directory=STATIC, html=True), name="dashboard")
+
     return app
+
+
+class AnalyticsAnswer(BaseModel):
+    available: bool = Field(description="whether the analytics app answered")
+    detail: str | None = Field(description="why not, when it did not")
+    figures: Any = Field(
+        description="the app's JSON: rows per queue and GPU model (capacity: GPUs per model)"
+    )
 
 
 class QueueFigures(BaseModel):
@@ -786,6 +912,11 @@ class QueueFigures(BaseModel):
 
 
 class QueueItem(QueueFigures):
+    lent: dict[str, float] | None = Field(
+        description="per resource: what the queue lends its quota tree (gangline.fold.figures.lent over "
+        "quota's published figures of the tree: the tree's borrowed units shared out among the queues that "
+        "leave nominal quota idle, in proportion)"
+    )
     queue: str
     configured: bool
     cohort: str | None
@@ -800,6 +931,30 @@ class QueueItem(QueueFigures):
 
 class QueueList(BaseModel):
     items: list[QueueItem]
+
+
+def _lent_by_tree(reported: Mapping[str, Mapping[str, Any]], tree: QuotaTree) -> dict[tuple[str, str], float]:
+    """``(queue, resource)`` → what the queue lends, per quota tree, from quota's latest statuses."""
+    by_tree: dict[str, list[QueueStatus]] = {}
+    for name, row in sorted(reported.items()):
+        if not tree.has_queue(name):
+            continue
+        status = QueueStatus(
+            queue=name,
+            cohort=row["cohort"],
+            weight=row["weight"],
+            dominant_share=row["dominant_share"],
+            dominant_resource=row["dominant_resource"],
+            position=row["position"],
+            of=row["ranked_among"],
+            resources=row["resources"],
+            as_of=row["as_of"],
+        )
+        by_tree.setdefault(tree.root_cohort_of(QueueName(name)), []).append(status)
+    out: dict[tuple[str, str], float] = {}
+    for statuses in by_tree.values():
+        out |= lent(statuses)
+    return out
 
 
 def _quota_figures(status: Mapping[str, Any] | None) -> dict[str, Any]:

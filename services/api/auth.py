@@ -24,6 +24,7 @@ request), an admin every job.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -144,6 +145,13 @@ class Authenticator:
             return None
         return Principal(tenant=found.name, queues=frozenset(found.queues), admin=found.admin)
 
+    def tenant(self, name: str) -> Principal | None:
+        """The principal of the tenant named ``name``; None when the token document has none."""
+        for _, tenant in self._tenants:
+            if tenant.name == name:
+                return Principal(tenant=tenant.name, queues=frozenset(tenant.queues), admin=tenant.admin)
+        return None
+
 
 def load_tokens(*, file: Path | None, inline: SecretStr | None) -> TokenConfig:
     """The token document from ``file`` (YAML) and ``inline`` (JSON), tenants of both; empty when neither."""
@@ -153,3 +161,39 @@ def load_tokens(*, file: Path | None, inline: SecretStr | None) -> TokenConfig:
     if inline is not None and inline.get_secret_value().strip():
         tenants += TokenConfig.model_validate(json.loads(inline.get_secret_value())).tenants
     return TokenConfig(tenants=tuple(tenants))
+
+
+class StreamTokens:
+    """Short-lived signed tokens for what cannot send an ``Authorization`` header (a browser's
+    EventSource): ``<payload>.<HMAC-SHA256>``, the payload naming the tenant and the expiry (Unix
+    seconds). The key is ``key`` (GANGLINE_STREAM_TOKEN_KEY, shared by the replicas behind one address),
+    else random per process: a token then works only on the replica that made it, which is all one
+    EventSource needs (it asks again when refused).
+    """
+
+    def __init__(self, authenticator: Authenticator, *, key: bytes | None, ttl_s: int) -> None:
+        self._auth = authenticator
+        self._key = key if key is not None else secrets.token_bytes(32)
+        self.ttl_s = ttl_s
+
+    def _sign(self, payload: bytes) -> str:
+        return base64.urlsafe_b64encode(hmac.digest(self._key, payload, "sha256")).decode().rstrip("=")
+
+    def issue(self, caller: Principal, *, now_s: float) -> str:
+        payload = json.dumps({"tenant": caller.tenant, "exp": int(now_s) + self.ttl_s}).encode()
+        return base64.urlsafe_b64encode(payload).decode().rstrip("=") + "." + self._sign(payload)
+
+    def principal(self, token: str, *, now_s: float) -> Principal | None:
+        """The token's tenant as it stands in the token document now; None when forged, expired or gone."""
+        encoded, _, signature = token.partition(".")
+        try:
+            payload = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            claims = json.loads(payload)
+        except (ValueError, TypeError):
+            return None
+        if not hmac.compare_digest(self._sign(payload), signature) or not isinstance(claims, dict):
+            return None
+        expiry, tenant = claims.get("exp"), claims.get("tenant")
+        if not isinstance(expiry, int) or expiry < now_s or not isinstance(tenant, str):
+            return None
+        return self._auth.tenant(tenant)

@@ -33,3 +33,13 @@ class ApiSettings(ServiceSettings):
     """GANGLINE_RATE_LIMIT_PER_S: requests per second each tenant may make, on average."""
     rate_limit_burst: int = Field(default=40, ge=1)
     """GANGLINE_RATE_LIMIT_BURST: requests a tenant may make at once before the rate applies (429)."""
+    analytics_url: str | None = "http://127.0.0.1:8091"
+    """GANGLINE_ANALYTICS_URL: the analytics app (services/analytics) the dashboard's charts read through
+    ``/v1/analytics/...``; unset or unreachable: the charts say so, the rest of the dashboard works."""
+    stream_token_key: SecretStr | None = None
+    """GANGLINE_STREAM_TOKEN_KEY: signs the dashboard's short-lived stream tokens; set the same on every
+    replica behind one address (unset: a random key per process)."""
+    stream_token_ttl_s: int = Field(default=60, ge=5, le=3600)
+    """GANGLINE_STREAM_TOKEN_TTL_S: how long a stream token may open a stream (an open one stays open)."""
+    live_settle_s: float = Field(default=10.0, gt=0)
+    """GANGLINE_LIVE_SETTLE_S: how long the live feed waits for the ledger to record an event."""

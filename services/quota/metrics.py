@@ -2,40 +2,21 @@
 
 ``gangline_quota_gpus`` and ``gangline_fair_share`` are :func:`services.quota.status.status_of` (the
 figures quota publishes on queues.status), taken now rather than at its throttled publications. ``lent``
-is not a ledger figure: a tree's borrowed units, per resource, are shared out among the queues that
-leave nominal quota idle, in proportion to what each leaves idle (so the tree's lent equals its borrowed).
+is :func:`gangline.fold.figures.lent` (the API reports the same from the published figures).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from prometheus_client.core import Metric
 
 from gangline.events.jobs import JobQueued
-from gangline.events.queues import QueueStatus
+from gangline.fold.figures import lent
 from gangline.telemetry.metrics import gauge
 from services.common.metrics import ServiceMetrics
 from services.quota.handlers import QuotaState
 from services.quota.status import status_of, trees
-
-
-def lent(statuses: Sequence[QueueStatus]) -> dict[tuple[str, str], float]:
-    """``(queue, resource)`` → what the queue lends its tree (module docstring)."""
-    out: dict[tuple[str, str], float] = {}
-    resources = sorted({r for status in statuses for r in status.resources})
-    for resource in resources:
-        borrowed = sum(s.resources[resource].borrowed for s in statuses if resource in s.resources)
-        idle = {
-            s.queue: max(0, s.resources[resource].nominal - s.resources[resource].used)
-            for s in statuses
-            if resource in s.resources
-        }
-        total_idle = sum(idle.values())
-        for queue, spare in idle.items():
-            out[(queue, resource)] = borrowed * spare / total_idle if total_idle else 0.0
-    return out
 
 
 def quota_figures(state: QuotaState, now: datetime) -> list[Metric]:

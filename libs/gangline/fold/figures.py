@@ -19,9 +19,10 @@ scrape time: the same state it decides on, never a second fold.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gangline.core.model import GpuModel
+from gangline.events.queues import QueueStatus
 from gangline.events.types import JobId
 from gangline.fold.cluster import ClusterFold
 from gangline.sim.metrics import fragmentation_by_model, worker_need
@@ -112,3 +113,24 @@ def fragmented_gpus(fold: ClusterFold) -> dict[str, float]:
         for model, (frag, _) in by_model.items()
         if None in waited_for or GpuModel(model) in waited_for
     }
+
+
+def lent(statuses: Sequence[QueueStatus]) -> dict[tuple[str, str], float]:
+    """``(queue, resource)`` → what the queue lends its tree, from the figures quota publishes for one tree.
+
+    Not a ledger figure: the tree's borrowed units, per resource, are shared out among the queues that
+    leave nominal quota idle, in proportion to what each leaves idle (so the tree's lent equals its
+    borrowed). Quota serves it as ``gangline_quota_gpus{kind="lent"}``; the API reports it per queue."""
+    out: dict[tuple[str, str], float] = {}
+    resources = sorted({r for status in statuses for r in status.resources})
+    for resource in resources:
+        borrowed = sum(s.resources[resource].borrowed for s in statuses if resource in s.resources)
+        idle = {
+            s.queue: max(0, s.resources[resource].nominal - s.resources[resource].used)
+            for s in statuses
+            if resource in s.resources
+        }
+        total_idle = sum(idle.values())
+        for queue, spare in idle.items():
+            out[(queue, resource)] = borrowed * spare / total_idle if total_idle else 0.0
+    return out

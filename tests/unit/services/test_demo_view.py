@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobPending, JobQueued, JobRequested, PendingReason
 from gangline.events.nodes import GpuHealthChanged, GpuInfo, HealthCause, NodeFailed, NodeRegistered
 from gangline.events.queues import QueueResource, QueueStatus
 from gangline.fold.cluster import ClusterFold
+from services.agent.demo import where_to_look
 from services.agent.demo_view import DemoView, counters_row, every_s, frame, render
+from services.common.env import ServiceSettings
 
 START = datetime(2026, 1, 5, 10, 0, 0, tzinfo=UTC)
 H100 = "H100-SXM5-80GB"
@@ -175,6 +179,12 @@ def test_a_terminal_gets_the_view_redrawn_in_place_a_log_a_plain_table_less_ofte
 def test_where_to_look_stays_under_the_title() -> None:
     text = render(cluster_view(), 3.0, links="API: http://127.0.0.1:8080")
     assert text.splitlines()[:2] == ["gangline demo  3s  jobs finished 0/3", "API: http://127.0.0.1:8080"]
+
+
+def test_where_to_look_starts_with_the_dashboard_on_the_apis_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GANGLINE_API_PORT", "18080")
+    first = where_to_look(ServiceSettings.from_env({})).splitlines()[0]
+    assert first.startswith("Dashboard: http://127.0.0.1:18080/dashboard/#token=")
 
 
 def test_an_unlimited_queue_says_so_where_quota_reports_nothing() -> None:
