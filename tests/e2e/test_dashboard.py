@@ -545,10 +545,24 @@ async def test_a_tenant_sees_and_hears_only_its_own_jobs(browser: Any, system: S
         await section_loaded(page, "queues")
         assert await page.locator(f'#queues-table tr[data-queue="{b}"]').count() == 0
         assert await page.locator(f'#queues-table tr[data-queue="{a}"]').count() > 0
+        # While one of B's jobs runs, the map shows its GPU as another tenant's, unnamed.
+        holding = await system.submit(
+            "b",
+            job_id=f"theirs-long-{system.run}",
+            queue=b,
+            workers=1,
+            gpus_per_worker=1,
+            gpu_type=L40S,
+            duration_hint_s=600,
+        )
+        await system.until(lambda: system.job(holding), lambda job: job["state"] == "running")
         await page.goto(f"{system.url}/dashboard/#/map")
         await section_loaded(page, "map")
         assert await page.locator(f'.gpu[data-queue="{b}"]').count() == 0
-        assert await page.locator('.gpu[data-state="other"]').count() > 0  # B's L40S GPUs, unnamed
+        assert await page.locator('.node .gpu[data-state="other"]').count() > 0  # not the legend's
+        cancelled = await system.api.post(f"/v1/jobs/{holding}/cancel", headers=system.headers("b"))
+        assert cancelled.status_code == 202, cancelled.text
+        await system.until(lambda: system.job(holding), lambda job: job["state"] == "cancelled")
 
     # The stream refuses a token it did not sign (expiry and forgeries: tests/unit/services/test_api_live.py).
     assert (await system.api.get("/v1/stream", params={"token": "forged.token"})).status_code == 401
