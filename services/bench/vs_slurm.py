@@ -279,6 +279,9 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+PHASES = ("latency", "mixed", "preemption", "throughput")
+
+
 @dataclass(frozen=True)
 class Sizes:
     latency_jobs: int
@@ -287,12 +290,13 @@ class Sizes:
     seed: int
     throughput_jobs: int
     preempt_low_s: int
+    phases: tuple[str, ...] = PHASES
 
     @classmethod
-    def of(cls, quick: bool, seed: int) -> Sizes:
+    def of(cls, quick: bool, seed: int, phases: Sequence[str] = PHASES) -> Sizes:
         if quick:
-            return cls(12, 0.25, 60, seed, 100, 120)
-        return cls(60, 0.25, 400, seed, 1000, 300)
+            return cls(12, 0.25, 60, seed, 100, 120, tuple(phases))
+        return cls(60, 0.25, 400, seed, 1000, 300, tuple(phases))
 
 
 # -- Slurm's side ----------------------------------------------------------------------------------
@@ -310,14 +314,15 @@ def run_slurm(sizes: Sizes, spec: Any, scratch: Path) -> dict[str, Any]:
         log(f"slurm: {len(peer.nodes)} slurmd up in {time.monotonic() - began:.1f} s")
         out = scratch / "slurm-out"
         out.mkdir()
-        figures["latency"] = slurm_latency(peer, sizes, out / "latency.txt")
-        log(f"slurm latency: {figures['latency']}")
-        figures["mixed"] = slurm_mixed(peer, sizes, out / "mixed.txt", spec.total_gpus)
-        log(f"slurm mixed: {json.dumps(figures['mixed'])}")
-        figures["preemption"] = slurm_preemption(peer, sizes, out / "preempt.txt", spec.total_gpus)
-        log(f"slurm preemption: {figures['preemption']}")
-        figures["throughput"] = slurm_throughput(peer, sizes)
-        log(f"slurm throughput: {figures['throughput']}")
+        phases: dict[str, Callable[[], dict[str, Any]]] = {
+            "latency": lambda: slurm_latency(peer, sizes, out / "latency.txt"),
+            "mixed": lambda: slurm_mixed(peer, sizes, out / "mixed.txt", spec.total_gpus),
+            "preemption": lambda: slurm_preemption(peer, sizes, out / "preempt.txt", spec.total_gpus),
+            "throughput": lambda: slurm_throughput(peer, sizes),
+        }
+        for phase in sizes.phases:
+            figures[phase] = phases[phase]()
+            log(f"slurm {phase}: {json.dumps(figures[phase])}")
     finally:
         killed = peer.stop()
         if killed:
@@ -438,7 +443,9 @@ def cancel_bytes(job_id: str) -> bytes:
     ).encode()
 
 
-CHECKPOINT_ON_TERM = "trap 'touch \"$GANGLINE_CHECKPOINT_ACK\"; exit 0' TERM; "
+CHECKPOINT_ON_TERM = (
+    'trap \'mkdir -p "${GANGLINE_CHECKPOINT_ACK%/*}"; touch "$GANGLINE_CHECKPOINT_ACK"; exit 0\' TERM; '
+)
 """A preemptible job's part of the contract: on the checkpoint signal it acknowledges (its state is
 nothing, so at once) and exits; without the acknowledgement preemption waits out the grace."""
 
@@ -480,7 +487,11 @@ class Allocations:
         )
         self.granted: set[str] = set()
         self.released: set[str] = set()
-        self.stamps: dict[str, dict[str, float]] = {"granted": {}, "admitted": {}, "started": {}}
+        self.stamps: dict[str, dict[str, float]] = {
+            k: {} for k in ("granted", "admitted", "started", "preempting", "checkpointed", "released")
+        }
+        self.held: dict[str, tuple[int, float, float | None]] = {}
+        """Per allocation: its GPUs, when it was granted and released (Kafka timestamps, seconds)."""
 
     async def poll(self) -> None:
         batch = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
@@ -489,14 +500,26 @@ class Allocations:
                 value = r.value or b""
                 job = (r.key or b"").decode()
                 if b'"type":"gangline.allocation.granted.' in value:
-                    self.granted.add(json.loads(value)["data"]["allocation_id"])
+                    data = json.loads(value)["data"]
+                    self.granted.add(data["allocation_id"])
                     self.stamps["granted"].setdefault(job, r.timestamp / 1000)
+                    gpus = sum(len(p["gpus"]) for p in data["placements"])
+                    self.held[data["allocation_id"]] = (gpus, r.timestamp / 1000, None)
                 elif b'"type":"gangline.allocation.released.' in value:
-                    self.released.add(json.loads(value)["data"]["allocation_id"])
+                    allocation = json.loads(value)["data"]["allocation_id"]
+                    self.released.add(allocation)
+                    self.stamps["released"][job] = r.timestamp / 1000
+                    if allocation in self.held:
+                        gpus, since, _ = self.held[allocation]
+                        self.held[allocation] = (gpus, since, r.timestamp / 1000)
                 elif b'"type":"gangline.job.admitted.' in value:
                     self.stamps["admitted"].setdefault(job, r.timestamp / 1000)
                 elif b'"type":"gangline.job.started.' in value:
                     self.stamps["started"].setdefault(job, r.timestamp / 1000)
+                elif b'"type":"gangline.job.preempting.' in value:
+                    self.stamps["preempting"].setdefault(job, r.timestamp / 1000)
+                elif b'"type":"gangline.job.checkpointed.' in value:
+                    self.stamps["checkpointed"][job] = r.timestamp / 1000
 
     async def until_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -505,6 +528,12 @@ class Allocations:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.granted - self.released)} allocations still live")
             await self.poll()
+
+    def held_gpu_s(self, since: float) -> float:
+        """GPU-seconds allocations granted after ``since`` held, grant to release."""
+        return sum(
+            g * (end - start) for g, start, end in self.held.values() if start >= since and end is not None
+        )
 
     def stages(self, submitted: Mapping[str, float], lines: Mapping[str, float]) -> dict[str, float]:
         """p50 of submit -> admitted -> granted -> the start line (and -> job.started), seconds."""
@@ -628,17 +657,17 @@ async def run_gangline(sizes: Sizes, spec: Any, bootstrap: str, scratch: Path) -
                 f"gangline: {spec.node_count} node agents and 5 services answering in "
                 f"{time.monotonic() - began:.1f} s"
             )
-            figures["latency"] = await side.latency(out / "latency.txt")
-            log(f"gangline latency: {figures['latency']}")
-            figures["mixed"] = await side.mixed(out / "mixed.txt")
-            log(f"gangline mixed: {json.dumps(figures['mixed'])}")
-            figures["preemption"] = await side.preemption(out / "preempt.txt")
-            log(f"gangline preemption: {figures['preemption']}")
+            phases = {"latency": side.latency, "mixed": side.mixed, "preemption": side.preemption}
+            for phase in sizes.phases:
+                if phase in phases:
+                    figures[phase] = await phases[phase](out / f"{phase}.txt")
+                    log(f"gangline {phase}: {json.dumps(figures[phase])}")
         finally:
             await producer.stop()
             await allocations.consumer.stop()
-        figures["throughput"] = await gangline_throughput(system, sizes)
-        log(f"gangline throughput: {figures['throughput']}")
+        if "throughput" in sizes.phases:
+            figures["throughput"] = await gangline_throughput(system, sizes)
+            log(f"gangline throughput: {json.dumps(figures['throughput'])}")
     finally:
         await system.stop()
     return figures
@@ -720,6 +749,10 @@ class GanglineSide:
         await self.allocations.until_idle(120)
         figures = mixed_figures(jobs, submitted, seen, t0, self.total_gpus)
         figures["submit_wall_s"] = round(max(submitted.values()) - t0, 2)
+        # What the jobs' GPUs were held for beyond their run (launch, exit, report, release): the
+        # overhead on the makespan that no ordering removes.
+        work = sum(j.gpu_seconds for j in jobs.values())
+        figures["held_over_work"] = round(self.allocations.held_gpu_s(t0 - 1) / work, 3)
         return figures
 
     async def preemption(self, starts: Path) -> dict[str, Any]:
@@ -746,6 +779,13 @@ class GanglineSide:
         for _ in range(20):
             await self.allocations.poll()
         stages = self.allocations.stages({urgent: ts}, seen)
+        # The victims' side, from the urgent job's admission: asked to checkpoint, acknowledged, released.
+        admitted = self.allocations.stamps["admitted"].get(urgent)
+        for event in ("preempting", "checkpointed", "released"):
+            at = [t for job, t in self.allocations.stamps[event].items() if job.startswith("low-")]
+            if admitted is not None and at:
+                stages[f"admitted_to_first_{event}_s"] = round(min(at) - admitted, 3)
+                stages[f"admitted_to_last_{event}_s"] = round(max(at) - admitted, 3)
         for job in low:
             await self.producer.send(self.system.topics.requests, value=cancel_bytes(job), key=job.encode())
         await self.producer.flush()
@@ -844,7 +884,7 @@ def _rate(
                 proc.kill()
     last = [e for e in ends if isinstance(e, float)]
     if len(last) < len(ends):
-        raise RuntimeError(f"a submitter failed: {[e for e in ends if not isinstance(e, float)][0]}")
+        raise RuntimeError(f"a submitter failed: {next(e for e in ends if not isinstance(e, float))}")
     return round(per * k / (max(last) - began), 1)
 
 
@@ -936,11 +976,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seed", type=int, default=1, help="the mixed workload's seed (mixed.py's second argument)"
     )
     p.add_argument("--only", choices=("slurm", "gangline"), help="run one side only (development)")
+    p.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)} (development)"
+    )
     args = p.parse_args(argv)
     from gangline.cluster_spec import load_cluster_spec
 
     spec = load_cluster_spec(SPEC)
-    sizes = Sizes.of(args.quick, args.seed)
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        raise SystemExit(f"unknown phases {unknown}; choose from {','.join(PHASES)}")
+    sizes = Sizes.of(args.quick, args.seed, phases)
     load = os.getloadavg()
     log(
         f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
