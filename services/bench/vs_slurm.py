@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -966,6 +967,20 @@ def goals(figures: Mapping[str, Mapping[str, Any]]) -> dict[str, bool | None]:
         return {}
 
 
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # so that every `finally` stops what it started
+
+
+async def _cancelled_on_sigterm(work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """``work`` as a task that SIGTERM cancels (its `finally` blocks still await their stops)."""
+    task = asyncio.ensure_future(work)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise SystemExit(128 + signal.SIGTERM) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make bench-vs-slurm", description=__doc__.split("\n\n")[0])
     p.add_argument("--bootstrap", default=os.environ.get("GANGLINE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
@@ -993,13 +1008,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
         f"cluster {spec.name}: {spec.node_count} nodes x 8 GPUs"
     )
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     scratch = Path(tempfile.mkdtemp(prefix="gangline-vs-slurm-"))
     figures: dict[str, Any] = {}
     try:
         if args.only != "gangline":
             figures["slurm"] = run_slurm(sizes, spec, scratch)
         if args.only != "slurm":
-            figures["gangline"] = asyncio.run(run_gangline(sizes, spec, args.bootstrap, scratch))
+            figures["gangline"] = asyncio.run(
+                _cancelled_on_sigterm(run_gangline(sizes, spec, args.bootstrap, scratch))
+            )
     finally:
         import shutil
 
