@@ -94,7 +94,7 @@ bench-e2e: venv
 # recipe of ../shared/slurm-peer) on deploy/clusters/vs-slurm.yaml: idle latency, the peer's seeded mixed
 # workload, preemption of a full cluster and submission throughput, real processes on both sides; prints
 # a table with the ratios and one JSON line, and stops and removes everything it started. Needs root and
-# the running broker (make infra-up) and PostgreSQL (the API's submissions). About 15 minutes in full;
+# the running broker (make infra-up) and PostgreSQL (the API's submissions). About 11 minutes in full;
 # VS_SLURM_ARGS=--quick for a short run.
 VS_SLURM_ARGS ?=
 bench-vs-slurm: venv
