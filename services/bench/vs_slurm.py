@@ -1003,6 +1003,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown phases {unknown}; choose from {','.join(PHASES)}")
     sizes = Sizes.of(args.quick, args.seed, phases)
+    if args.only != "gangline" and os.geteuid() != 0:
+        raise SystemExit(
+            "the Slurm peer needs root (apt-get, munged, one slurmd per node); --only gangline runs without"
+        )
     load = os.getloadavg()
     log(
         f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
