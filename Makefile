@@ -6,12 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
 	@echo "make up / down  start / stop all of that in the background (CLUSTER=spec.yaml to choose the cluster)"
 	@echo "make bench-e2e  request-to-grant throughput and latency through Kafka with 1,000 simulated nodes"
+	@echo "make bench-vs-slurm  Gangline against a single-host Slurm 22.05 on the same 16x8-GPU fake cluster, real processes (VS_SLURM_ARGS=--quick)"
 	@echo "make chaos      kill -9 every decision service under load, restart the broker, fail two nodes; check the log and replay it (own broker, CHAOS_ARGS)"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
@@ -100,6 +101,16 @@ run: venv
 
 bench-e2e: venv
 	$(PY) -m services.bench.e2e $(BENCH_ARGS)
+
+# Gangline side by side with Slurm (Debian's 22.05 packages, installed with apt-get when missing; the
+# recipe of ../shared/slurm-peer) on deploy/clusters/vs-slurm.yaml: idle latency, the peer's seeded mixed
+# workload, preemption of a full cluster and submission throughput, real processes on both sides; prints
+# a table with the ratios and one JSON line, and stops and removes everything it started. Needs root and
+# the running broker (make infra-up) and PostgreSQL (the API's submissions). About 11 minutes in full;
+# VS_SLURM_ARGS=--quick for a short run.
+VS_SLURM_ARGS ?=
+bench-vs-slurm: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.vs_slurm $(VS_SLURM_ARGS)
 
 # Chaos under load on a broker of its own (127.0.0.1:19192, its own data dir; never the shared 9092):
 # SIGKILL of each decision service 3 times, one broker restart on its kept data, a silent node and an

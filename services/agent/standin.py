@@ -5,8 +5,10 @@
 :class:`~gangline.nvml.standin.NvmlStandIn` built from its group (:func:`node_spec_for`), so
 registration, heartbeats and ``gpu.health_changed`` go through the same code as on a real GPU node,
 and XIDs can be injected (``--xid NODE:GPU:CODE@SECONDS``). Ranks run in a ``SimulatedRunner`` per
-node. All agents share one producer and one consumer (``consume=False``): each event is handed to
-every agent, which keeps what concerns its node.
+node, or, with ``--runner process``, as real processes (:class:`~gangline.agent.runner.ProcessRunner`:
+each job's ``command`` runs with CUDA_VISIBLE_DEVICES and the torch.distributed environment). All
+agents share one producer and one consumer (``consume=False``): each event is handed to every agent,
+which keeps what concerns its node.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gangline.agent.node import NodeAgent
+from gangline.agent.runner import ProcessRunner, Runner
 from gangline.agent.settings import AgentTopics, NodeAgentSettings
 from gangline.agent.simulated import SimulatedRunner
 from gangline.bus.consumer import EventConsumer
@@ -104,6 +108,8 @@ class StandInCluster:
     checkpoint_delay_s: float = 0.2
     work_dir: Path | None = None
     """Checkpoint and log directories of the agents; None: a temporary directory."""
+    runner: Literal["simulated", "process"] = "simulated"
+    """How ranks run: simulated for their duration hint, or as real processes of the job's command."""
     agents: dict[NodeId, NodeAgent] = field(init=False, default_factory=dict)
     nvml: dict[NodeId, NvmlStandIn] = field(init=False, default_factory=dict)
     ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -123,6 +129,16 @@ class StandInCluster:
             topics=AgentTopics.prefixed(self.topics.prefix),
             heartbeat_interval_s=self.heartbeat_s,
             report_repeated_errors=True,
+        )
+
+    def make_runner(self, node_dir: Path) -> Runner:
+        if self.runner == "process":
+            node_dir.mkdir(parents=True, exist_ok=True)
+            return ProcessRunner(cwd=node_dir)
+        return SimulatedRunner(
+            time_scale=self.time_scale,
+            default_duration_s=self.default_duration_s,
+            checkpoint_delay_s=self.checkpoint_delay_s,
         )
 
     async def inject_xid(self, injection: XidInjection) -> None:
@@ -162,15 +178,10 @@ class StandInCluster:
                 await consumer.wait_for_assignment()
                 for group, registered in self.spec.grouped_registrations():
                     api = NvmlStandIn(node_spec_for(group, registered.node))
-                    runner = SimulatedRunner(
-                        time_scale=self.time_scale,
-                        default_duration_s=self.default_duration_s,
-                        checkpoint_delay_s=self.checkpoint_delay_s,
-                    )
                     agent = NodeAgent(
                         self.settings_for(registered, root / registered.node),
                         nvml_api=api,
-                        runner=runner,
+                        runner=self.make_runner(root / registered.node),
                         producer=producer,
                         consume=False,
                     )
@@ -216,6 +227,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="NODE:GPU:CODE@SECONDS",
         help="with --nvml standin: raise XID CODE on GPU (gpu0 ...) of NODE after SECONDS",
     )
+    p.add_argument(
+        "--runner",
+        choices=("simulated", "process"),
+        default="simulated",
+        help="with --nvml standin: process runs each job's command as real processes (default: simulated)",
+    )
 
 
 async def simulate(spec: ClusterSpec, args: argparse.Namespace, settings: ServiceSettings) -> None:
@@ -227,6 +244,7 @@ async def simulate(spec: ClusterSpec, args: argparse.Namespace, settings: Servic
         time_scale=args.time_scale,
         heartbeat_s=args.heartbeat_s,
         default_duration_s=float(args.default_duration_s or 3600),
+        runner=args.runner,
     )
     log.info(
         "stand-in cluster starting",
