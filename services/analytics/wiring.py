@@ -18,7 +18,8 @@ Faust runs with ``processing_guarantee="exactly_once"``: each partition's table 
 consumer offsets commit in one Kafka transaction (the producer flushed first:
 :class:`_FlushingTransactions`), so a crash at any instant leaves the tables as the committed
 input offsets imply; a restarted app reads its tables back from the changelogs (memory store) and
-goes on from those offsets. Records that do not decode are skipped and counted: this principal
+goes on from those offsets (its inputs resumed only once seeked there:
+:mod:`services.analytics.recovery`). Records that do not decode are skipped and counted: this principal
 reads only (the services that own those topics dead-letter what they cannot read). One worker
 holds every partition (the figures are summed over the partitions it holds).
 
@@ -52,6 +53,7 @@ from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.nodes import NodeRegistered
 from services.analytics import figures
+from services.analytics.recovery import SeekFirstTableManager
 from services.analytics.settings import AnalyticsSettings
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ class Analytics:
             key_serializer="raw",
             value_serializer="json",
             Table=_tracked_table(self.unsent),
+            TableManager=SeekFirstTableManager,
         )
         # faust commits a transaction without flushing its producer buffer, where table changelog records
         # wait to be sent: they would land in the next transaction, after the offsets that imply them.
