@@ -374,9 +374,18 @@ def draw(frame: Frame, *, output: str, now: datetime) -> str:
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def run_top(client: ApiClient, args: argparse.Namespace, out: TextIO, now: datetime) -> None:
-    """One frame with ``--once`` (or ``-o json``), else redraw every ``--interval`` s until Ctrl-C."""
+def run_top(
+    client: ApiClient,
+    args: argparse.Namespace,
+    out: TextIO,
+    now: datetime,
+    *,
+    pause: Callable[[float], None] = time.sleep,
+) -> None:
+    """One frame with ``--once`` (or ``-o json``), else redraw every ``--interval`` s (``pause``) until
+    ``--iterations`` frames are shown (as ``top -n``) or Ctrl-C."""
     once = args.once or args.output == "json"
+    most: int | None = 1 if once else args.iterations
     frames = 0
     try:
         while True:
@@ -384,9 +393,9 @@ def run_top(client: ApiClient, args: argparse.Namespace, out: TextIO, now: datet
             text = draw(frame, output=args.output, now=datetime.now(UTC) if frames else now)
             print(text if once else CLEAR + text, file=out, flush=True)
             frames += 1
-            if once:
+            if most is not None and frames >= most:
                 return
-            time.sleep(args.interval)
+            pause(args.interval)
     except KeyboardInterrupt:
         return
 
@@ -446,7 +455,20 @@ def configure_node_action(*, drain: bool) -> Callable[[argparse.ArgumentParser],
 def configure_top(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between views (default 2)")
+    parser.add_argument(
+        "-n",
+        "--iterations",
+        type=_positive,
+        help="stop after this many views (as top -n; default: until Ctrl-C)",
+    )
     add_output(parser)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
 
 
 Run = Callable[[ApiClient, argparse.Namespace, TextIO, datetime], None]
