@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import random
 import signal
 import socket
@@ -270,11 +269,6 @@ async def analytics_worker(bootstrap: str, tmp_path: Path, name: str) -> AsyncIt
                 proc.terminate()
 
 
-@pytest.mark.skipif(
-    os.environ.get("GANGLINE_ANALYTICS_RESTART") != "1",
-    reason="known, open: now and then the worker restarted after a kill -9 never counts some jobs (see the "
-    "README's analytics section); run it with `make test-analytics-restart`",
-)
 async def test_hourly_gpu_hours_survive_a_kill_9_mid_stream(kafka_bootstrap: str, tmp_path: Path) -> None:
     rng = random.Random(14)
     base = (datetime.now(UTC) - timedelta(days=2)).replace(hour=0, minute=0, second=0, microsecond=0)
