@@ -40,7 +40,7 @@ from gangline.core.queues import QueueName
 from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
-from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec, JobState
 from gangline.events.nodes import DEFAULT_DRAIN_GRACE_S, MAX_DRAIN_GRACE_S, NodeCordoned, NodeUncordoned
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
 from gangline.store.pool import create_pool
@@ -58,22 +58,6 @@ SOURCE = "gangline/api"
 MAX_PAGE = 500
 RECENT_JOBS = 10_000
 """How many accepted submissions a replica remembers until the ledger has them (read-your-writes, 409)."""
-JobState = Literal[
-    "requested",
-    "admitted",
-    "rejected",
-    "queued",
-    "pending",
-    "placed",
-    "running",
-    "preempting",
-    "preempted",
-    "requeued",
-    "completed",
-    "failed",
-    "cancelled",
-]
-"""The states of the ledger's ``jobs`` projection, as ``GET /v1/jobs?state=`` filters them."""
 
 log = logging.getLogger(__name__)
 

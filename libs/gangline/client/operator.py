@@ -7,8 +7,8 @@
   the queue's fair-share position (the figures the quota service orders waiting work by);
 - ``gangline cordon|uncordon|drain NODE [--reason R] [--grace S]`` (``scontrol update node``):
   an operator event on nodes.operator (admin tokens only);
-- ``gangline top [--once]``: the cluster map (nodes by spine and leaf, a cell per GPU) and the queues,
-  redrawn every ``--interval`` seconds.
+- ``gangline top [--once] [-n N]``: the cluster map (nodes by spine and leaf, a cell per GPU) and the
+  queues, redrawn every ``--interval`` seconds (``-n``: N views, then exit).
 
 ``table`` is the narrow view, ``wide`` adds columns, ``json`` prints what the API returned. Times shown
 are the API's (UTC); ages are counted from the caller's clock.
@@ -27,25 +27,11 @@ from typing import Any, TextIO
 
 from gangline.client.api_client import ApiClient
 from gangline.client.tables import table
+from gangline.events.jobs import JOB_STATES
 
 FORMATS = ("table", "wide", "json")
 MOST_ROWS = 10_000
 """How many rows ``jobs`` and ``history`` fetch at most (pages of 500)."""
-STATES = (
-    "requested",
-    "admitted",
-    "rejected",
-    "queued",
-    "pending",
-    "placed",
-    "running",
-    "preempting",
-    "preempted",
-    "requeued",
-    "completed",
-    "failed",
-    "cancelled",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +406,7 @@ def add_output(parser: argparse.ArgumentParser) -> None:
 
 def configure_jobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", help="only this queue's jobs")
-    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
     parser.add_argument("--all", action="store_true", help="finished jobs too (by default: jobs not over)")
     parser.add_argument("--max", type=int, default=MOST_ROWS, help="at most this many rows (newest first)")
     add_output(parser)
