@@ -5,9 +5,11 @@ partitions, then seeking them to their committed offsets, then resuming the flow
 runs all along (it read the changelogs), so between the first and the last step it can hand records of
 the inputs to the agents' queues, and the drain loop notes them read; ``FlowControlEvent.resume()``
 then clears those queues (``clear_on_resume``): the records are thrown away unprocessed, the fetch after
-the seek skips them as read already, and the next ack's gap-filling commits past them. After a restart
-that loses the first records of a partition now and then (faust-streaming/faust#596 describes the same
-race from the commit side). Here the order is: seek, reset the queues, then resume the inputs, so the
+the seek skips them as read already, and the next commit passes over them (faust lets an ack at the
+committed offset + 1 commit, as if the record at the committed offset were done). After a restart that
+lost the first record(s) of a partition now and then (seen in a trace: offset 36 of a partition fetched
+before the seek, never processed, 37 on committed; faust-streaming/faust#596 describes the same race from
+the commit side). Here the order is: seek, reset the queues, then resume the inputs, so the
 fetcher hands nothing over until nothing will be cleared.
 """
 
