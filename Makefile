@@ -132,7 +132,7 @@ FUZZ_API_EXAMPLES ?= 500
 FUZZ_API_CHECKS ?= all
 FUZZ_API_EXCLUDE ?= positive_data_acceptance
 test-analytics-restart: venv
-	GANGLINE_ANALYTICS_RESTART=1 deploy/local/run-tests.sh -q tests/e2e/test_analytics.py
+	deploy/local/run-tests.sh -q tests/e2e/test_analytics.py
 
 fuzz-api: venv
 	PYTHONPATH=libs:. $(PY) tests/integration/api/fuzz_api.py --max-examples $(FUZZ_API_EXAMPLES) \

@@ -18,7 +18,8 @@ Faust runs with ``processing_guarantee="exactly_once"``: each partition's table 
 consumer offsets commit in one Kafka transaction (the producer flushed first:
 :class:`_FlushingTransactions`), so a crash at any instant leaves the tables as the committed
 input offsets imply; a restarted app reads its tables back from the changelogs (memory store) and
-goes on from those offsets. Records that do not decode are skipped and counted: this principal
+goes on from those offsets (its inputs resumed only once seeked there:
+:mod:`services.analytics.recovery`). Records that do not decode are skipped and counted: this principal
 reads only (the services that own those topics dead-letter what they cannot read). One worker
 holds every partition (the figures are summed over the partitions it holds).
 
@@ -52,6 +53,7 @@ from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.nodes import NodeRegistered
 from services.analytics import figures
+from services.analytics.recovery import SeekFirstTableManager
 from services.analytics.settings import AnalyticsSettings
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ class Analytics:
             key_serializer="raw",
             value_serializer="json",
             Table=_tracked_table(self.unsent),
+            TableManager=SeekFirstTableManager,
         )
         # faust commits a transaction without flushing its producer buffer, where table changelog records
         # wait to be sent: they would land in the next transaction, after the offsets that imply them.
@@ -381,14 +384,32 @@ class _FlushingTransactions(TransactionManager):
     class counts them: :func:`_tracked_table`), and a commit takes ``steps`` too: a transaction holds
     whole events, every one up to the offsets it commits (and perhaps the one being acknowledged, whose
     re-reading after a crash changes nothing: the fold remembers what it emitted).
+
+    A commit that ends the transactions (``start_new_transaction=False``: faust's ``wait_empty``, on a
+    stop or a revocation) is the last until a rebalance begins them again. faust commits once more on
+    its way out (the consumer's own stop, after the app's); with transactional inputs the acked offsets
+    are not all one run (commit markers), so that commit had offsets left to send into no transaction:
+    ``IllegalOperation`` stopped the consumer's stop before its thread, and the process never exited.
+    Those offsets are left uncommitted: their events' writes are in the ended transactions, and reading
+    them again at the next start changes nothing.
     """
 
     steps: asyncio.Lock
+    ended: bool = False
+    """Whether the transactions were ended (no commit until a rebalance begins them again)."""
 
     async def commit(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
         async with self.steps:
+            if self.ended:
+                return False
             await self.producer.flush()
-            return bool(await super().commit(offsets, start_new_transaction=start_new_transaction))
+            committed = bool(await super().commit(offsets, start_new_transaction=start_new_transaction))
+            self.ended = not start_new_transaction
+            return committed
+
+    async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP]) -> None:
+        await super().on_rebalance(assigned, revoked, newly_assigned)
+        self.ended = False  # the assigned partitions' transactions have begun
 
 
 def _transactions(steps: asyncio.Lock) -> type[_FlushingTransactions]:

@@ -45,7 +45,7 @@ from gangline.core.queues import QueueName, QuotaTree
 from gangline.events import topics
 from gangline.events.base import MODEL_CONFIG, Event, make_envelope
 from gangline.events.codec import render_errors
-from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec
+from gangline.events.jobs import NO_NUL, SLICE_RULE, JobCancelRequested, JobRequested, JobSpec, JobState
 from gangline.events.nodes import DEFAULT_DRAIN_GRACE_S, MAX_DRAIN_GRACE_S, NodeCordoned, NodeUncordoned
 from gangline.events.queues import QueueStatus
 from gangline.events.types import SAFE_ID_PATTERN, JobIdField
@@ -71,22 +71,6 @@ AnalyticsFigure = Literal["gpu-hours", "waits", "preemptions", "jobs", "running"
 MAX_PAGE = 500
 RECENT_JOBS = 10_000
 """How many accepted submissions a replica remembers until the ledger has them (read-your-writes, 409)."""
-JobState = Literal[
-    "requested",
-    "admitted",
-    "rejected",
-    "queued",
-    "pending",
-    "placed",
-    "running",
-    "preempting",
-    "preempted",
-    "requeued",
-    "completed",
-    "failed",
-    "cancelled",
-]
-"""The states of the ledger's ``jobs`` projection, as ``GET /v1/jobs?state=`` filters them."""
 
 log = logging.getLogger(__name__)
 
@@ -651,65 +635,55 @@ def create_app(
         grace = event.drain_grace_s if isinstance(event, NodeCordoned) else None
         return OperatorAction(node=node, action=action, event_id=event_id, drain_grace_s=grace)
 
-    @app.post(
-        "/v1/nodes/{node}/cordon",
-        status_code=status.HTTP_202_ACCEPTED,
-        tags=["nodes"],
-        responses=problems(*WRITE, 403, 404),
-        openapi_extra=body_schema(CordonRequest, required=False),
-    )
-    async def cordon(
-        caller: Caller,
-        node: NodePath,
-        request: Request,
-        body: Annotated[CordonRequest | None, Depends(strict_body(CordonRequest, optional=True))],
-    ) -> OperatorAction:
-        """Admin only: no new work on the node; what runs there runs on (node.cordoned on nodes.operator)."""
-        reason = body.reason if body else None
-        event = NodeCordoned(node=node, mode="cordon", reason=reason, requested_by=caller.tenant)
-        return await operate(caller, request, node, event, "cordon")
+    def node_action(
+        action: Literal["cordon", "drain", "uncordon"],
+        body_type: type[CordonRequest],
+        event_of: Callable[[str, str, Any], NodeCordoned | NodeUncordoned],
+        doc: str,
+    ) -> None:
+        """``POST /v1/nodes/{node}/<action>``: its body (optional; ``body_type()`` when absent) made into
+        the operator event ``event_of(node, requested_by, body)``, which :func:`operate` publishes."""
 
-    @app.post(
-        "/v1/nodes/{node}/drain",
-        status_code=status.HTTP_202_ACCEPTED,
-        tags=["nodes"],
-        responses=problems(*WRITE, 403, 404),
-        openapi_extra=body_schema(DrainRequest, required=False),
-    )
-    async def drain(
-        caller: Caller,
-        node: NodePath,
-        request: Request,
-        body: Annotated[DrainRequest | None, Depends(strict_body(DrainRequest, optional=True))],
-    ) -> OperatorAction:
-        """Admin only: no new work on the node, and after ``grace_s`` (default 600) every job still there is
-        asked to checkpoint (its own checkpoint grace), then requeued to run elsewhere: the node empties."""
-        body = body or DrainRequest()
-        event = NodeCordoned(
-            node=node,
-            mode="drain",
-            reason=body.reason,
-            requested_by=caller.tenant,
-            drain_grace_s=body.grace_s,
-        )
-        return await operate(caller, request, node, event, "drain")
+        async def handler(
+            caller: Caller,
+            node: NodePath,
+            request: Request,
+            body: Annotated[Any, Depends(strict_body(body_type, optional=True))],
+        ) -> OperatorAction:
+            event = event_of(node, caller.tenant, body or body_type())
+            return await operate(caller, request, node, event, action)
 
-    @app.post(
-        "/v1/nodes/{node}/uncordon",
-        status_code=status.HTTP_202_ACCEPTED,
-        tags=["nodes"],
-        responses=problems(*WRITE, 403, 404),
-        openapi_extra=body_schema(CordonRequest, required=False),
+        handler.__name__ = handler.__qualname__ = action  # the route's name and operation id
+        handler.__doc__ = doc
+        app.post(
+            f"/v1/nodes/{{node}}/{action}",
+            status_code=status.HTTP_202_ACCEPTED,
+            tags=["nodes"],
+            responses=problems(*WRITE, 403, 404),
+            openapi_extra=body_schema(body_type, required=False),
+        )(handler)
+
+    node_action(
+        "cordon",
+        CordonRequest,
+        lambda node, by, body: NodeCordoned(node=node, mode="cordon", reason=body.reason, requested_by=by),
+        "Admin only: no new work on the node; what runs there runs on (node.cordoned on nodes.operator).",
     )
-    async def uncordon(
-        caller: Caller,
-        node: NodePath,
-        request: Request,
-        body: Annotated[CordonRequest | None, Depends(strict_body(CordonRequest, optional=True))],
-    ) -> OperatorAction:
-        """Admin only: the node takes new work again (node.uncordoned on nodes.operator)."""
-        event = NodeUncordoned(node=node, reason=body.reason if body else None, requested_by=caller.tenant)
-        return await operate(caller, request, node, event, "uncordon")
+    node_action(
+        "drain",
+        DrainRequest,
+        lambda node, by, body: NodeCordoned(
+            node=node, mode="drain", reason=body.reason, requested_by=by, drain_grace_s=body.grace_s
+        ),
+        "Admin only: no new work on the node, and after ``grace_s`` (default 600) every job still there is\n"
+        "asked to checkpoint (its own checkpoint grace), then requeued to run elsewhere: the node empties.",
+    )
+    node_action(
+        "uncordon",
+        CordonRequest,
+        lambda node, by, body: NodeUncordoned(node=node, reason=body.reason, requested_by=by),
+        "Admin only: the node takes new work again (node.uncordoned on nodes.operator).",
+    )
 
     @app.get("/v1/history", tags=["jobs"], responses=problems(*READ, 403))
     async def job_history(

@@ -18,12 +18,13 @@ from typing import Any
 
 from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Event
+from gangline.events.jobs import JobState
 from gangline.events.registry import JOB_EVENT_TYPES
 
-TERMINAL_STATES = frozenset({"rejected", "completed", "failed", "cancelled"})
+TERMINAL_STATES: frozenset[JobState] = frozenset({"rejected", "completed", "failed", "cancelled"})
 
 # Which state each lifecycle event moves a job to; events not listed leave the state alone.
-_STATE_OF: dict[type[Event], str] = {
+_STATE_OF: dict[type[Event], JobState] = {
     jobs.JobRequested: "requested",
     jobs.JobAdmitted: "admitted",
     jobs.JobRejected: "rejected",

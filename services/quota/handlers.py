@@ -20,7 +20,8 @@ admitted (one hop less on its way to a grant); one of a queue the configuration 
 
 Hardware. Quota charges a job only to a GPU model whose usable nodes can hold its workers at all (per
 node, and inside one domain when its topology is required): the core's :mod:`gangline.core.hardware`
-decides, over the :class:`Inventory` folded from ``nodes.inventory`` and ``nodes.health``. A flavour
+decides, over the :class:`Inventory` folded from ``nodes.inventory``, ``nodes.health`` and
+``nodes.operator`` (a cordoned or drained node holds nothing new, as placement sees it). A flavour
 whose nodes cannot is skipped, and a job no flavour's nodes can hold waits uncharged with a pending
 reason naming the model and what its largest node offers (constraint ``hardware``; code
 ``gang_size``, ``memory``, ``gpu_type``, ``mig_profile``, ``fraction`` or ``topology``). It is not
@@ -101,7 +102,7 @@ from gangline.events.jobs import (
     JobSpec,
     PendingReason,
 )
-from gangline.events.nodes import GpuHealthChanged, NodeFailed, NodeRegistered
+from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import JobId, NodeId, QueueName
 from gangline.fold.adapter import node_offer, worker_ask
 from gangline.fold.cluster import ClusterFold, JobRecord
@@ -119,7 +120,7 @@ QUOTA_EVENT_TYPES = (
     AllocationGranted,
     AllocationReleased,
 )
-NODE_EVENT_TYPES = (NodeRegistered, NodeFailed, GpuHealthChanged)
+NODE_EVENT_TYPES = (NodeRegistered, NodeFailed, GpuHealthChanged, NodeCordoned, NodeUncordoned)
 REVIEWS_PER_DECISION = 64
 """Jobs still waiting after a let-through whose reason is looked at again (the first in fair order);
 those further back keep the reason they were last told until they come this far forward."""
@@ -144,10 +145,12 @@ class Inventory:
     """The nodes as quota needs them: what each one's usable GPUs offer, counted in the core's
     :class:`~gangline.core.hardware.Hardware` (which GPU models can hold a job's workers at all).
 
-    Read off the one lifecycle fold (``cluster``: ``nodes.inventory`` and ``nodes.health``, folded so
-    the order between them does not matter): a node is out from its ``node.failed`` until it registers
-    again, or when the core cannot model its hardware; failed and degraded GPUs take no new work, so
-    they are not offered (as placement sees them).
+    Read off the one lifecycle fold (``cluster``: ``nodes.inventory``, ``nodes.health`` and
+    ``nodes.operator``, folded so the order between them does not matter): a node is out from its
+    ``node.failed`` until it registers again, while an operator's cordon or drain stands (the fold's
+    :meth:`~gangline.fold.cluster.ClusterFold.cordoned`, as placement's snapshot marks it), or when the
+    core cannot model its hardware; failed and degraded GPUs take no new work, so they are not offered
+    (as placement sees them).
     """
 
     cluster: ClusterFold
@@ -186,7 +189,7 @@ class Inventory:
     def _offer(self, node: NodeId) -> NodeOffer:
         cluster = self.cluster
         registered = cluster.nodes.get(node)
-        if registered is None or cluster.node_failed(node):
+        if registered is None or cluster.cordoned(node):
             return NodeOffer()
         unusable = cluster.failed_gpus.get(node, set()) | cluster.degraded_gpus.get(node, set())
         return node_offer(registered, frozenset(unusable))

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from gangline.bus import Outgoing, RecordMeta
 from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
+from gangline.fold.cordons import CORDON_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, load_queues
@@ -29,8 +30,9 @@ QUOTA_EVENTS = (
     "allocation.granted",
     "allocation.released",
 )
-NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed")
-"""What the node inventory is a fold of: which GPU models can hold a job's workers at all."""
+NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed", *CORDON_EVENTS)
+"""What the node inventory is a fold of: which GPU models can hold a job's workers at all (a cordoned
+node's GPUs cannot)."""
 STATUS_EVENTS = ("queue.status",)
 """Quota's own output on queues.status, read back at start: what it last published (the throttle)."""
 RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending", *STATUS_EVENTS)
@@ -44,8 +46,8 @@ def job_topics(topics: TopicNames) -> tuple[str, ...]:
 
 
 def node_topics(topics: TopicNames) -> tuple[str, ...]:
-    """Quota's inputs keyed by node id: the inventory and what broke."""
-    return (topics.inventory, topics.health)
+    """Quota's inputs keyed by node id: the inventory, what broke, and the operators' cordons."""
+    return (topics.inventory, topics.health, topics.operator)
 
 
 def input_topics(topics: TopicNames) -> tuple[str, ...]:

@@ -7,8 +7,8 @@
   the queue's fair-share position (the figures the quota service orders waiting work by);
 - ``gangline cordon|uncordon|drain NODE [--reason R] [--grace S]`` (``scontrol update node``):
   an operator event on nodes.operator (admin tokens only);
-- ``gangline top [--once]``: the cluster map (nodes by spine and leaf, a cell per GPU) and the queues,
-  redrawn every ``--interval`` seconds.
+- ``gangline top [--once] [-n N]``: the cluster map (nodes by spine and leaf, a cell per GPU) and the
+  queues, redrawn every ``--interval`` seconds (``-n``: N views, then exit).
 
 ``table`` is the narrow view, ``wide`` adds columns, ``json`` prints what the API returned. Times shown
 are the API's (UTC); ages are counted from the caller's clock.
@@ -27,25 +27,11 @@ from typing import Any, TextIO
 
 from gangline.client.api_client import ApiClient
 from gangline.client.tables import table
+from gangline.events.jobs import JOB_STATES
 
 FORMATS = ("table", "wide", "json")
 MOST_ROWS = 10_000
 """How many rows ``jobs`` and ``history`` fetch at most (pages of 500)."""
-STATES = (
-    "requested",
-    "admitted",
-    "rejected",
-    "queued",
-    "pending",
-    "placed",
-    "running",
-    "preempting",
-    "preempted",
-    "requeued",
-    "completed",
-    "failed",
-    "cancelled",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,9 +360,18 @@ def draw(frame: Frame, *, output: str, now: datetime) -> str:
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def run_top(client: ApiClient, args: argparse.Namespace, out: TextIO, now: datetime) -> None:
-    """One frame with ``--once`` (or ``-o json``), else redraw every ``--interval`` s until Ctrl-C."""
+def run_top(
+    client: ApiClient,
+    args: argparse.Namespace,
+    out: TextIO,
+    now: datetime,
+    *,
+    pause: Callable[[float], None] = time.sleep,
+) -> None:
+    """One frame with ``--once`` (or ``-o json``), else redraw every ``--interval`` s (``pause``) until
+    ``--iterations`` frames are shown (as ``top -n``) or Ctrl-C."""
     once = args.once or args.output == "json"
+    most: int | None = 1 if once else args.iterations
     frames = 0
     try:
         while True:
@@ -384,9 +379,9 @@ def run_top(client: ApiClient, args: argparse.Namespace, out: TextIO, now: datet
             text = draw(frame, output=args.output, now=datetime.now(UTC) if frames else now)
             print(text if once else CLEAR + text, file=out, flush=True)
             frames += 1
-            if once:
+            if most is not None and frames >= most:
                 return
-            time.sleep(args.interval)
+            pause(args.interval)
     except KeyboardInterrupt:
         return
 
@@ -411,7 +406,7 @@ def add_output(parser: argparse.ArgumentParser) -> None:
 
 def configure_jobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue", help="only this queue's jobs")
-    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
     parser.add_argument("--all", action="store_true", help="finished jobs too (by default: jobs not over)")
     parser.add_argument("--max", type=int, default=MOST_ROWS, help="at most this many rows (newest first)")
     add_output(parser)
@@ -446,7 +441,20 @@ def configure_node_action(*, drain: bool) -> Callable[[argparse.ArgumentParser],
 def configure_top(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between views (default 2)")
+    parser.add_argument(
+        "-n",
+        "--iterations",
+        type=_positive,
+        help="stop after this many views (as top -n; default: until Ctrl-C)",
+    )
     add_output(parser)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
 
 
 Run = Callable[[ApiClient, argparse.Namespace, TextIO, datetime], None]

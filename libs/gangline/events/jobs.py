@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -47,6 +47,25 @@ MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
 NO_NUL = r"^[^\x00]*$"
 """Strings handed to processes and stored in PostgreSQL carry no NUL character."""
 EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
+JobState = Literal[
+    "requested",
+    "admitted",
+    "rejected",
+    "queued",
+    "pending",
+    "placed",
+    "running",
+    "preempting",
+    "preempted",
+    "requeued",
+    "completed",
+    "failed",
+    "cancelled",
+]
+"""Where a job stands in its lifecycle, as the ledger's ``jobs`` projection keeps it (the latest of the
+events below, named as a state), the API filters on (``GET /v1/jobs?state=``) and the CLI offers."""
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+"""Every :data:`JobState`, in lifecycle order."""
 
 
 def _given(field: str, kind: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@ the real API and ledger processes (``python -m services.api|ledger``) over the r
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import io
 import json
 import os
 import re
@@ -23,6 +25,8 @@ from test_cli import ROOT, free_port, run_cli
 
 from gangline.bus import EventProducer
 from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.client.api_client import ApiClient
+from gangline.client.operator import CLEAR, fetch_frame, run_top
 from gangline.events import allocations, jobs, nodes, queues
 from gangline.events.base import Event, make_envelope
 from gangline.events.topics import topic_for
@@ -345,14 +349,15 @@ async def test_cordon_drain_uncordon_are_admin_only_operator_events(
     topic = as_team.topics.operator
     async with LogReader(as_team.bootstrap, [topic]) as log:
         await log.until(lambda: len(log.events[topic]) >= 3, timeout_s=30)
-    said = [(type(e.data).__name__, e.data.node, getattr(e.data, "mode", None)) for e in log.events[topic]]
+    mine = [e for e in log.events[topic] if e.data.node in (node, as_team.node)]  # type: ignore[attr-defined]
+    said = [(type(e.data).__name__, e.data.node, getattr(e.data, "mode", None)) for e in mine]
     assert said == [
         ("NodeCordoned", node, "cordon"),
         ("NodeCordoned", as_team.node, "drain"),
         ("NodeUncordoned", as_team.node, None),
     ]
-    assert all(e.data.requested_by == "ops" for e in log.events[topic])  # type: ignore[attr-defined]
-    assert log.events[topic][1].data.drain_grace_s == 30  # type: ignore[attr-defined]
+    assert all(e.data.requested_by == "ops" for e in mine)  # type: ignore[attr-defined]
+    assert mine[1].data.drain_grace_s == 30  # type: ignore[attr-defined]
 
     # top shows the cordoned node's GPUs as out of service, and the running job's as its queue's.
     until(lambda: "cordoned" in run_cli(capsys, "top", "--once")[1], lambda: run_cli(capsys, "top", "--once"))
@@ -378,6 +383,47 @@ async def test_cordon_drain_uncordon_are_admin_only_operator_events(
     assert next(line for line in listed.splitlines() if line.startswith(node)).split()[1] == "ready,cordoned"
     held_here = {a["job_id"] for a in frame["allocations"] if a["node"] in (node, as_team.node)}
     assert held_here == {as_team.job("run")}
+
+
+async def test_top_redraws_the_changed_cluster_each_interval_until_its_iterations(
+    as_team: Ops, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refresh loop: each view fetched anew (a node cordoned between two views shows in the second),
+    a clear-screen before each, ``--interval`` between them, and no more than ``-n`` views."""
+    node = f"top-{as_team.run}"
+    await publish(as_team.bootstrap, as_team.topics, (datetime.now(UTC), registration(node, "leaf3")))
+    admin = ApiClient(as_team.url, as_team.admin_token)
+
+    def cordon_of(name: str) -> object:
+        return next((n.get("cordon") for n in fetch_frame(admin).nodes if n["node"] == name), "missing")
+
+    until(lambda: cordon_of(node) is None, lambda: cordon_of(node))  # registered, in service
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # between two views: an operator cordons the node
+        pauses.append(seconds)
+        if len(pauses) == 1:
+            admin.operate(node, "cordon", {"reason": "between two views"})
+            until(lambda: cordon_of(node) is not None, lambda: cordon_of(node))
+
+    out = io.StringIO()
+    args = argparse.Namespace(once=False, output="table", interval=0.25, iterations=3)
+    with admin, ApiClient(as_team.url, as_team.team_token) as team:
+        run_top(team, args, out, datetime.now(UTC), pause=pause)
+    views = out.getvalue().split(CLEAR)
+    assert views[0] == "" and len(views) == 4  # three views, each drawn on a cleared screen
+    rows = [next(line for line in view.splitlines() if line.strip().startswith(node)) for view in views[1:]]
+    assert "cordoned" not in rows[0] and "[........]" in rows[0]  # 8 free GPUs
+    assert all("cordoned" in row and "[########]" in row for row in rows[1:])
+    assert pauses == [0.25, 0.25]  # the interval, between views only
+
+    # Through the command line: -n bounds the loop.
+    code, printed, err = run_cli(capsys, "top", "-n", "2", "--interval", "0")
+    assert code == 0, err
+    assert printed.count(CLEAR) == 2 and printed.count("gangline top  ") == 2
+    with pytest.raises(SystemExit) as refused:
+        run_cli(capsys, "top", "-n", "0")
+    assert refused.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
 
 
 def test_queues_and_nodes_print_json_too(as_team: Ops, capsys: pytest.CaptureFixture[str]) -> None:

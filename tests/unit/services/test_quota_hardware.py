@@ -14,7 +14,15 @@ from test_quota import admit, feed, grant, queued_ids, quota, reason_of, release
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobFailed, JobPending, JobQueued
-from gangline.events.nodes import GpuHealthChanged, HealthCause, HealthState, NodeFailed, NodeRegistered
+from gangline.events.nodes import (
+    GpuHealthChanged,
+    HealthCause,
+    HealthState,
+    NodeCordoned,
+    NodeFailed,
+    NodeRegistered,
+    NodeUncordoned,
+)
 from gangline.events.types import GpuId, JobId
 from services.quota.handlers import QuotaState, _pending_item, decide
 
@@ -422,3 +430,40 @@ def test_a_jobs_place_in_line_follows_its_spec_and_admitted_time() -> None:
 
     job.record.admitted_at = None
     assert _pending_item(job).submit_time == math.inf
+
+
+def test_a_cordoned_node_holds_no_new_job_so_quota_charges_another_model_until_it_is_uncordoned() -> None:
+    state = quota(REPORT)
+    [h0] = nodes("h", H100, 1, 8)
+    cluster(state, [h0, *nodes("gb", GB200, 2, 4, memory_mib=190000)])
+    assert feed(state, env(NodeCordoned(node=h0.node, reason="bios update"), at=1)) == []
+
+    [elsewhere] = feed(state, admit("gang", workers=2, gpus_per_worker=4, at=2))
+
+    assert isinstance(elsewhere.data, JobQueued) and elsewhere.data.gpu_type == GB200
+    assert usage(state, "team-a", H100) == 0
+    [held] = feed(state, admit("eight", gpus_per_worker=8, at=2))  # only h0 could hold a worker of 8
+    assert reason_of(held).constraint == "hardware" and reason_of(held).details["gpu_type"] == H100
+
+    through = feed(state, env(NodeUncordoned(node=h0.node), at=3))  # back in service: h0 holds it
+
+    assert queued_ids(through) == ["eight"]
+    [queued] = [e.data for e in through if isinstance(e.data, JobQueued)]
+    assert queued.gpu_type == H100
+
+
+def test_a_job_queued_on_a_model_whose_nodes_are_then_drained_moves_to_one_that_can_hold_it() -> None:
+    state = quota(REPORT)
+    [h0] = nodes("h", H100, 1, 8)
+    cluster(state, [h0, *nodes("gb", GB200, 2, 4, memory_mib=190000)])
+    [first] = feed(state, admit("gang", workers=2, gpus_per_worker=4, at=1))
+    assert isinstance(first.data, JobQueued) and first.data.gpu_type == H100  # not placed yet
+
+    drained = NodeCordoned(node=h0.node, mode="drain", drain_grace_s=0, reason="psu")
+    [moved] = feed(state, env(drained, at=2))
+
+    assert isinstance(moved.data, JobQueued) and moved.data.job_id == "gang"
+    assert (moved.data.gpu_type, moved.data.replaces) == (GB200, first.id)
+    assert (usage(state, "team-a", H100), usage(state, "team-a", GB200)) == (0, 8)
+    # The same cordon read again (a restore, then the live poll) is no news.
+    assert feed(state, env(drained, at=2)) == []
