@@ -103,7 +103,13 @@ stop() {  # name: SIGTERM, then SIGKILL after 20 s
     if kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid"
         for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$pid" 2>/dev/null && { log "$name did not stop; SIGKILL"; kill -KILL "$pid"; }
+        if kill -0 "$pid" 2>/dev/null; then
+            # The service first (the supervisor's child), then its supervisor: killing only the
+            # supervisor would leave the service running as an orphan.
+            log "$name did not stop; SIGKILL"
+            pkill -KILL -P "$pid" 2>/dev/null || true
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
         log "$name stopped"
     fi
     rm -f "$RUN/$name.pid"
