@@ -26,6 +26,11 @@ replayed from those headers. They also name what the batch consumed, in the orde
 and (on the first transaction with outputs of a run) where the restore stopped, where the consumer
 resumed and when the run began: a service that decides per event is replayed from those.
 
+With ``snapshots`` (:class:`~gangline.bus.snapshots.SnapshotWriter`, opt-in; it needs ``inputs``) a
+batch's transaction also carries a snapshot of the state when one is due: the state as that batch left
+it, covering the input positions its outputs are stamped with. They are not outputs: they neither
+announce the run (the restore's headers) nor make a batch count as one that published.
+
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
 nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
@@ -123,6 +128,7 @@ from gangline.bus.records import (
 )
 from gangline.bus.security import client_options
 from gangline.bus.settings import ProcessorSettings
+from gangline.bus.snapshots import SnapshotWriter
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry
 from gangline.telemetry import semconv
@@ -211,6 +217,8 @@ class ProcessorStats:
     """Records tried in a transaction of their own because their batch kept failing."""
     dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
     """Dead letters sent, per ``(dead-letter topic, code)`` (for the metrics)."""
+    snapshots_written: int = 0
+    """Snapshots of the state committed with a batch (``snapshots``)."""
 
 
 class _HandlerFailed(Exception):
@@ -233,9 +241,13 @@ class Processor:
         flush: Flush | None = None,
         inputs: InputRecording | None = None,
         refusal: Refusal | None = None,
+        snapshots: SnapshotWriter | None = None,
     ) -> None:
+        if snapshots is not None and inputs is None:
+            raise ValueError("snapshots name the input positions they cover: they need input recording")
         self._settings = settings
         self._inputs = inputs
+        self._snapshots = snapshots
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
         self._pending_offsets: dict[TopicPartition, int] = {}
@@ -566,7 +578,8 @@ class Processor:
             offsets[tp] = self._next_offset(tp, records)
         if self._flush is not None and given:
             deliveries += await self._send_flushed(producer, given)
-        await asyncio.gather(*deliveries)
+        snapshot = await self._send_snapshot(producer, folded, handled)
+        await asyncio.gather(*deliveries, *snapshot)
         # Offsets only move forward: this batch's positions over those still pending.
         to_commit = {**self._pending_offsets, **offsets}
         defer = (
@@ -588,6 +601,9 @@ class Processor:
             self._offsets_committed_at = asyncio.get_running_loop().time()
         self._folded = folded
         self._run_announced = self._run_announced or bool(deliveries)
+        if self._snapshots is not None:
+            self._snapshots.committed(bool(snapshot), handled)
+            self.stats.snapshots_written += bool(snapshot)
         self.stats.batches_committed += 1
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
@@ -770,6 +786,24 @@ class Processor:
                     )
                 )
         return deliveries
+
+    async def _send_snapshot(
+        self, producer: AIOKafkaProducer, folded: Mapping[Partition, int], events: int
+    ) -> list[asyncio.Future[Any]]:
+        """The records of a snapshot of the state, when one is due, sent in the batch's transaction."""
+        if self._snapshots is None:
+            return []
+        sent = []
+        for record in self._snapshots.records(folded, events):
+            future: asyncio.Future[Any] = await producer.send(
+                self._snapshots.topic,
+                value=record.value,
+                key=record.key,
+                headers=list(record.headers),
+                partition=0,
+            )
+            sent.append(future)
+        return sent
 
     async def _after_handler_failure(
         self, producer: AIOKafkaProducer, record: KafkaRecord, error: Exception
