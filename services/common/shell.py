@@ -168,6 +168,9 @@ async def read_to_end(
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        # What is read is in the log already: a fetch's long poll would only hold up the offset
+        # requests queued behind it on the connection (half a second per topic at the default).
+        fetch_max_wait_ms=RESTORE_FETCH_WAIT_MS,
     )
     await consumer.start()
     count = 0
@@ -178,6 +181,10 @@ async def read_to_end(
         missing = [topic for topic, partitions in layout.items() if not partitions]
         if missing:
             raise RuntimeError(f"topics missing on the broker: {missing}")
+        # Every end in one request, before any fetch is under way.
+        ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in layout[t]])
+        if read_up_to is not None:
+            read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
         for topic in topics:
             tps = [TopicPartition(topic, p) for p in layout[topic]]
             consumer.assign(tps)
@@ -186,9 +193,6 @@ async def read_to_end(
             for tp, offset in begin.items():
                 if offset is not None:
                     consumer.seek(tp, offset)
-            ends = await consumer.end_offsets(tps)
-            if read_up_to is not None:
-                read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
             remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
@@ -302,6 +306,10 @@ async def restore_and_process(
         await leadership.release()
 
 
+RESTORE_FETCH_WAIT_MS = 20
+"""How long a fetch of the restore waits for more data (the broker's default: 500 ms)."""
+
+
 def settle_garbage_collector() -> None:
     """Keep the collector's pauses short while deciding: a full collection walks every object alive.
 
@@ -376,6 +384,7 @@ async def _restore_and_process(
         inputs=inputs,
         refusal=refusal,
         snapshots=snapshots,
+        chain_resume=snapshots.chain if snapshots is not None else None,
     )
     if metrics is not None:
         metrics.watch(processor)

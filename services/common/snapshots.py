@@ -11,7 +11,8 @@ What is saved is what a restore from the log rebuilds, and nothing else: the sta
 last told each waiting job, cycle numbers, caches) starts afresh at a start, as it does after a restore
 from the log, and settings come from the settings: so a state loaded from a snapshot and read up to the
 end of the log is the state a restore from the whole log builds, and decides the same
-(tests/unit/services/test_snapshots.py; the replay verification reads the whole log and ignores snapshots).
+(tests/unit/services/test_placement_snapshots.py). The replay verification ignores snapshots: it
+rebuilds each run's state from the whole log, which the topics' retention keeps.
 
 The payload is the saved fields pickled (it keeps the objects' sharing: one job record in two tables),
 read back with an unpickler that builds only classes of the project (``gangline.*``, ``services.*``) and
@@ -35,7 +36,9 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gangline.bus.chain import ChainKey
 from gangline.bus.positions import Partition
+from gangline.bus.processor import ChainResume
 from gangline.bus.security import KafkaSecurity
 from gangline.bus.snapshots import SnapshotRecord, SnapshotUnreadable, read_latest, snapshot_records
 
@@ -126,6 +129,8 @@ class StateSnapshots:
         self._events_total = 0
         self.loaded: str | None = None
         """The id of the snapshot the state was loaded from at start, if any."""
+        self.chain: ChainResume | None = None
+        """Where the hash chains stood in that snapshot (the processor goes on from there)."""
         self.written = 0
 
     # -- at start ----------------------------------------------------------------------------
@@ -157,6 +162,7 @@ class StateSnapshots:
         for name, value in saved.items():
             setattr(self._state, name, value)
         self.loaded = manifest.snapshot_id
+        self.chain = ChainResume(manifest.chain_heads, manifest.positions)
         self._events_total = manifest.events
         log.info(
             "state loaded from a snapshot",
@@ -189,21 +195,36 @@ class StateSnapshots:
 
     # -- while processing (the bus's SnapshotWriter) -------------------------------------------
 
-    def records(self, positions: Mapping[Partition, int], events: int) -> Sequence[SnapshotRecord]:
+    def records(
+        self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
+    ) -> Sequence[SnapshotRecord]:
         since = self._since_events + events
         due = since >= self._every_events or (since > 0 and self._clock() - self._since >= self._every_s)
         if not due:
             return []
+        started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}
-        return snapshot_records(
-            encode_state(self._state),
+        payload = encode_state(self._state)
+        records = snapshot_records(
+            payload,
             snapshot_id=uuid.uuid4().hex,
             kind=self._kind,
             config=self._config,
             positions=covered,
             written_at=datetime.now(UTC),
             events=self._events_total + events,
+            chain_heads=chain_heads,
         )
+        log.info(
+            "snapshot taken",
+            extra={
+                "bytes": len(payload),
+                "compressed": sum(len(r.value) for r in records[:-1]),
+                "seconds": round(time.perf_counter() - started, 3),
+                "chunks": len(records) - 1,
+            },
+        )
+        return records
 
     def committed(self, written: bool, events: int) -> None:
         self._events_total += events

@@ -28,7 +28,9 @@ resumed and when the run began: a service that decides per event is replayed fro
 
 With ``snapshots`` (:class:`~gangline.bus.snapshots.SnapshotWriter`, opt-in; it needs ``inputs``) a
 batch's transaction also carries a snapshot of the state when one is due: the state as that batch left
-it, covering the input positions its outputs are stamped with. They are not outputs: they neither
+it, covering the input positions its outputs are stamped with, and the hash chains' heads. A processor
+started from such a snapshot (``chain_resume``) goes on from those heads, reading the chained topics from
+the snapshot's positions instead of from their beginning. They are not outputs: they neither
 announce the run (the restore's headers) nor make a batch count as one that published.
 
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
@@ -101,7 +103,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gangline.bus.chain import ChainStamper
+from gangline.bus.chain import ChainKey, ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.positions import (
@@ -195,6 +197,14 @@ class InputRecording:
     started: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChainResume:
+    """Where the hash chains stood in the snapshot the state was loaded from (see ``ChainStamper.resume``)."""
+
+    heads: Mapping[ChainKey, tuple[int, str]]
+    read_to: Mapping[Partition, int]
+
+
 class ProcessorFailed(Exception):
     """The transactional producer is unusable (fenced by a newer incarnation, or in a fatal state).
 
@@ -242,6 +252,7 @@ class Processor:
         inputs: InputRecording | None = None,
         refusal: Refusal | None = None,
         snapshots: SnapshotWriter | None = None,
+        chain_resume: ChainResume | None = None,
     ) -> None:
         if snapshots is not None and inputs is None:
             raise ValueError("snapshots name the input positions they cover: they need input recording")
@@ -301,6 +312,8 @@ class Processor:
             if settings.chained_topics
             else None
         )
+        if self._chain is not None and chain_resume is not None:
+            self._chain.resume(chain_resume.heads, chain_resume.read_to)
         self.stats = ProcessorStats()
         self.started = asyncio.Event()
         """Set once the clients are up and the consumer has its first assignment."""
@@ -794,7 +807,8 @@ class Processor:
         if self._snapshots is None:
             return []
         sent = []
-        for record in self._snapshots.records(folded, events):
+        heads = self._chain.heads() if self._chain is not None else {}
+        for record in self._snapshots.records(folded, events, heads):
             future: asyncio.Future[Any] = await producer.send(
                 self._snapshots.topic,
                 value=record.value,

@@ -30,12 +30,13 @@ import hashlib
 import json
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from gangline.bus.chain import ChainKey
 from gangline.bus.positions import Partition, format_positions, parse_positions
 from gangline.bus.security import KafkaSecurity, client_options
 
@@ -45,6 +46,9 @@ MANIFEST_KEY = b"manifest"
 CHUNK_BYTES = 768 * 1024
 """The most payload bytes per chunk record: with the record's overhead, under the broker's 1 MiB."""
 COMPRESSION = "zlib"
+FETCH_WAIT_MS = 20
+"""A fetch's long poll: short, since what is read is there (a long one holds up the offset requests
+queued behind it on the connection, half a second each at the broker's default)."""
 SNAPSHOT_HEADER = "gangline-snapshot"
 """Every record of a snapshot carries its id (chunks are matched to their manifest by it)."""
 
@@ -76,6 +80,9 @@ class Manifest:
     written_at: str
     events: int
     """Events folded into the state, the restore included, over the run that wrote it (a figure)."""
+    chain_heads: Mapping[ChainKey, tuple[int, str]] = field(default_factory=dict)
+    """The hash chains' heads (:mod:`gangline.bus.chain`) with the snapshot's outputs: a restart goes on
+    from them, reading the chained topics from ``positions``, not from their beginning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,7 @@ def snapshot_records(
     positions: Mapping[Partition, int],
     written_at: datetime,
     events: int = 0,
+    chain_heads: Mapping[ChainKey, tuple[int, str]] | None = None,
 ) -> list[SnapshotRecord]:
     """The chunks of ``payload`` (compressed) and the manifest after them (see the module docstring)."""
     packed = zlib.compress(payload, 1)
@@ -134,6 +142,9 @@ def snapshot_records(
         "sha256": hashlib.sha256(payload).hexdigest(),
         "written_at": written_at.isoformat(),
         "events": events,
+        "chain": sorted(
+            [t, p, source, seq, prev] for (t, p, source), (seq, prev) in (chain_heads or {}).items()
+        ),
     }
     value = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     records.append(SnapshotRecord(MANIFEST_KEY, value, headers))
@@ -168,6 +179,10 @@ def parse_manifest(value: bytes | None) -> Manifest:
             sha256=str(raw["sha256"]),
             written_at=str(raw.get("written_at", "")),
             events=int(raw.get("events", 0)),
+            chain_heads={
+                (str(t), int(p), str(source)): (int(seq), str(prev))
+                for t, p, source, seq, prev in raw.get("chain") or ()
+            },
         )
     except (KeyError, TypeError, ValueError) as error:
         raise SnapshotUnreadable(f"the manifest lacks or garbles a field: {error!r}") from error
@@ -209,6 +224,7 @@ async def read_latest(
         auto_offset_reset="earliest",
         request_timeout_ms=request_timeout_ms,
         max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_wait_ms=FETCH_WAIT_MS,
     )
     await consumer.start()
     try:
@@ -297,8 +313,11 @@ class SnapshotWriter(Protocol):
 
     topic: str
 
-    def records(self, positions: Mapping[Partition, int], events: int) -> Sequence[SnapshotRecord]:
-        """A snapshot of the state as it stands (covering ``positions``) when one is due, else none."""
+    def records(
+        self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
+    ) -> Sequence[SnapshotRecord]:
+        """A snapshot of the state as it stands (covering ``positions``; the hash chains' heads with this
+        batch's outputs) when one is due, else none."""
         ...
 
     def committed(self, written: bool, events: int) -> None:

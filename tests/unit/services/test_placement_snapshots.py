@@ -226,14 +226,14 @@ def test_a_snapshot_is_due_every_n_events_or_t_seconds_when_events_came() -> Non
         clock=lambda: clock[0],
     )
     positions = {(TOPICS.events, 0): 7, (TOPICS.heartbeats, 0): 3}
-    assert snapshots.records(positions, 60) == []
+    assert snapshots.records(positions, 60, {}) == []
     snapshots.committed(False, 60)
-    records = snapshots.records(positions, 40)
+    records = snapshots.records(positions, 40, {})
     assert records and records[-1].key == b"manifest"
     assert b"nodes.heartbeats" not in records[-1].value  # only what the state is a fold of
     snapshots.committed(True, 40)
-    assert snapshots.records(positions, 99) == []
+    assert snapshots.records(positions, 99, {}) == []
     snapshots.committed(False, 0)
     clock[0] = 31.0
-    assert snapshots.records(positions, 0) == []  # quiet: nothing new to save
-    assert snapshots.records(positions, 1) != []
+    assert snapshots.records(positions, 0, {}) == []  # quiet: nothing new to save
+    assert snapshots.records(positions, 1, {}) != []
