@@ -1,10 +1,12 @@
 """A decision service's state on its snapshot topic: written with its outputs, loaded at start.
 
-The state of a single-leader service is a fold of the topics it restores from (:mod:`services.common.shell`).
-Every ``every_events`` events consumed, or ``every_s`` seconds when any came, the processor adds a
-snapshot of it to the batch's transaction (:class:`StateSnapshots`, the bus's
-:class:`~gangline.bus.snapshots.SnapshotWriter`), covering the input positions of that batch. A start
-loads the latest snapshot (:meth:`StateSnapshots.load`) and reads only the log after those positions.
+The state of a single-leader service is a fold of the topics it restores from
+(:mod:`services.common.shell`). Every ``every_events`` events consumed, or ``every_s`` seconds when any
+came, the processor adds a snapshot of it to the batch's transaction (:class:`StateSnapshots`, the bus's
+:class:`~gangline.bus.snapshots.SnapshotWriter`), covering the input positions of that batch; never so
+often that taking them uses more than ``max_share`` of the time (a big state is saved less often). A
+start loads the latest snapshot (:meth:`StateSnapshots.load`) and reads only the log after those
+positions.
 
 What is saved is what a restore from the log rebuilds, and nothing else: the state's ``SNAPSHOT_FIELDS``
 (a class attribute naming the fields the fold fills). What the running service keeps besides (what it
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 DEFAULT_EVERY_EVENTS = 10_000
 """At most this many events after the snapshot a restart loads (about 0.3 s of restore)."""
 DEFAULT_EVERY_S = 60.0
+DEFAULT_MAX_SHARE = 0.05
+"""At most this share of the time goes to taking snapshots: a state that takes 1 s to save is saved at
+most every 20 s, however many events come (the tail a restart reads grows instead)."""
 
 
 class Snapshotted(Protocol):
@@ -113,6 +118,7 @@ class StateSnapshots:
         config: Mapping[str, Any] | None = None,
         every_events: int = DEFAULT_EVERY_EVENTS,
         every_s: float = DEFAULT_EVERY_S,
+        max_share: float = DEFAULT_MAX_SHARE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topic = topic
@@ -126,6 +132,9 @@ class StateSnapshots:
         self._since_events = 0
         """Events folded since the snapshot the state was loaded from or last wrote (a restore's too)."""
         self._since = clock()
+        self._max_share = max_share
+        self._cost = 0.0
+        """How long the last snapshot took to take (seconds)."""
         self._events_total = 0
         self.loaded: str | None = None
         """The id of the snapshot the state was loaded from at start, if any."""
@@ -199,8 +208,9 @@ class StateSnapshots:
         self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
     ) -> Sequence[SnapshotRecord]:
         since = self._since_events + events
-        due = since >= self._every_events or (since > 0 and self._clock() - self._since >= self._every_s)
-        if not due:
+        elapsed = self._clock() - self._since
+        due = since >= self._every_events or (since > 0 and elapsed >= self._every_s)
+        if not due or elapsed * self._max_share < self._cost:
             return []
         started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}
@@ -215,12 +225,13 @@ class StateSnapshots:
             events=self._events_total + events,
             chain_heads=chain_heads,
         )
+        self._cost = time.perf_counter() - started
         log.info(
             "snapshot taken",
             extra={
                 "bytes": len(payload),
                 "compressed": sum(len(r.value) for r in records[:-1]),
-                "seconds": round(time.perf_counter() - started, 3),
+                "seconds": round(self._cost, 3),
                 "chunks": len(records) - 1,
             },
         )
@@ -248,6 +259,8 @@ class SnapshotSettings(BaseModel):
     this many events of the log, plus ``snapshot_every_s`` worth)."""
     snapshot_every_s: float = Field(default=DEFAULT_EVERY_S, gt=0)
     """A snapshot once this long has passed since the last one, when any event came meanwhile."""
+    snapshot_max_share: float = Field(default=DEFAULT_MAX_SHARE, gt=0, le=1)
+    """The most of the service's time taking snapshots may use (a big state is saved less often)."""
 
     def state_snapshots(
         self,
@@ -269,4 +282,5 @@ class SnapshotSettings(BaseModel):
             config=config,
             every_events=self.snapshot_every_events,
             every_s=self.snapshot_every_s,
+            max_share=self.snapshot_max_share,
         )

@@ -237,3 +237,26 @@ def test_a_snapshot_is_due_every_n_events_or_t_seconds_when_events_came() -> Non
     clock[0] = 31.0
     assert snapshots.records(positions, 0, {}) == []  # quiet: nothing new to save
     assert snapshots.records(positions, 1, {}) != []
+
+
+def test_a_state_slow_to_save_is_saved_less_often() -> None:
+    clock = [0.0]
+    snapshots = StateSnapshots(
+        fresh(),
+        topic="placement.snapshots",
+        service="placement",
+        restore_topics=RESTORE_ORDER,
+        every_events=10,
+        every_s=30.0,
+        max_share=0.5,
+        clock=lambda: clock[0],
+    )
+    positions = {(TOPICS.events, 0): 7}
+    clock[0] = 1.0
+    assert snapshots.records(positions, 10, {}) != []
+    snapshots.committed(True, 10)
+    snapshots._cost = 4.0  # as if that one took 4 s: the next waits at least 8 s, whatever came
+    clock[0] = 5.0
+    assert snapshots.records(positions, 100, {}) == []
+    clock[0] = 9.5
+    assert snapshots.records(positions, 100, {}) != []
