@@ -56,7 +56,8 @@ most every 20 s, however many events come (the tail a restart reads grows instea
 
 class Snapshotted(Protocol):
     SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]]
-    """The fields a restore from the log fills: what a snapshot saves and loads."""
+    """The fields a restore from the log fills: what a snapshot saves and loads (``part.field`` for a
+    field of a part of the state)."""
     SNAPSHOT_VERSION: ClassVar[int]
     """The layout of those fields; bumped when their meaning changes (older snapshots are not loaded)."""
 
@@ -84,9 +85,31 @@ class _StateUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a snapshot may not build {module}.{name}")
 
 
+def _field(state: object, path: str) -> Any:
+    """``state.a.b`` for the path ``a.b`` (a field of a part of the state)."""
+    for name in path.split("."):
+        state = getattr(state, name)
+    return state
+
+
+def _set_field(state: object, path: str, value: Any) -> None:
+    *parents, name = path.split(".")
+    setattr(_field(state, ".".join(parents)) if parents else state, name, value)
+
+
 def encode_state(state: Snapshotted) -> bytes:
     """The saved fields of ``state``, pickled."""
-    return pickle.dumps({name: getattr(state, name) for name in state.SNAPSHOT_FIELDS}, protocol=5)
+    return pickle.dumps({path: _field(state, path) for path in state.SNAPSHOT_FIELDS}, protocol=5)
+
+
+def load_state(state: Snapshotted, saved: Mapping[str, Any]) -> None:
+    """Put the saved fields into ``state``; then its ``snapshot_loaded()``, if it has one, sets what a
+    restore from the log would have left that the snapshot does not hold."""
+    for path, value in saved.items():
+        _set_field(state, path, value)
+    loaded = getattr(state, "snapshot_loaded", None)
+    if callable(loaded):
+        loaded()
 
 
 def decode_state(payload: bytes, fields: Sequence[str]) -> dict[str, Any]:
@@ -168,8 +191,7 @@ class StateSnapshots:
         except SnapshotUnreadable as error:
             log.warning("snapshot unreadable; rebuilding from the whole log: %s", error)
             return {}
-        for name, value in saved.items():
-            setattr(self._state, name, value)
+        load_state(self._state, saved)
         self.loaded = manifest.snapshot_id
         self.chain = ChainResume(manifest.chain_heads, manifest.positions)
         self._events_total = manifest.events
