@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol
 
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from gangline.bus.chain import ChainKey
@@ -164,6 +165,8 @@ class StateSnapshots:
         self.chain: ChainResume | None = None
         """Where the hash chains stood in that snapshot (the processor goes on from there)."""
         self.written = 0
+        self.off = False
+        """Set when the snapshot topic cannot be used (missing, not ours): no snapshot is taken."""
 
     # -- at start ----------------------------------------------------------------------------
 
@@ -177,6 +180,13 @@ class StateSnapshots:
             )
         except SnapshotUnreadable as error:
             log.warning("snapshot unreadable; rebuilding from the whole log: %s", error)
+            return {}
+        except (KafkaError, RuntimeError) as error:
+            # No such topic, or this principal may not read it: it could not write it either.
+            log.warning(
+                "snapshot topic unusable; rebuilding from the whole log, and writing no snapshots: %r", error
+            )
+            self.off = True
             return {}
         if snapshot is None:
             log.info("no snapshot yet; rebuilding from the whole log", extra={"topic": self.topic})
@@ -232,7 +242,7 @@ class StateSnapshots:
         since = self._since_events + events
         elapsed = self._clock() - self._since
         due = since >= self._every_events or (since > 0 and elapsed >= self._every_s)
-        if not due or elapsed * self._max_share < self._cost:
+        if self.off or not due or elapsed * self._max_share < self._cost:
             return []
         started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}

@@ -210,3 +210,18 @@ async def test_a_snapshot_of_an_unknown_format_means_a_full_rebuild_with_a_log_l
     assert start == {}
     assert "rebuilding from the whole log" in caplog.text and "format 99" in caplog.text
     assert not state.jobs and not state.nodes
+
+
+async def test_a_missing_snapshot_topic_means_a_full_rebuild_and_no_snapshots(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topics = TopicNames(prefix=f"t-nosnap-{uuid.uuid4().hex[:8]}.")
+    settings = PlacementSettings(
+        kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, instance_id="i0", metrics_port=None
+    )
+    state = new_state(settings)
+    snapshots = snapshots_of(state, settings, topics)
+    with caplog.at_level(logging.WARNING, logger="services.common.snapshots"):
+        assert await snapshots.load(kafka_bootstrap) == {}
+    assert "snapshot topic unusable" in caplog.text
+    assert snapshots.records({(topics.events, 0): 1}, 1_000_000, {}) == []
