@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 DEFAULT_EVERY_EVENTS = 10_000
 """At most this many events after the snapshot a restart loads (about 0.3 s of restore)."""
 DEFAULT_EVERY_S = 60.0
+MAX_ABORTS = 3
+"""Transactions aborted with a snapshot in them, none committed in between, before snapshots stop."""
 DEFAULT_MAX_SHARE = 0.05
 """At most this share of the time goes to taking snapshots: a state that takes 1 s to save is saved at
 most every 20 s, however many events come (the tail a restart reads grows instead)."""
@@ -166,7 +168,10 @@ class StateSnapshots:
         """Where the hash chains stood in that snapshot (the processor goes on from there)."""
         self.written = 0
         self.off = False
-        """Set when the snapshot topic cannot be used (missing, not ours): no snapshot is taken."""
+        """Set when the snapshot topic cannot be used (missing, not ours, refusing them): none is taken."""
+        self._held = False
+        """A transaction with a snapshot aborted: none until a batch commits without one."""
+        self._aborts = 0
 
     # -- at start ----------------------------------------------------------------------------
 
@@ -242,7 +247,7 @@ class StateSnapshots:
         since = self._since_events + events
         elapsed = self._clock() - self._since
         due = since >= self._every_events or (since > 0 and elapsed >= self._every_s)
-        if self.off or not due or elapsed * self._max_share < self._cost:
+        if self.off or self._held or not due or elapsed * self._max_share < self._cost:
             return []
         started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}
@@ -269,7 +274,19 @@ class StateSnapshots:
         )
         return records
 
+    def aborted(self, error: Exception) -> None:
+        self._held = True
+        self._aborts += 1
+        if self._aborts >= MAX_ABORTS:
+            self.off = True
+            log.error("snapshots aborted %d transactions in a row; writing no more: %r", self._aborts, error)
+        else:
+            log.warning("a transaction with a snapshot aborted; the retry goes without: %r", error)
+
     def committed(self, written: bool, events: int) -> None:
+        self._held = False
+        if written:
+            self._aborts = 0
         self._events_total += events
         if written:
             self._since_events = 0

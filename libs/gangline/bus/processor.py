@@ -259,6 +259,8 @@ class Processor:
         self._settings = settings
         self._inputs = inputs
         self._snapshots = snapshots
+        self._snapshot_sent = False
+        """Whether the transaction in hand carries a snapshot (told to the writer if it aborts)."""
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
         self._pending_offsets: dict[TopicPartition, int] = {}
@@ -534,6 +536,8 @@ class Processor:
             self.stats.batches_aborted += 1
             if self._in_transaction:
                 await self._abort()
+            if self._snapshot_sent and self._snapshots is not None:
+                self._snapshots.aborted(error)
             self._rewind(batch)
             log.warning(
                 "batch aborted, retrying from the last committed offsets: %s",
@@ -579,6 +583,7 @@ class Processor:
             self._chain.mark()
         await producer.begin_transaction()
         self._in_transaction = True
+        self._snapshot_sent = False
         deliveries: list[asyncio.Future[Any]] = []
         offsets: dict[TopicPartition, int] = {}
         handled = 0
@@ -592,6 +597,7 @@ class Processor:
         if self._flush is not None and given:
             deliveries += await self._send_flushed(producer, given)
         snapshot = await self._send_snapshot(producer, folded, handled)
+        self._snapshot_sent = bool(snapshot)
         await asyncio.gather(*deliveries, *snapshot)
         # Offsets only move forward: this batch's positions over those still pending.
         to_commit = {**self._pending_offsets, **offsets}

@@ -323,3 +323,8 @@ class SnapshotWriter(Protocol):
     def committed(self, written: bool, events: int) -> None:
         """The batch's transaction committed; ``written``: with the records ``records`` gave."""
         ...
+
+    def aborted(self, error: Exception) -> None:
+        """A transaction that carried a snapshot aborted (the batch is tried again): the writer should
+        let the retry go without one, so a snapshot the broker refuses never holds the outputs back."""
+        ...

@@ -260,3 +260,23 @@ def test_a_state_slow_to_save_is_saved_less_often() -> None:
     assert snapshots.records(positions, 100, {}) == []
     clock[0] = 9.5
     assert snapshots.records(positions, 100, {}) != []
+
+
+def test_a_snapshot_that_aborts_its_transaction_never_holds_the_outputs_back() -> None:
+    clock = [0.0]
+    snapshots = StateSnapshots(
+        fresh(),
+        topic="placement.snapshots",
+        service="placement",
+        restore_topics=RESTORE_ORDER,
+        every_events=1,
+        clock=lambda: clock[0],
+    )
+    positions = {(TOPICS.events, 0): 7}
+    for _ in range(3):
+        clock[0] += 100.0
+        assert snapshots.records(positions, 5, {}) != []
+        snapshots.aborted(RuntimeError("refused"))
+        assert snapshots.records(positions, 5, {}) == []  # the retry goes without
+        snapshots.committed(False, 5)
+    assert snapshots.off and snapshots.records(positions, 5, {}) == []
