@@ -241,13 +241,16 @@ class StateSnapshots:
 
     # -- while processing (the bus's SnapshotWriter) -------------------------------------------
 
-    def records(
-        self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
-    ) -> Sequence[SnapshotRecord]:
+    def due(self, events: int) -> bool:
         since = self._since_events + events
         elapsed = self._clock() - self._since
         due = since >= self._every_events or (since > 0 and elapsed >= self._every_s)
-        if self.off or self._held or not due or elapsed * self._max_share < self._cost:
+        return not (self.off or self._held or not due or elapsed * self._max_share < self._cost)
+
+    def records(
+        self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
+    ) -> Sequence[SnapshotRecord]:
+        if not self.due(events):
             return []
         started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}

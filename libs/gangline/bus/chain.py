@@ -133,6 +133,10 @@ class ChainStamper:
         }
         self._fresh.clear()
 
+    def stale(self) -> list[str]:
+        """The chained topics whose heads are not caught up with the log yet (read before the next stamp)."""
+        return sorted(self.topics - self._fresh)
+
     def forget(self, topic: str) -> None:
         """Drop what is known of ``topic``: the next stamp on it re-reads it from the beginning."""
         self._fresh.discard(topic)

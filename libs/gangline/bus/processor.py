@@ -810,10 +810,18 @@ class Processor:
         self, producer: AIOKafkaProducer, folded: Mapping[Partition, int], events: int
     ) -> list[asyncio.Future[Any]]:
         """The records of a snapshot of the state, when one is due, sent in the batch's transaction."""
-        if self._snapshots is None:
+        if self._snapshots is None or not self._snapshots.due(events):
             return []
         sent = []
-        heads = self._chain.heads() if self._chain is not None else {}
+        heads = {}
+        if self._chain is not None:
+            stale = self._chain.stale()
+            if stale:
+                # No record of this transaction is on a stale topic (a stamp would have caught it up), so
+                # the heads can be read from the log now: a snapshot must carry them as they are.
+                async with self._chain.lock:
+                    await self._chain.refresh(stale)
+            heads = self._chain.heads()
         for record in self._snapshots.records(folded, events, heads):
             future: asyncio.Future[Any] = await producer.send(
                 self._snapshots.topic,

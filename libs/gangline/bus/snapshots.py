@@ -313,6 +313,10 @@ class SnapshotWriter(Protocol):
 
     topic: str
 
+    def due(self, events: int) -> bool:
+        """Whether this batch (``events`` records) is to carry a snapshot."""
+        ...
+
     def records(
         self, positions: Mapping[Partition, int], events: int, chain_heads: Mapping[ChainKey, tuple[int, str]]
     ) -> Sequence[SnapshotRecord]:
