@@ -6,13 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
 	@echo "make up / down  start / stop all of that in the background (CLUSTER=spec.yaml to choose the cluster)"
 	@echo "make bench-e2e  request-to-grant throughput and latency through Kafka with 1,000 simulated nodes"
 	@echo "make bench-vs-slurm  Gangline against a single-host Slurm 22.05 on the same 16x8-GPU fake cluster, real processes (VS_SLURM_ARGS=--quick)"
+	@echo "make bench-restart  placement's restart over a generated history, before and after a snapshot (BENCH_ARGS=\"--jobs 1000000\")"
 	@echo "make chaos      kill -9 every decision service under load, restart the broker, fail two nodes; check the log and replay it (own broker, CHAOS_ARGS)"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
@@ -111,6 +112,8 @@ bench-e2e: venv
 VS_SLURM_ARGS ?=
 bench-vs-slurm: venv
 	PYTHONPATH=libs:. $(PY) -m services.bench.vs_slurm $(VS_SLURM_ARGS)
+bench-restart: venv
+	$(PY) -m services.bench.restart $(BENCH_ARGS)
 
 # Chaos under load on a broker of its own (127.0.0.1:19192, its own data dir; never the shared 9092):
 # SIGKILL of each decision service 3 times, one broker restart on its kept data, a silent node and an

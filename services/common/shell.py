@@ -8,7 +8,9 @@
    we read anything.
 2. **Restore.** Every topic the state is a fold of is read from the beginning to its current end
    (read_committed) and each event is handed to ``state.restore``: the state is rebuilt from the
-   log, including the service's own past decisions.
+   log, including the service's own past decisions. With ``snapshots`` the latest snapshot of the
+   state is loaded first and the log is read only after the positions it covers
+   (:mod:`services.common.snapshots`); the processor then adds snapshots to its transactions.
 3. **Process.** The bus :class:`~gangline.bus.Processor` runs ``decide`` inside one Kafka
    transaction per batch. Input events already folded during the restore come again (those
    after the committed offsets); ``decide`` must treat them idempotently, which folds keyed by
@@ -38,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -61,6 +63,7 @@ from gangline.events.base import Envelope
 from services.common.ids import Fingerprint, fingerprint
 from services.common.leader import Leadership
 from services.common.metrics import ServiceMetrics
+from services.common.snapshots import StateSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +153,12 @@ async def read_to_end(
     service: str,
     select: Select | None = None,
     read_up_to: dict[tuple[str, int], int] | None = None,
+    start: Mapping[tuple[str, int], int] | None = None,
 ) -> int:
     """Fold every committed event of ``topics`` (each topic in order), up to their current end; the count.
 
     ``read_up_to``, when given, receives the offset each ``(topic, partition)`` was read up to.
+    ``start``: where to begin reading a ``(topic, partition)`` (one not named: at its beginning).
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -163,6 +168,9 @@ async def read_to_end(
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        # What is read is in the log already: a fetch's long poll would only hold up the offset
+        # requests queued behind it on the connection (half a second per topic at the default).
+        fetch_max_wait_ms=RESTORE_FETCH_WAIT_MS,
     )
     await consumer.start()
     count = 0
@@ -173,14 +181,19 @@ async def read_to_end(
         missing = [topic for topic, partitions in layout.items() if not partitions]
         if missing:
             raise RuntimeError(f"topics missing on the broker: {missing}")
+        # Every end in one request, before any fetch is under way.
+        ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in layout[t]])
+        if read_up_to is not None:
+            read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
         for topic in topics:
             tps = [TopicPartition(topic, p) for p in layout[topic]]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            if read_up_to is not None:
-                read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
-            remaining = {tp for tp in tps if ends[tp] > 0}
+            begin = {tp: (start or {}).get((tp.topic, tp.partition)) for tp in tps}
+            for tp, offset in begin.items():
+                if offset is not None:
+                    consumer.seek(tp, offset)
+            remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
                 for tp, records in batch.items():
@@ -216,8 +229,12 @@ async def restore_and_process(
     started: datetime | None = None,
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
+    snapshots: StateSnapshots | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
+
+    With ``snapshots`` (needs ``record_inputs``) the restore starts from the latest snapshot of the state
+    and the processor writes new ones (:mod:`services.common.snapshots`).
 
     With ``metrics`` the decisions are counted and timed, and the processor is watched (its
     transactions, dead letters and lag: :mod:`services.common.metrics`).
@@ -257,6 +274,7 @@ async def restore_and_process(
             started,
             refusal,
             metrics,
+            snapshots,
         )
 
     if lock_topic is None:
@@ -286,6 +304,10 @@ async def restore_and_process(
         work.result()
     finally:
         await leadership.release()
+
+
+RESTORE_FETCH_WAIT_MS = 20
+"""How long a fetch of the restore waits for more data (the broker's default: 500 ms)."""
 
 
 def settle_garbage_collector() -> None:
@@ -325,10 +347,12 @@ async def _restore_and_process(
     state_started: datetime | None = None,
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
+    snapshots: StateSnapshots | None = None,
 ) -> None:
     await fence(settings)
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
+    start = await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
     events = await read_to_end(
         settings.bootstrap_servers,
         restore_topics,
@@ -336,10 +360,17 @@ async def _restore_and_process(
         service=settings.service,
         select=restore_select,
         read_up_to=restored,
+        start=start,
     )
+    if snapshots is not None:
+        snapshots.restored(events)
     log.info(
         "state restored from the log",
-        extra={"events": events, "seconds": round(time.perf_counter() - started, 3)},
+        extra={
+            "events": events,
+            "seconds": round(time.perf_counter() - started, 3),
+            "snapshot": snapshots.loaded if snapshots is not None else None,
+        },
     )
     settle_garbage_collector()
     # One id per run: a replay sees where the state was rebuilt from the log.
@@ -352,6 +383,8 @@ async def _restore_and_process(
         flush=decide.flush,
         inputs=inputs,
         refusal=refusal,
+        snapshots=snapshots,
+        chain_resume=snapshots.chain if snapshots is not None else None,
     )
     if metrics is not None:
         metrics.watch(processor)

@@ -50,6 +50,10 @@ class TopicNames(BaseModel):
     def queue_status(self) -> str:
         return self._name(catalogue.QUEUES_STATUS)
 
+    def snapshots(self, service: str) -> str:
+        """The compacted topic ``service`` writes snapshots of its state to (``<service>.snapshots``)."""
+        return self._name(catalogue.snapshot_topic(service))
+
     def specs(self) -> list[TopicSpec]:
         """Every catalogue topic (and dead-letter twin) under this prefix, ready for ``ensure_topics``."""
         return [
@@ -59,6 +63,7 @@ class TopicNames(BaseModel):
                 partitions=spec.partitions,
                 cleanup_policy=spec.cleanup_policy,
                 retention_ms=spec.retention_ms,
+                segment_ms=spec.segment_ms,
                 dead_letter=self._name(spec.dead_letter) if spec.dead_letter else None,
             )
             for spec in catalogue.CATALOGUE

@@ -7,9 +7,10 @@ from pydantic import Field
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
+from services.common.snapshots import SnapshotSettings
 
 
-class PlacementSettings(ServiceSettings):
+class PlacementSettings(ServiceSettings, SnapshotSettings):
     """``gated``: place only jobs the quota service queued (job.queued); otherwise every admitted job."""
 
     metrics_port: int | None = Field(default=METRICS_PORTS["placement"], ge=0, le=65535)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from gangline.bus import Outgoing
 from gangline.core.actions.allocate import Allocate
@@ -158,6 +159,24 @@ class PreemptionState:
     ``job.queued``)."""
     replan: bool = False
     """Something folded since the last plan may change the plans of the jobs quota holds."""
+
+    SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
+        *(f"mirror.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
+        "started_at",
+        "checkpoints",
+        "in_flight",
+        "asked",
+        "asked_before_granted",
+        "held",
+    )
+    """What folding the log fills (services.common.snapshots): not ``pending`` (placement's pending
+    reasons seen live since the last plan), the settings, nor the planner built from them."""
+    SNAPSHOT_VERSION: ClassVar[int] = 1
+
+    def snapshot_loaded(self) -> None:
+        """After a snapshot is loaded: plan for the held jobs, as after a restore from the log (which
+        folded their holds: ``replan`` matters only when some job is held)."""
+        self.replan = True
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)

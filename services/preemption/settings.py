@@ -6,9 +6,10 @@ from pydantic import Field
 
 from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import LAZY_LINGER_MS, ServiceSettings
+from services.common.snapshots import SnapshotSettings
 
 
-class PreemptionSettings(ServiceSettings):
+class PreemptionSettings(ServiceSettings, SnapshotSettings):
     """``gated`` must match placement's (whether jobs wait for the quota service's job.queued)."""
 
     metrics_port: int | None = Field(default=METRICS_PORTS["preemption"], ge=0, le=65535)

@@ -44,6 +44,11 @@ def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> Pre
     )
 
 
+def snapshot_config(state: PreemptionState) -> dict[str, object]:
+    """The settings preemption's fold depends on: a snapshot written under others is not loaded."""
+    return {"gated": state.mirror.gated, "unlimited_queues": sorted(state.mirror.unlimited_queues)}
+
+
 async def main(settings: PreemptionSettings) -> None:
     metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
@@ -58,6 +63,13 @@ async def main(settings: PreemptionSettings) -> None:
         return end_batch(state, now=datetime.now(UTC))
 
     inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
+    snapshots = settings.state_snapshots(
+        state,
+        topic=topics.snapshots(SERVICE),
+        service=SERVICE,
+        restore_topics=inputs,
+        config=snapshot_config(state),
+    )
     async with metrics.serve(settings):
         await restore_and_process(
             processor_settings(settings, SERVICE, [*inputs, topics.heartbeats]),
@@ -77,4 +89,6 @@ async def main(settings: PreemptionSettings) -> None:
             # Outputs name the batch and positions they were decided on (services/preemption/replay.py).
             record_inputs=True,
             metrics=metrics,
+            # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
+            snapshots=snapshots,
         )

@@ -2,7 +2,8 @@
 
 A few hundred requests (gangs held inside a leaf, singles at two priorities) go through admission,
 quota and placement (a real process) to the fake nodes, which run them and release their GPUs.
-Midway placement is killed with SIGKILL and started again: it restores from the log and goes on.
+Midway placement is killed with SIGKILL and started again: it restores from its latest snapshot and
+the log after it, and goes on.
 The log is exported from Kafka, and `gangline replay --verify --decider placement-service` re-runs
 every placement transaction from the input positions its outputs carry; admission's and quota's
 decisions are replayed from the same log.
@@ -94,7 +95,15 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text(QUEUES, encoding="utf-8")
     async with private_topics(kafka_bootstrap, "replayplc") as topics:
-        env = service_env(kafka_bootstrap, topics, session_timeout_ms="3000", queues_file=str(queues_file))
+        # Snapshots every 50 events: the restart loads one and reads only the tail, and the replay below,
+        # which ignores snapshots and rebuilds from the whole log, must agree with what it decided.
+        env = service_env(
+            kafka_bootstrap,
+            topics,
+            session_timeout_ms="3000",
+            queues_file=str(queues_file),
+            snapshot_every_events="50",
+        )
         placement = Proc("services.placement", env, tmp_path / "placement.log")
         cluster = FakeCluster(
             spec=load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
@@ -130,6 +139,7 @@ async def test_a_placement_run_with_a_kill_and_restart_replays_identical(
                 )
             assert placement.alive()
             placement.terminate()
+            assert '"message": "state loaded from a snapshot"' in (tmp_path / "placement.log").read_text()
             # Placement's inputs and outputs, and quota's (its queue statuses too): both are replayed below.
             wanted = sorted({*decider_topics(topics.prefix), *quota_topics(topics.prefix)})
             records = await KafkaSource(kafka_bootstrap).fetch(wanted)

@@ -2,7 +2,8 @@
 
 Admission, quota, placement, preemption and node_health run against simulated nodes: four preemptible
 jobs fill two nodes, an urgent gang preempts them (they checkpoint and resume); every service is then
-stopped and started again (a new run, restored from the log); a node goes silent and is declared failed
+stopped and started again (a new run, restored from the log; placement and preemption from their
+snapshots and the log after them); a node goes silent and is declared failed
 (its jobs released and requeued), and more requests come. The log is exported from Kafka and
 `gangline replay --verify --decider all` re-runs every service's transactions from the batches and
 positions their outputs carry; each service is also replayed on its own with the settings it ran with.
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -67,14 +69,23 @@ def two_nodes() -> ClusterSpec:
 
 
 async def test_every_service_replays_identical_after_a_preemption_and_a_node_failure(
-    kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # `default` is a limited queue here, with room to spare: every job goes through quota (job.queued),
     # so quota has decisions to replay, and the preemption is placement's, as in the preemption story.
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text("queues:\n  - name: default\n    quotas: {H100-SXM5-80GB: {nominal: 1000}}\n")
     async with private_topics(kafka_bootstrap, "replayall") as topics:
-        env = service_env(kafka_bootstrap, topics, **NODE_HEALTH, queues_file=str(queues_file))
+        # Snapshots every few events: placement and preemption restart from theirs (and the tail); the
+        # replay, which rebuilds every run's state from the whole log, must agree with what they decided.
+        env = service_env(
+            kafka_bootstrap, topics, **NODE_HEALTH, queues_file=str(queues_file), snapshot_every_events="5"
+        )
+        caplog.set_level(logging.INFO, logger="services.common.snapshots")
         cluster = fake_cluster(kafka_bootstrap, topics, two_nodes(), heartbeat_s=0.3)
         tasks = Tasks()
         try:
@@ -122,6 +133,8 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
                     check=tasks.check,
                 )
             assert [f.node for f in log.of(topics.health, NodeFailed)] == [doomed]
+            loaded = [r for r in caplog.records if r.getMessage() == "state loaded from a snapshot"]
+            assert len(loaded) == 2  # placement's and preemption's restarts
         finally:
             await tasks.stop()
         records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gangline.bus.admin import CatalogueError, TopicSpec, load_catalogue, started_admin
 from gangline.bus.security import KafkaSecurity
+from gangline.events.topics import SNAPSHOTS_SUFFIX
 
 
 class ResourceType(IntEnum):
@@ -118,8 +119,11 @@ def load_access(path: str | Path) -> AccessFile:
 
 
 def _expand(patterns: Iterable[str], specs: Sequence[TopicSpec], *, who: str) -> list[TopicSpec]:
-    """The catalogue topics ``patterns`` name; a pattern naming none is an error (a typo, a rename)."""
+    """The catalogue topics ``patterns`` name; a pattern naming none is an error (a typo, a rename).
+
+    A pattern never matches a dead-letter twin or a service's snapshot topic: those are named exactly."""
     twins = {s.dead_letter for s in specs if s.dead_letter}
+    twins |= {s.name for s in specs if s.name.endswith(SNAPSHOTS_SUFFIX)}
     found: dict[str, TopicSpec] = {}
     for pattern in patterns:
         hits = [

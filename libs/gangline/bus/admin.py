@@ -47,12 +47,15 @@ class TopicSpec(BaseModel):
     retention_ms: int | None = Field(default=None, ge=-1)
     event_types: tuple[str, ...] = ()
     dead_letter: str | None = None
+    segment_ms: int | None = Field(default=None, ge=1)
 
     def broker_configs(self) -> dict[str, str]:
         """The topic-level configs this spec sets on the broker."""
         configs: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
         if self.retention_ms is not None:
             configs["retention.ms"] = str(self.retention_ms)
+        if self.segment_ms is not None:
+            configs["segment.ms"] = str(self.segment_ms)
         return configs
 
 

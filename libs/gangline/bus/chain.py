@@ -116,6 +116,27 @@ class ChainStamper:
         """
         self._fresh.clear()
 
+    def resume(
+        self, heads: Mapping[ChainKey, tuple[int, str]], read_to: Mapping[tuple[str, int], int]
+    ) -> None:
+        """Start from ``heads`` as they stood with the log read up to ``read_to`` (a snapshot's), instead of
+        reading the chained topics from the beginning: the first stamp reads only what follows.
+
+        Records after ``read_to`` that the heads already count (this writer's own, written with the
+        snapshot) are passed over as not continuing them; what follows them continues them.
+        """
+        self._heads = {k: ChainWriter(seq=seq, prev=prev) for k, (seq, prev) in heads.items()}
+        self._read_to = {
+            TopicPartition(topic, partition): offset
+            for (topic, partition), offset in read_to.items()
+            if topic in self.topics
+        }
+        self._fresh.clear()
+
+    def stale(self) -> list[str]:
+        """The chained topics whose heads are not caught up with the log yet (read before the next stamp)."""
+        return sorted(self.topics - self._fresh)
+
     def forget(self, topic: str) -> None:
         """Drop what is known of ``topic``: the next stamp on it re-reads it from the beginning."""
         self._fresh.discard(topic)
@@ -158,6 +179,8 @@ class ChainStamper:
             enable_auto_commit=False,
             isolation_level="read_committed",
             request_timeout_ms=self._request_timeout_ms,
+            # What is read is in the log already; a long poll would hold up the offset requests behind it.
+            fetch_max_wait_ms=20,
         )
         await consumer.start()
         try:

@@ -26,6 +26,13 @@ replayed from those headers. They also name what the batch consumed, in the orde
 and (on the first transaction with outputs of a run) where the restore stopped, where the consumer
 resumed and when the run began: a service that decides per event is replayed from those.
 
+With ``snapshots`` (:class:`~gangline.bus.snapshots.SnapshotWriter`, opt-in; it needs ``inputs``) a
+batch's transaction also carries a snapshot of the state when one is due: the state as that batch left
+it, covering the input positions its outputs are stamped with, and the hash chains' heads. A processor
+started from such a snapshot (``chain_resume``) goes on from those heads, reading the chained topics from
+the snapshot's positions instead of from their beginning. They are not outputs: they neither
+announce the run (the restore's headers) nor make a batch count as one that published.
+
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
 nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
@@ -96,7 +103,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from gangline.bus.chain import ChainStamper
+from gangline.bus.chain import ChainKey, ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.lag import lag_by_topic, position_now
 from gangline.bus.positions import (
@@ -123,6 +130,7 @@ from gangline.bus.records import (
 )
 from gangline.bus.security import client_options
 from gangline.bus.settings import ProcessorSettings
+from gangline.bus.snapshots import SnapshotWriter
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry
 from gangline.telemetry import semconv
@@ -189,6 +197,14 @@ class InputRecording:
     started: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChainResume:
+    """Where the hash chains stood in the snapshot the state was loaded from (see ``ChainStamper.resume``)."""
+
+    heads: Mapping[ChainKey, tuple[int, str]]
+    read_to: Mapping[Partition, int]
+
+
 class ProcessorFailed(Exception):
     """The transactional producer is unusable (fenced by a newer incarnation, or in a fatal state).
 
@@ -211,6 +227,8 @@ class ProcessorStats:
     """Records tried in a transaction of their own because their batch kept failing."""
     dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
     """Dead letters sent, per ``(dead-letter topic, code)`` (for the metrics)."""
+    snapshots_written: int = 0
+    """Snapshots of the state committed with a batch (``snapshots``)."""
 
 
 class _HandlerFailed(Exception):
@@ -233,9 +251,16 @@ class Processor:
         flush: Flush | None = None,
         inputs: InputRecording | None = None,
         refusal: Refusal | None = None,
+        snapshots: SnapshotWriter | None = None,
+        chain_resume: ChainResume | None = None,
     ) -> None:
+        if snapshots is not None and inputs is None:
+            raise ValueError("snapshots name the input positions they cover: they need input recording")
         self._settings = settings
         self._inputs = inputs
+        self._snapshots = snapshots
+        self._snapshot_sent = False
+        """Whether the transaction in hand carries a snapshot (told to the writer if it aborts)."""
         self._folded: dict[Partition, int] = dict(inputs.restored) if inputs is not None else {}
         self._headers: tuple[tuple[str, bytes], ...] = ()
         self._pending_offsets: dict[TopicPartition, int] = {}
@@ -289,6 +314,8 @@ class Processor:
             if settings.chained_topics
             else None
         )
+        if self._chain is not None and chain_resume is not None:
+            self._chain.resume(chain_resume.heads, chain_resume.read_to)
         self.stats = ProcessorStats()
         self.started = asyncio.Event()
         """Set once the clients are up and the consumer has its first assignment."""
@@ -509,6 +536,8 @@ class Processor:
             self.stats.batches_aborted += 1
             if self._in_transaction:
                 await self._abort()
+            if self._snapshot_sent and self._snapshots is not None:
+                self._snapshots.aborted(error)
             self._rewind(batch)
             log.warning(
                 "batch aborted, retrying from the last committed offsets: %s",
@@ -554,6 +583,7 @@ class Processor:
             self._chain.mark()
         await producer.begin_transaction()
         self._in_transaction = True
+        self._snapshot_sent = False
         deliveries: list[asyncio.Future[Any]] = []
         offsets: dict[TopicPartition, int] = {}
         handled = 0
@@ -566,7 +596,9 @@ class Processor:
             offsets[tp] = self._next_offset(tp, records)
         if self._flush is not None and given:
             deliveries += await self._send_flushed(producer, given)
-        await asyncio.gather(*deliveries)
+        snapshot = await self._send_snapshot(producer, folded, handled)
+        self._snapshot_sent = bool(snapshot)
+        await asyncio.gather(*deliveries, *snapshot)
         # Offsets only move forward: this batch's positions over those still pending.
         to_commit = {**self._pending_offsets, **offsets}
         defer = (
@@ -588,6 +620,9 @@ class Processor:
             self._offsets_committed_at = asyncio.get_running_loop().time()
         self._folded = folded
         self._run_announced = self._run_announced or bool(deliveries)
+        if self._snapshots is not None:
+            self._snapshots.committed(bool(snapshot), handled)
+            self.stats.snapshots_written += bool(snapshot)
         self.stats.batches_committed += 1
         self.stats.events_handled += handled
         self.stats.outputs_sent += len(deliveries)
@@ -770,6 +805,33 @@ class Processor:
                     )
                 )
         return deliveries
+
+    async def _send_snapshot(
+        self, producer: AIOKafkaProducer, folded: Mapping[Partition, int], events: int
+    ) -> list[asyncio.Future[Any]]:
+        """The records of a snapshot of the state, when one is due, sent in the batch's transaction."""
+        if self._snapshots is None or not self._snapshots.due(events):
+            return []
+        sent = []
+        heads = {}
+        if self._chain is not None:
+            stale = self._chain.stale()
+            if stale:
+                # No record of this transaction is on a stale topic (a stamp would have caught it up), so
+                # the heads can be read from the log now: a snapshot must carry them as they are.
+                async with self._chain.lock:
+                    await self._chain.refresh(stale)
+            heads = self._chain.heads()
+        for record in self._snapshots.records(folded, events, heads):
+            future: asyncio.Future[Any] = await producer.send(
+                self._snapshots.topic,
+                value=record.value,
+                key=record.key,
+                headers=list(record.headers),
+                partition=0,
+            )
+            sent.append(future)
+        return sent
 
     async def _after_handler_failure(
         self, producer: AIOKafkaProducer, record: KafkaRecord, error: Exception

@@ -34,8 +34,13 @@ PUBLIC_TOPICS = (
 
 DLQ_SUFFIX = ".dlq"
 FOREVER = -1
-DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
 DLQ_RETENTION_MS = 30 * DAY_MS
+HEARTBEAT_RETENTION_MS = 6 * HOUR_MS
+SNAPSHOTS_SUFFIX = ".snapshots"
+SNAPSHOTTED_SERVICES = ("placement", "preemption")
+"""The decision services that write snapshots of their state (``<service>.snapshots``)."""
 
 
 def dead_letter_topic(topic: str) -> str:
@@ -43,17 +48,34 @@ def dead_letter_topic(topic: str) -> str:
     return topic + DLQ_SUFFIX
 
 
+def snapshot_topic(service: str) -> str:
+    """Where ``service`` writes snapshots of its state (gangline.bus.snapshots)."""
+    return service + SNAPSHOTS_SUFFIX
+
+
+# Retention, as a policy. A restart never needs a record the policy deletes: the topics a service's state
+# is a fold of are kept forever (the replay verification re-reads them from the start, and a service
+# without a snapshot, or with one it cannot use, rebuilds from them), and a snapshot covers everything
+# before its positions. What expires is read by no restore: heartbeats (liveness now, not history) and
+# dead letters (an operator's inbox).
+_KEPT_FOREVER = "kept forever: a fold every decision service restores from, and the log replay verifies"
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     """One topic as infra creates it. ``retention_ms`` is -1 for "keep forever", None when compacted."""
 
     name: str
-    key: Literal["job_id", "node", "queue"]
+    key: Literal["job_id", "node", "queue", "snapshot_part"]
     partitions: int
     cleanup_policy: Literal["delete", "compact"]
     retention_ms: int | None
     event_types: tuple[type[Event], ...]
     dead_letter: str | None
+    retention: str = ""
+    """Why the topic keeps what it keeps (the retention policy, in a sentence)."""
+    segment_ms: int | None = None
+    """How soon a segment closes (compacted topics: how soon the cleaner may drop superseded records)."""
 
     def wire_types(self) -> list[str]:
         return [cls.wire_type() for cls in self.event_types]
@@ -72,6 +94,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (jobs.JobRequested, jobs.JobCancelRequested),
         dead_letter_topic(JOBS_REQUESTS),
+        retention="kept forever: what was asked, the input admission's decisions are replayed from",
     ),
     TopicSpec(
         JOBS_EVENTS,
@@ -95,6 +118,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
             jobs.WorkerExited,
         ),
         dead_letter_topic(JOBS_EVENTS),
+        retention=_KEPT_FOREVER,
     ),
     TopicSpec(
         ALLOCATIONS_LOG,
@@ -104,6 +128,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (allocations.AllocationGranted, allocations.AllocationReleased),
         dead_letter_topic(ALLOCATIONS_LOG),
+        retention="kept forever: the audit log of every grant and release (analytics, replay, every fold)",
     ),
     # Kept forever, not compacted: replay must see the inventory as it was at each decision.
     TopicSpec(
@@ -114,6 +139,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (nodes.NodeRegistered,),
         dead_letter_topic(NODES_INVENTORY),
+        retention=_KEPT_FOREVER,
     ),
     # Liveness only: node-health turns missed heartbeats into node.failed on nodes.health.
     TopicSpec(
@@ -121,9 +147,11 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         "node",
         1,
         "delete",
-        DAY_MS,
+        HEARTBEAT_RETENTION_MS,
         (nodes.NodeHeartbeatV1, nodes.NodeHeartbeat),
         dead_letter_topic(NODES_HEARTBEATS),
+        retention="6 hours: liveness now, not history; no restore reads it (node_health counts silence "
+        "from its own start) and a consumer back after longer needs only the latest",
     ),
     TopicSpec(
         NODES_HEALTH,
@@ -133,6 +161,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed, nodes.NodeRejected),
         dead_letter_topic(NODES_HEALTH),
+        retention=_KEPT_FOREVER,
     ),
     # Operators' word on nodes (cordon, drain, uncordon), written by the API for admins only. Kept
     # forever: replay must see which nodes were out of service at each decision.
@@ -144,6 +173,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         FOREVER,
         (nodes.NodeCordoned, nodes.NodeUncordoned),
         dead_letter_topic(NODES_OPERATOR),
+        retention=_KEPT_FOREVER,
     ),
     # A table, not a log: the latest status of each queue is all anyone reads (quota restores its
     # throttle from it, the ledger projects it). Quota's replay reads what compaction left.
@@ -155,16 +185,46 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         None,
         (queues.QueueStatus,),
         dead_letter_topic(QUEUES_STATUS),
+        retention="compacted: the latest status per queue is all anyone reads",
     ),
 )
 
-CATALOGUE: tuple[TopicSpec, ...] = tuple(
-    spec
-    for public in _PUBLIC
-    for spec in (
-        public,
-        TopicSpec(dead_letter_topic(public.name), public.key, 1, "delete", DLQ_RETENTION_MS, (), None),
+SNAPSHOT_SEGMENT_MS = HOUR_MS
+_SNAPSHOTS: tuple[TopicSpec, ...] = tuple(
+    TopicSpec(
+        snapshot_topic(service),
+        "snapshot_part",
+        1,
+        "compact",
+        None,
+        (),
+        None,
+        retention="compacted: the latest snapshot of the service's state survives whole (its chunks and "
+        "manifest); older ones are superseded within the hour",
+        segment_ms=SNAPSHOT_SEGMENT_MS,
     )
+    for service in SNAPSHOTTED_SERVICES
+)
+
+CATALOGUE: tuple[TopicSpec, ...] = (
+    *(
+        spec
+        for public in _PUBLIC
+        for spec in (
+            public,
+            TopicSpec(
+                dead_letter_topic(public.name),
+                public.key,
+                1,
+                "delete",
+                DLQ_RETENTION_MS,
+                (),
+                None,
+                retention="30 days: an operator's inbox of what could not be read; no state folds it",
+            ),
+        )
+    ),
+    *_SNAPSHOTS,
 )
 
 

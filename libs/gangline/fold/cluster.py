@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
 from gangline.core.model import GpuId as CoreGpuId
@@ -108,6 +109,17 @@ class JobRecord:
     _core_of: JobSpec | None = None
     _narrowed: tuple[JobSpec, str, JobSpec] | None = None
 
+    _CACHES: ClassVar[tuple[str, ...]] = ("_core", "_core_of", "_narrowed")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a snapshot of the state saves: the facts, not the conversions cached from them."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._CACHES}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+        for name in self._CACHES:
+            self.__dict__.setdefault(name, None)
+
     def core(self) -> Job | None:
         """The core's job for :meth:`placement_spec` (converted once per spec)."""
         spec = self.placement_spec()
@@ -153,6 +165,27 @@ class JobRecord:
 @dataclass
 class ClusterFold:
     """The cluster and its jobs as a fold of the log (see module docstring)."""
+
+    SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "nodes",
+        "registered_at",
+        "failed_at",
+        "failed_gpus",
+        "degraded_gpus",
+        "gpu_health_at",
+        "jobs",
+        "retired",
+        "waiting",
+        "preemptors",
+        "to_release",
+        "refused",
+        "rejections_sent",
+        "cordons",
+    )
+    """What folding the log fills, all of it: a snapshot of these, read on to the end of the log, is the
+    fold of the whole log. Not the settings (``gated``, ``unlimited_queues``), what only a running service
+    fills (``last_pending``), nor the caches."""
+    SNAPSHOT_VERSION: ClassVar[int] = 1
 
     gated: bool = True
     unlimited_queues: frozenset[str] = frozenset()

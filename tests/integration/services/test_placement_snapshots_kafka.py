@@ -1,0 +1,227 @@
+"""Placement's snapshots on the real broker: written in its transactions, loaded at a start, and a state
+loaded from one and read on to the end of the log is the state rebuilt from the whole log, deciding the
+same. An unreadable snapshot means a full rebuild, with a log line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+import gangline.bus.snapshots as snapshot_format
+from gangline.bus.admin import delete_topics, ensure_topics
+from gangline.bus.producer import EventProducer
+from gangline.bus.security import client_options
+from gangline.bus.snapshots import MANIFEST_KEY, Snapshot, read_latest
+from gangline.cluster_spec import ClusterSpec, NodeGroup
+from gangline.events.allocations import AllocationGranted
+from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
+from gangline.events.types import JobId
+from gangline.fold.cluster import FOLDED_EVENTS
+from services.common.select import select_types
+from services.common.shell import read_to_end
+from services.common.snapshots import StateSnapshots, decode_state, encode_state
+from services.common.topics import TopicNames
+from services.placement.handlers import PlacementState, end_batch, fold_event
+from services.placement.settings import PlacementSettings
+from services.placement.wiring import SERVICE, main, new_state, snapshot_config
+
+pytestmark = pytest.mark.kafka
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@contextlib.asynccontextmanager
+async def private_topics(bootstrap: str) -> AsyncIterator[TopicNames]:
+    topics = TopicNames(prefix=f"t-snap-{uuid.uuid4().hex[:8]}.")
+    await ensure_topics(bootstrap, topics.specs())
+    try:
+        yield topics
+    finally:
+        await delete_topics(bootstrap, [s.name for s in topics.specs()])
+
+
+def restore_topics(topics: TopicNames) -> list[str]:
+    return [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
+
+
+def snapshots_of(state: PlacementState, settings: PlacementSettings, topics: TopicNames) -> StateSnapshots:
+    found = settings.state_snapshots(
+        state,
+        topic=topics.snapshots(SERVICE),
+        service=SERVICE,
+        restore_topics=restore_topics(topics),
+        config=snapshot_config(state),
+    )
+    assert found is not None
+    return found
+
+
+def envelope(event: Event, at: float) -> Envelope:
+    return make_envelope(event, event_id=uuid.uuid4().hex, source="test", time=T0 + timedelta(seconds=at))
+
+
+def admitted(job: str, at: float) -> Envelope:
+    spec = JobSpec(queue="default", workers=1, gpus_per_worker=2)
+    return envelope(JobAdmitted(job_id=JobId(job), spec=spec), at)
+
+
+async def grants(bootstrap: str, topics: TopicNames, at_least: int) -> list[AllocationGranted]:
+    found: list[AllocationGranted] = []
+
+    def keep(event: Envelope) -> None:
+        if isinstance(event.data, AllocationGranted):
+            found.append(event.data)
+
+    for _ in range(300):
+        found.clear()
+        await read_to_end(bootstrap, [topics.allocations], keep, service="test")
+        if len(found) >= at_least:
+            return list(found)
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{len(found)} grants, not {at_least}")
+
+
+async def latest_snapshot(bootstrap: str, topics: TopicNames, *, covering: int) -> Snapshot:
+    """The latest snapshot once it covers at least ``covering`` records of jobs.events."""
+    for _ in range(300):
+        found = await read_latest(bootstrap, topics.snapshots(SERVICE))
+        events = sum(
+            o for (t, _), o in (found.manifest.positions.items() if found else ()) if t == topics.events
+        )
+        if found is not None and events >= covering:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError("no snapshot covering the events")
+
+
+async def rebuilt(
+    settings: PlacementSettings, topics: TopicNames, *, snapshot: bool
+) -> tuple[PlacementState, int]:
+    """A state as a start builds it: from the latest snapshot and the tail, or from the whole log."""
+    state = new_state(settings)
+    start = await snapshots_of(state, settings, topics).load(settings.kafka_bootstrap) if snapshot else {}
+    assert bool(start) == snapshot
+    events = await read_to_end(
+        settings.kafka_bootstrap,
+        restore_topics(topics),
+        state.restore,
+        service=SERVICE,
+        select=select_types(dict.fromkeys(FOLDED_EVENTS, True)),
+        start=start,
+    )
+    return state, events
+
+
+def saved(state: PlacementState) -> object:
+    return decode_state(encode_state(state), PlacementState.SNAPSHOT_FIELDS)
+
+
+def next_decisions(state: PlacementState) -> list[Envelope]:
+    now = T0 + timedelta(hours=1)
+    for k in range(3):
+        fold_event(
+            make_envelope(admitted(f"next{k}", 3600).data, event_id=f"n{k}", source="t", time=now),
+            state,
+            now=now,
+        )
+    return [e for _, e in end_batch(state, cause="next", now=now)]
+
+
+async def test_a_restart_from_placements_snapshot_and_the_tail_decides_as_one_from_the_whole_log(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small chunks: even this state spans several records, put back together on load.
+    monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
+    async with private_topics(kafka_bootstrap) as topics:
+        settings = PlacementSettings(
+            kafka_bootstrap=kafka_bootstrap,
+            topic_prefix=topics.prefix,
+            group_prefix=f"g-{topics.prefix.rstrip('.')}",
+            instance_id="i0",
+            gated=False,
+            metrics_port=None,
+            snapshot_every_events=4,
+        )
+        spec = ClusterSpec(
+            name="snap",
+            groups=(
+                NodeGroup(
+                    name="a", count=2, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l"
+                ),
+            ),
+        )
+        service = asyncio.create_task(main(settings))
+        try:
+            async with EventProducer(kafka_bootstrap) as producer:
+                for node in spec.registrations():
+                    await producer.publish(topics.inventory, envelope(node, 0))
+                for k in range(6):
+                    await producer.publish(topics.events, admitted(f"j{k}", 1 + k))
+                first = await grants(kafka_bootstrap, topics, 6)
+                await latest_snapshot(kafka_bootstrap, topics, covering=6)
+                # After the snapshot: two jobs end (placement releases them) and three more come.
+                for k, granted in enumerate(first[:2]):
+                    done = JobCompleted(job_id=granted.job_id, allocation_id=granted.allocation_id)
+                    await producer.publish(topics.events, envelope(done, 10 + k))
+                for k in range(6, 9):
+                    await producer.publish(topics.events, admitted(f"j{k}", 20 + k))
+                await grants(kafka_bootstrap, topics, 9)
+        finally:
+            service.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await service
+        latest = await read_latest(kafka_bootstrap, topics.snapshots(SERVICE))
+        assert latest is not None and latest.manifest.chunks > 1
+        from_snapshot, tail = await rebuilt(settings, topics, snapshot=True)
+        from_log, whole = await rebuilt(settings, topics, snapshot=False)
+    assert tail < whole
+    assert saved(from_snapshot) == saved(from_log)
+    decided = next_decisions(from_snapshot)
+    assert any(isinstance(e.data, AllocationGranted) for e in decided)
+    assert decided == next_decisions(from_log)
+
+
+async def test_a_snapshot_of_an_unknown_format_means_a_full_rebuild_with_a_log_line(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with private_topics(kafka_bootstrap) as topics:
+        settings = PlacementSettings(
+            kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, instance_id="i0", metrics_port=None
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                topics.snapshots(SERVICE), b'{"format": 99, "chunks": 1}', key=MANIFEST_KEY, partition=0
+            )
+        finally:
+            await producer.stop()
+        state = new_state(settings)
+        with caplog.at_level(logging.WARNING, logger="services.common.snapshots"):
+            start = await snapshots_of(state, settings, topics).load(kafka_bootstrap)
+    assert start == {}
+    assert "rebuilding from the whole log" in caplog.text and "format 99" in caplog.text
+    assert not state.jobs and not state.nodes
+
+
+async def test_a_missing_snapshot_topic_means_a_full_rebuild_and_no_snapshots(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topics = TopicNames(prefix=f"t-nosnap-{uuid.uuid4().hex[:8]}.")
+    settings = PlacementSettings(
+        kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, instance_id="i0", metrics_port=None
+    )
+    state = new_state(settings)
+    snapshots = snapshots_of(state, settings, topics)
+    with caplog.at_level(logging.WARNING, logger="services.common.snapshots"):
+        assert await snapshots.load(kafka_bootstrap) == {}
+    assert "snapshot topic unusable" in caplog.text
+    assert snapshots.records({(topics.events, 0): 1}, 1_000_000, {}) == []
