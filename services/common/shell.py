@@ -267,7 +267,7 @@ async def restore_and_process(
         group_id=f"{settings.group_id}.leader",
         topic=lock_topic,
         member=settings.instance_id,
-        session_timeout_ms=settings.session_timeout_ms,
+        session_timeout_ms=settings.lock_session_timeout_ms,
     )
     try:
         await leadership.acquire()
