@@ -11,8 +11,10 @@ and the classic protocol revokes every partition from every member first; the as
 (:func:`_sticky_lock_assignor`) hands the partition back to the member that held it, which each
 member states in its join metadata. So a revocation alone is not a loss: the holder keeps deciding
 through the rebalance and only stops when an assignment arrives without the partition (it was cut
-off past its session timeout and another member got the lock). Such a zombie cannot commit what
-it decided meanwhile: the services that lead share one transactional id per role
+off past its session timeout and another member got the lock). Such a zombie claims the lock when it
+comes back, as the new holder does: each acquisition has an epoch (in the assignment every member
+reads), and the later one wins (:func:`assign_lock`), so the zombie learns it lost and exits. It cannot
+commit what it decided meanwhile: the services that lead share one transactional id per role
 (:mod:`services.common.shell`), and the new leader's producer fences the old one's.
 """
 
@@ -22,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -35,7 +38,9 @@ from gangline.bus.security import client_options
 log = logging.getLogger(__name__)
 
 HOLDER = b"gangline-lock-holder"
-"""Join metadata of the member that held the lock in the previous generation."""
+"""Join metadata of the member that held the lock in the previous generation (then its epoch)."""
+SEEN = b"gangline-lock-seen"
+"""Join metadata of a member that does not hold the lock (then the lock's latest epoch it saw)."""
 
 LOCK_SESSION_TIMEOUT_MS = 1_500
 """How long a silent holder keeps the lock: the most of a failover's time (the broker allows 1 s and up:
@@ -71,6 +76,8 @@ class Leadership:
         membership failed: whether it is still held cannot be known then."""
         self._holds = False
         self._lost = False
+        self._epoch = 0
+        """The lock's epoch this replica holds, or the latest it saw (:func:`assign_lock`)."""
         self._caller: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -80,6 +87,12 @@ class Leadership:
     def holding(self) -> bool:
         """Whether this replica holds the lock now (acquired and not lost)."""
         return self._holds and not self._lost
+
+    def _claim(self) -> bytes:
+        return lock_claim(holding=self.holding(), epoch=self._epoch)
+
+    def _learn(self, epoch: int) -> None:
+        self._epoch = max(self._epoch, epoch)
 
     async def acquire(self) -> None:
         """Wait until this replica holds the lock (raises if its membership failed before)."""
@@ -135,7 +148,7 @@ class Leadership:
             enable_auto_commit=False,
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=self._heartbeat_interval_ms,
-            partition_assignment_strategy=(_sticky_lock_assignor(self.holding),),
+            partition_assignment_strategy=(_sticky_lock_assignor(self._claim, self._learn),),
         )
         consumer.subscribe([self._topic], listener=_Listener(self))
         await consumer.start()
@@ -187,9 +200,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
         self._leadership._assigned(list(assigned))
 
 
-def _sticky_lock_assignor(holding: Callable[[], bool]) -> type[AbstractPartitionAssignor]:
-    """An assignor giving every partition of the lock topic to one member: the last holder if it
-    is still in the group, else the member with the smallest id."""
+def _sticky_lock_assignor(
+    claim: Callable[[], bytes], learn: Callable[[int], None]
+) -> type[AbstractPartitionAssignor]:
+    """An assignor giving every partition of the lock topic to one member (:func:`assign_lock`); each
+    member states its claim in its join metadata (``claim``) and learns the lock's epoch from its
+    assignment (``learn``)."""
 
     class StickyLockAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         name = "gangline-sticky-lock"
@@ -197,36 +213,65 @@ def _sticky_lock_assignor(holding: Callable[[], bool]) -> type[AbstractPartition
 
         @classmethod
         def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-            return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), HOLDER if holding() else b"")
+            return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), claim())
 
         @classmethod
         def assign(
             cls, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
         ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            assigned, epoch = assign_lock(cluster, members, now_ms=int(time.time() * 1000))
             return {
-                member: ConsumerProtocolMemberAssignment(cls.version, sorted(topics.items()), b"")
-                for member, topics in assign_lock(cluster, members).items()
+                member: ConsumerProtocolMemberAssignment(cls.version, sorted(topics.items()), b"%d" % epoch)
+                for member, topics in assigned.items()
             }
 
         @classmethod
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
-            pass
+            with contextlib.suppress(ValueError):
+                learn(int(assignment.user_data or b"0"))
 
     return StickyLockAssignor
 
 
+def lock_claim(*, holding: bool, epoch: int) -> bytes:
+    """A member's join metadata: whether it holds the lock, and the lock's epoch it holds or last saw."""
+    return (HOLDER if holding else SEEN) + b" %d" % epoch
+
+
+def read_claim(user_data: bytes) -> tuple[bool, int]:
+    """``(holding, epoch)`` of a member's join metadata (an older member's bare ``HOLDER``: epoch 0)."""
+    kind, _, epoch = (user_data or b"").partition(b" ")
+    try:
+        number = int(epoch) if epoch else 0
+    except ValueError:
+        number = 0
+    return kind == HOLDER, number
+
+
 def assign_lock(
-    cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
-) -> dict[str, dict[str, list[int]]]:
-    """``{member: {topic: [partition, ...]}}`` with every subscribed partition on one member."""
+    cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata], *, now_ms: int = 0
+) -> tuple[dict[str, dict[str, list[int]]], int]:
+    """``({member: {topic: [partition, ...]}}, epoch)`` with every subscribed partition on one member.
+
+    The lock stays with a member that holds it; when two claim it (one was cut off past its session,
+    another got the lock, and the first came back before it learnt so) the later epoch wins. Without a
+    holder the member with the smallest id gets it at a new epoch: after every epoch any member saw,
+    and no earlier than ``now_ms`` (so a new holder outranks one that was cut off, even when no member
+    still in the group saw that one's epoch).
+    """
     if not members:
-        return {}
-    holders = sorted(m for m, meta in members.items() if meta.user_data == HOLDER)
-    winner = holders[0] if holders else min(members)
+        return {}, 0
+    claims = {member: read_claim(meta.user_data) for member, meta in members.items()}
+    holders = sorted((-epoch, member) for member, (holding, epoch) in claims.items() if holding)
+    if holders:
+        epoch, winner = -holders[0][0], holders[0][1]
+    else:
+        winner = min(members)
+        epoch = max(max(e for _, e in claims.values()) + 1, now_ms)
     topics = sorted({t for meta in members.values() for t in meta.subscription})
     won: dict[str, list[int]] = {}
     for topic in topics:
         partitions = cluster.partitions_for_topic(topic)
         if partitions:
             won[topic] = sorted(partitions)
-    return {member: (won if member == winner else {}) for member in members}
+    return {member: (won if member == winner else {}) for member in members}, epoch

@@ -69,9 +69,7 @@ across restarts:
   would close it fully at the cost of one producer per partition; not done here.
 - services where one replica at a time decides behind a leader lock share one
   ``transactional_id`` per role (``ProcessorSettings.transactional_role``): the new leader's
-  ``InitProducerId`` fences the cut-off old leader outright, whatever it was doing. With static
-  membership they share the role's ``group.instance.id`` too: the new leader's consumer takes the
-  old one's place in the group at once, without waiting for its session to expire.
+  ``InitProducerId`` fences the cut-off old leader outright, whatever it was doing.
 """
 
 from __future__ import annotations
@@ -368,7 +366,7 @@ class Processor:
             bootstrap_servers=settings.bootstrap_servers,
             client_id=f"{settings.service}-{settings.instance_id}",
             group_id=settings.group_id,
-            group_instance_id=settings.group_instance_id,
+            group_instance_id=settings.instance_id if settings.static_membership else None,
             isolation_level="read_committed",
             enable_auto_commit=False,
             auto_offset_reset=settings.auto_offset_reset,

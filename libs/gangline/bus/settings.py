@@ -69,20 +69,11 @@ class ProcessorSettings(BaseModel):
 
     transactional_role: str | None = None
     """Set for services where one replica at a time decides (a leader lock): the replicas share
-    ``<group_id>.<transactional_role>``, so a new leader's producer fences a cut-off old one, and, with
-    ``static_membership``, the consumer's ``group.instance.id`` (:attr:`group_instance_id`)."""
+    ``<group_id>.<transactional_role>``, so a new leader's producer fences a cut-off old one."""
     lock_session_timeout_ms: int = Field(default=1_500, ge=1)
-    """How long the holder of a leader lock (services.common.leader) keeps it after it went silent: the
+    """How long the holder of a leader lock (services.common.leader) keeps it after it went silent, and
+    how long a leader's consumer keeps its group membership (the shell sets ``session_timeout_ms`` so): the
     most of a single-leader service's failover. The broker must allow it (group.min.session.timeout.ms)."""
-
-    @property
-    def group_instance_id(self) -> str | None:
-        """The consumer's static ``group.instance.id`` (None without ``static_membership``): the instance
-        id, or the role the leaders share, so a new leader takes over the group membership of the one it
-        replaces at once (and fences it) instead of waiting ``session_timeout_ms`` for it to expire."""
-        if not self.static_membership:
-            return None
-        return self.transactional_role or self.instance_id
 
     @property
     def transactional_id(self) -> str:
