@@ -231,7 +231,8 @@ async def restore_and_process(
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies
-    (``lock_session_timeout_ms`` after its last heartbeat, which is also its consumer's session).
+    (``lock_session_timeout_ms`` after its last heartbeat); the leader's processor joins no consumer
+    group (``ProcessorSettings.group_membership``).
     Such a service commits its consumed offsets every ``idle_commit_ms`` rather than in every
     transaction (ProcessorSettings.offsets_in_every_transaction): whoever starts next re-reads at most
     that much input, whose decisions its restored state already holds.
@@ -241,15 +242,13 @@ async def restore_and_process(
         # One leader at a time, whose state is rebuilt from the log (its own decisions included) when
         # it starts: an input read again after a crash or a failover decides nothing again, so the
         # consumed offsets need not ride in every transaction (two round trips fewer per batch).
-        # Its consumer's membership ends with its lock's (a dead leader's would hold up the next one's join
-        # until its session expired); a long batch only makes the group rebalance to the same leader.
-        lock_ms = settings.lock_session_timeout_ms
+        # The lock says who consumes: the leader's consumer joins no group (a dead leader's membership
+        # would hold up the next one's join until its session expired).
         settings = settings.model_copy(
             update={
                 "transactional_role": "leader",
                 "offsets_in_every_transaction": False,
-                "session_timeout_ms": lock_ms,
-                "heartbeat_interval_ms": max(100, lock_ms // 5),
+                "group_membership": False,
             }
         )
 
