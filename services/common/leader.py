@@ -51,8 +51,9 @@ class Leadership:
     """The lock of one replica. Its group membership lives on a thread of its own, with its own event
     loop, so its heartbeats go on while the service's loop is busy (a long batch, a restore, a garbage
     collection): the lock can be short without a slow batch losing it. Only a stop of the whole process
-    (or of its connection to the broker) for ``session_timeout_ms`` hands the lock over; a holder that
-    comes back from that is fenced (the module docstring) and exits when it learns the lock moved."""
+    (or of its connection to the broker, or of the broker itself) for ``session_timeout_ms`` hands the lock
+    over; a holder that comes back from that is fenced (the module docstring) and exits when it learns the
+    lock moved."""
 
     def __init__(
         self,
@@ -82,6 +83,8 @@ class Leadership:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        """Set once the membership's loop runs (or its thread ended): from then on it can be stopped."""
         self._ended: asyncio.Future[None] | None = None
 
     def holding(self) -> bool:
@@ -98,12 +101,11 @@ class Leadership:
         """Wait until this replica holds the lock (raises if its membership failed before)."""
         self._caller = asyncio.get_running_loop()
         self._ended = self._caller.create_future()
-        started = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(started,), name=f"leadership-{self._member}", daemon=True
+            target=self._run, args=(self._started,), name=f"leadership-{self._member}", daemon=True
         )
         self._thread.start()
-        await asyncio.to_thread(started.wait)
+        await asyncio.to_thread(self._started.wait)
         held: asyncio.Future[Any] = asyncio.ensure_future(self.held.wait())
         ended: asyncio.Future[Any] = self._ended
         try:
@@ -117,7 +119,10 @@ class Leadership:
 
     async def release(self) -> None:
         """Leave the lock's group (a standby takes over at once) and end the membership's thread."""
-        loop, stopping, thread = self._loop, self._stopping, self._thread
+        thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(self._started.wait)  # acquire may have been cancelled before it ran
+        loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None:
             with contextlib.suppress(RuntimeError):  # its loop already closed
                 loop.call_soon_threadsafe(stopping.set)
