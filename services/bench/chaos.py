@@ -241,6 +241,8 @@ class Chaos:
         """How long the broker restart kept the broker away (an outage node_health must ride out)."""
         self.broker_paused_s: float | None = None
         """How long the broker was frozen (an outage shorter than node_health's silence)."""
+        self.broker_away = False
+        """The broker is being restarted or is frozen now."""
         self.recovering: dict[str, asyncio.Task[None]] = {}
         """Per service, the timing of its recovery from the latest kill."""
         self.services = {
@@ -429,9 +431,12 @@ class Chaos:
         self.recovering[name] = asyncio.create_task(recovered())
 
     async def ready_after(self, service: Service, ready: int, timeout_s: float = 60) -> int | None:
-        """When ``service`` logged that a run after this moment processes (None: not within the bound)."""
+        """When ``service`` logged that a run after this moment processes (None: not within the bound,
+        which does not run while the broker is away: nothing can get ready then)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.broker_away:
+                deadline = max(deadline, time.monotonic() + timeout_s)
             if service.ready_count() > ready:
                 return now_ms()
             await asyncio.sleep(0.1)
@@ -440,9 +445,13 @@ class Chaos:
     async def restart_broker(self) -> None:
         at = now_ms()
         self.note("broker restart (kafka.sh restart: its data kept)")
-        # Down for as long as the restart takes: on this machine mostly less than node_health's silence,
-        # an outage no node's silence may count (services/node_health/handlers.py).
-        await asyncio.to_thread(kafka_sh, "restart", self.args.port)
+        # Down for as long as the restart takes (a JVM's start: seconds, or minutes on a busy machine), an
+        # outage no node's silence may count (services/node_health/handlers.py).
+        self.broker_away = True
+        try:
+            await asyncio.to_thread(kafka_sh, "restart", self.args.port)
+        finally:
+            self.broker_away = False
         back = now_ms()
         self.broker_down_s = (back - at) / 1000
         self.note(f"broker back after {self.broker_down_s:.1f} s")
@@ -454,11 +463,13 @@ class Chaos:
         pid = int((ROOT / ".cache" / "kafka" / str(self.args.port) / "kafka.pid").read_text().strip())
         at = now_ms()
         self.note(f"broker paused for {self.args.pause_s:g} s (SIGSTOP)")
+        self.broker_away = True
         os.kill(pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(self.args.pause_s)
         finally:
             os.kill(pid, signal.SIGCONT)
+            self.broker_away = False
         back = now_ms()
         self.broker_paused_s = (back - at) / 1000
         self.kills.append(Kill("broker-pause", at, (), back))
