@@ -11,8 +11,9 @@ data dir: ``--port``, 19192 by default; never the shared one), for a bounded tim
 2. for ``--load-s`` seconds, jobs arrive at ``--rate`` per second (seeded): singles and gangs (some
    held inside a leaf), in an unlimited queue and a limited one, some preemptible, a few urgent;
 3. meanwhile, at seeded random moments: each service is killed with SIGKILL ``--kills`` times, the
-   broker is restarted once on the data it keeps (``kafka.sh restart``), one node goes silent and
-   another reports XID 79 on a GPU;
+   broker is restarted once on the data it keeps (``kafka.sh restart``) and frozen once (SIGSTOP) for
+   ``--pause-s`` (8 s: an outage shorter than node_health's 10 s silence, which must fail no node),
+   one node goes silent and another reports XID 79 on a GPU;
 4. the load stops and the run waits (``--drain-s`` at most) until every job is finished or waits
    with a reason;
 5. the log is read from the beginning (read_committed) and :func:`gangline.replay.invariants.check_log`
@@ -74,9 +75,9 @@ queues:
 """
 """An unlimited queue (admission → placement) and a limited one (quota queues and holds jobs)."""
 NODE_HEALTH = {"GANGLINE_SILENCE_S": "10", "GANGLINE_CHECK_EVERY_S": "0.5"}
-"""node_health's defaults: a node is failed after 10 s of silence (the broker's restart, kept down for
-longer than that, is a silence of every node, which node_health does not count:
-services/node_health/handlers.py)."""
+"""node_health's defaults: a node is failed after 10 s of silence, counted over the time the bus was heard
+(the broker's restart, shorter or longer than the silence, is a pause of every node's heartbeats, which
+counts toward no node: services/node_health/handlers.py)."""
 
 
 def now_ms() -> int:
@@ -208,6 +209,7 @@ class Plan:
     broker_at: float
     silent_at: float
     xid_at: float
+    pause_at: float
 
 
 def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
@@ -219,6 +221,7 @@ def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
         broker_at=rng.uniform(0.5 * load_s, 0.65 * load_s),
         silent_at=rng.uniform(0.15 * load_s, 0.3 * load_s),
         xid_at=rng.uniform(0.35 * load_s, 0.45 * load_s),
+        pause_at=rng.uniform(0.7 * load_s, 0.78 * load_s),
     )
 
 
@@ -234,6 +237,12 @@ class Chaos:
         self.kills: list[Kill] = []
         self.faults: list[Fault] = []
         self.offered: list[str] = []
+        self.broker_down_s: float | None = None
+        """How long the broker restart kept the broker away (an outage node_health must ride out)."""
+        self.broker_paused_s: float | None = None
+        """How long the broker was frozen (an outage shorter than node_health's silence)."""
+        self.broker_away = False
+        """The broker is being restarted or is frozen now."""
         self.recovering: dict[str, asyncio.Task[None]] = {}
         """Per service, the timing of its recovery from the latest kill."""
         self.services = {
@@ -364,6 +373,7 @@ class Chaos:
     async def faults_of(self, plan: Plan, cluster: FakeCluster, began: float) -> None:
         moments: list[tuple[float, str]] = [(t, s) for t, s in plan.kills]
         moments += [(plan.broker_at, "broker"), (plan.silent_at, "silent"), (plan.xid_at, "xid")]
+        moments += [(plan.pause_at, "broker-pause")]
         for at, what in sorted(moments):
             delay = began + at - time.monotonic()
             if delay > 0:
@@ -372,6 +382,8 @@ class Chaos:
                 await self.kill(what)
             elif what == "broker":
                 await self.restart_broker()
+            elif what == "broker-pause":
+                await self.pause_broker()
             else:
                 node = self.victim(cluster)
                 if what == "silent":
@@ -419,9 +431,12 @@ class Chaos:
         self.recovering[name] = asyncio.create_task(recovered())
 
     async def ready_after(self, service: Service, ready: int, timeout_s: float = 60) -> int | None:
-        """When ``service`` logged that a run after this moment processes (None: not within the bound)."""
+        """When ``service`` logged that a run after this moment processes (None: not within the bound,
+        which does not run while the broker is away: nothing can get ready then)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.broker_away:
+                deadline = max(deadline, time.monotonic() + timeout_s)
             if service.ready_count() > ready:
                 return now_ms()
             await asyncio.sleep(0.1)
@@ -429,16 +444,35 @@ class Chaos:
 
     async def restart_broker(self) -> None:
         at = now_ms()
-        self.note("broker restart (kafka.sh stop, then start: its data kept)")
-        await asyncio.to_thread(kafka_sh, "stop", self.args.port)
-        # Down for longer than node_health's silence: an outage it recognises as one (no node heard for a
-        # whole silence). A shorter one can still fail nodes heard late after it (in the closing note).
-        down_s = float(NODE_HEALTH["GANGLINE_SILENCE_S"]) + 2.0
-        await asyncio.sleep(max(0.0, down_s - (now_ms() - at) / 1000))
-        await asyncio.to_thread(kafka_sh, "start", self.args.port)
+        self.note("broker restart (kafka.sh restart: its data kept)")
+        # Down for as long as the restart takes (a JVM's start: seconds, or minutes on a busy machine), an
+        # outage no node's silence may count (services/node_health/handlers.py).
+        self.broker_away = True
+        try:
+            await asyncio.to_thread(kafka_sh, "restart", self.args.port)
+        finally:
+            self.broker_away = False
         back = now_ms()
-        self.note(f"broker back after {(back - at) / 1000:.1f} s")
+        self.broker_down_s = (back - at) / 1000
+        self.note(f"broker back after {self.broker_down_s:.1f} s")
         self.kills.append(Kill("broker", at, (), back))
+
+    async def pause_broker(self) -> None:
+        """The broker frozen (SIGSTOP) for ``--pause-s``, then let go: an outage shorter than node_health's
+        silence, whatever the machine's speed (a restart's length depends on how fast the JVM starts)."""
+        pid = int((ROOT / ".cache" / "kafka" / str(self.args.port) / "kafka.pid").read_text().strip())
+        at = now_ms()
+        self.note(f"broker paused for {self.args.pause_s:g} s (SIGSTOP)")
+        self.broker_away = True
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(self.args.pause_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.broker_away = False
+        back = now_ms()
+        self.broker_paused_s = (back - at) / 1000
+        self.kills.append(Kill("broker-pause", at, (), back))
 
     async def drain(self) -> dict[str, Any]:
         deadline = time.monotonic() + self.args.drain_s
@@ -461,6 +495,9 @@ class Chaos:
         figures["nodes_failed"] = failed
         figures["nodes_failed_unexpectedly"] = len(set(failed) - meant)
         figures["offered_by_load"] = len(self.offered)
+        figures["broker_down_s"] = self.broker_down_s
+        figures["broker_paused_s"] = self.broker_paused_s
+        figures["silence_s"] = float(NODE_HEALTH["GANGLINE_SILENCE_S"])
         return figures
 
     def replay(self) -> dict[str, Any]:
@@ -518,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per second of a job's hint")
     p.add_argument("--restart-delay-s", type=float, default=1.0, help="the supervisor's delay")
     p.add_argument("--session-timeout-ms", type=int, default=4000)
+    p.add_argument(
+        "--pause-s", type=float, default=8.0, help="the broker frozen this long: shorter than the silence"
+    )
     p.add_argument("--short", action="store_true", help="the suite's version: 30 s of load, 1 kill each")
     p.add_argument("--keep", action="store_true", help="leave the broker and its data for inspection")
     args = p.parse_args(argv)

@@ -53,7 +53,11 @@ class ServiceSettings(BaseModel):
     max_batch_records: int = Field(default=500, ge=1)
     log_level: str = "INFO"
     session_timeout_ms: int = Field(default=10_000, ge=1000)
-    """How long a silent replica keeps its partitions (and its leadership) before a standby takes over."""
+    """How long a silent replica keeps its partitions before the group gives them to another."""
+    lock_session_timeout_ms: int = Field(default=1_500, ge=1000)
+    """GANGLINE_LOCK_SESSION_TIMEOUT_MS: how long a silent leader (quota, placement, preemption,
+    node_health) keeps its lock before a standby takes over (services.common.leader); its heartbeats run
+    on a thread of their own, so only a stop of the whole process lets it lapse."""
     linger_ms: int = Field(default=10, ge=0)
     """How long a processor waits to fill a batch (one transaction) after the first record arrives."""
     idle_commit_ms: int = Field(default=1_000, ge=0)
@@ -140,6 +144,7 @@ def processor_settings(settings: ServiceSettings, service: str, input_topics: li
         static_membership=settings.static_membership,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.session_timeout_ms // 5),
+        lock_session_timeout_ms=settings.lock_session_timeout_ms,
         chained_topics=(topic_names(settings).allocations,),
     )
 

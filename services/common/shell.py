@@ -247,7 +247,9 @@ async def restore_and_process(
     ``started``, when the state counts time from its creation, is recorded with them.
 
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
-    the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies.
+    the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies
+    (``lock_session_timeout_ms`` after its last heartbeat); the leader's processor joins no consumer
+    group (``ProcessorSettings.group_membership``).
     Such a service commits its consumed offsets every ``idle_commit_ms`` rather than in every
     transaction (ProcessorSettings.offsets_in_every_transaction): whoever starts next re-reads at most
     that much input, whose decisions its restored state already holds.
@@ -257,8 +259,14 @@ async def restore_and_process(
         # One leader at a time, whose state is rebuilt from the log (its own decisions included) when
         # it starts: an input read again after a crash or a failover decides nothing again, so the
         # consumed offsets need not ride in every transaction (two round trips fewer per batch).
+        # The lock says who consumes: the leader's consumer joins no group (a dead leader's membership
+        # would hold up the next one's join until its session expired).
         settings = settings.model_copy(
-            update={"transactional_role": "leader", "offsets_in_every_transaction": False}
+            update={
+                "transactional_role": "leader",
+                "offsets_in_every_transaction": False,
+                "group_membership": False,
+            }
         )
 
     def restore_and_process() -> Coroutine[Any, Any, None]:
@@ -285,7 +293,7 @@ async def restore_and_process(
         group_id=f"{settings.group_id}.leader",
         topic=lock_topic,
         member=settings.instance_id,
-        session_timeout_ms=settings.session_timeout_ms,
+        session_timeout_ms=settings.lock_session_timeout_ms,
     )
     try:
         await leadership.acquire()

@@ -1,16 +1,19 @@
 """Node health's decisions (pure): silent nodes fail; failed nodes and GPUs give their gangs back;
 GPUs whose errors repeat are drained before they fail.
 
-Time comes from the caller (``now``): every heartbeat consumed is also a clock tick, and at most
-every ``check_every_s`` the service looks for nodes silent longer than ``silence_s``. (While every
-node is silent no tick arrives; that whole-cluster outage is left to operators.) Silence is judged
-only while the service keeps up with the log: a heartbeat consumed more than ``max_lag`` after it
-was sent means node_health itself is behind (a burst, a restart, a starved CPU), and the beats it has
-not read yet would make every node look silent. It waits until it has caught up instead. And silence
-is counted only over time the cluster was heard at all: when the newest heartbeat jumps ahead by more
-than the silence (no node got a beat into the log for that long: the broker was down, say), every
-node's silence counts from that beat, as it does from the service's start; else, once the broker is
-back, the first node heard would make all the others look silent.
+Silence is judged in the heartbeat stream's own time (the rule is the core's:
+:mod:`gangline.core.silence`). Every heartbeat consumed is a tick, and at most every ``check_every_s``
+(of ``now``, the caller's clock) the service looks for nodes silent longer than ``silence_s``. A node's
+silence is the time the bus was *heard* since its last beat, up to the newest beat heard: time in which
+no node's heartbeat got into the log for longer than ``outage_gap_s`` (the broker was down or
+unreachable, every agent was cut off) counts toward nobody's silence, however short or long the
+outage. When a beat was heard is the record's timestamp in the log (when the agent handed it to the
+broker: an agent's beats stamped during an outage and sent after it do not hide it), else its own time.
+So the verdict is a function of the log, and a replay of it decides the same. Silence is also judged
+only while the service keeps up with the log: a heartbeat consumed more than ``max_lag`` after it was
+sent means node_health itself is behind (a burst, a restart, a starved CPU); it waits until it has
+caught up. (While every node is silent no tick arrives; that whole-cluster outage is left to
+operators.)
 
 For a failed node (declared here, reported by an agent, or by an operator) or a failed GPU, every
 live allocation that uses it is released (``node_failed``) and its job requeued as its next attempt
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gangline.bus import Outgoing
+from gangline.core.silence import Hearing, silent
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -82,6 +86,9 @@ class NodeHealthState:
     max_lag: timedelta | None = None
     """How far behind the heartbeats node_health may be and still judge silence; half the silence
     when unset."""
+    outage_gap: timedelta | None = None
+    """A pause this long in every node's heartbeats is an outage of the bus, not silence of the nodes
+    (:class:`~gangline.core.silence.Hearing`); half the silence when unset."""
     cluster: ClusterFold = field(default_factory=lambda: ClusterFold(gated=False))
     """The one lifecycle fold: which nodes are registered or failed (in whichever order their facts are
     read), and each job's grants and releases (its live allocations, how many attempts it had)."""
@@ -89,10 +96,8 @@ class NodeHealthState:
     last_seq: dict[NodeId, int] = field(default_factory=dict)
     checkpoints: dict[JobId, str] = field(default_factory=dict)
     last_check: datetime | None = None
-    heard_at: datetime | None = None
-    """The time of the newest heartbeat folded."""
-    heard_since: datetime | None = None
-    """Since when heartbeats came without a gap of a whole silence (see the module docstring)."""
+    hearing: Hearing = field(init=False)
+    """When the bus was heard (every node's beats, by their log timestamps): what silence counts over."""
     rates: GpuErrorRates = field(default_factory=GpuErrorRates)
     """The drain policy's windows (the core's defaults unless the settings say otherwise)."""
     gpu_state: dict[GpuKey, HealthState] = field(default_factory=dict)
@@ -101,6 +106,9 @@ class NodeHealthState:
     """GPUs node_health itself drained for repeated errors."""
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
+
+    def __post_init__(self) -> None:
+        self.hearing = Hearing(self.outage_gap or self.silence / 2)
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -134,7 +142,9 @@ class NodeHealthState:
                 out[granted.allocation_id] = granted
         return out
 
-    def fold(self, envelope: Envelope) -> None:
+    def fold(self, envelope: Envelope, *, heard_at: datetime | None = None) -> None:
+        """Fold one event; ``heard_at``: for a heartbeat, its record's timestamp in the log (when the bus
+        heard it), its own time when unknown."""
         data = envelope.data
         if isinstance(data, NodeRegistered):
             latest = self.cluster.registered_at.get(data.node)
@@ -147,11 +157,10 @@ class NodeHealthState:
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
-            if self.heard_at is None or envelope.time - self.heard_at > self.silence:
-                self.heard_since = envelope.time  # nothing was heard from any node for a while
-            self.heard_at = max(envelope.time, self.heard_at or envelope.time)
+            self.hearing.hear(heard_at or envelope.time)  # a failed node's beat shows the bus is up, too
             if not self.cluster.node_failed(data.node):
-                self.last_seen[data.node] = max(envelope.time, self.started)
+                seen = self.last_seen.get(data.node, envelope.time)
+                self.last_seen[data.node] = max(envelope.time, seen, self.started)
                 self.last_seq[data.node] = data.seq
         elif isinstance(data, GpuHealthChanged):
             self.cluster.fold(envelope)
@@ -180,12 +189,17 @@ class NodeHealthState:
         return record is None or allocation_id in record.released or allocation_id not in record.grants
 
 
-def decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
-    out = _decide(envelope, state, now=now)
+def decide(
+    envelope: Envelope, state: NodeHealthState, *, now: datetime, heard_at: datetime | None = None
+) -> list[Outgoing]:
+    """Fold ``envelope`` and decide; ``heard_at``: its record's timestamp in the log (see :meth:`fold`)."""
+    out = _decide(envelope, state, now=now, heard_at=heard_at)
     return out + drain(state, now=now) if state.cordons.evicts_at else out
 
 
-def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
+def _decide(
+    envelope: Envelope, state: NodeHealthState, *, now: datetime, heard_at: datetime | None
+) -> list[Outgoing]:
     data = envelope.data
     if isinstance(data, NodeFailed):
         first = not state.cluster.node_failed(data.node)
@@ -205,7 +219,7 @@ def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> lis
     if isinstance(data, GpuErrorReported):
         state.fold(envelope)
         return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
-    state.fold(envelope)
+    state.fold(envelope, heard_at=heard_at)
     if isinstance(data, NodeHeartbeat):
         if now - envelope.time > (state.max_lag or state.silence / 2):
             return []  # behind the log: the beats not read yet may speak for the "silent" nodes
@@ -214,21 +228,33 @@ def _decide(envelope: Envelope, state: NodeHealthState, *, now: datetime) -> lis
 
 
 def check_silence(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
-    """Declare failed every node silent for longer than ``silence`` (at most every ``check_every``)."""
+    """Declare failed every node silent for longer than ``silence`` (at most every ``check_every``).
+
+    Silent by the core's rule (:func:`gangline.core.silence.silent`): over the time the bus was heard,
+    at the newest beat heard.
+    """
     if state.last_check is not None and now - state.last_check < state.check_every:
         return []
     state.last_check = now
+    watched = {
+        node: max(seen, state.started)
+        for node, seen in sorted(state.last_seen.items())
+        if not state.cluster.node_failed(node)
+    }
+    if watched:
+        state.hearing.forget_before(min(watched.values()))
     out: list[Outgoing] = []
-    heard = max(state.started, state.heard_since or state.started)
-    for node, seen in sorted(state.last_seen.items()):
-        if state.cluster.node_failed(node) or now - max(seen, heard) <= state.silence:
-            continue
+    for node, heard in silent(watched, state.hearing, silence=state.silence):
+        seen = state.last_seen[node]
         seq = state.last_seq.get(node)
-        silent_s = int((now - seen).total_seconds())
         failed = NodeFailed(
             node=node,
             code="heartbeat_timeout",
-            reason=f"no heartbeat from {node} for {silent_s} s (limit {state.silence.total_seconds():g} s)",
+            reason=(
+                f"no heartbeat from {node} for {int((now - seen).total_seconds())} s, "
+                f"{int(heard.total_seconds())} s of it with the bus heard "
+                f"(limit {state.silence.total_seconds():g} s)"
+            ),
             last_seq=seq,
         )
         cause = derived_id(node, "silent", seq if seq is not None else "never")

@@ -19,9 +19,10 @@ What is verified:
 * every ``node.failed`` for silence (``heartbeat_timeout``): the heartbeat the log names as its cause
   is handled with ``now`` = the output's time, the check forced (a check did run then: it found
   something). The replay then declares exactly the nodes that had been silent longer than
-  ``silence_s`` at that time, given the heartbeats handled before it in the recorded order and the
-  run's start, and only if that heartbeat was within the lag limit; and the releases and requeues of
-  every live allocation on them, with the same ids, attempts and checkpoints;
+  ``silence_s`` of the time the bus was heard (:mod:`gangline.core.silence`: every heartbeat handled
+  before it, each at its record's timestamp, as the live fold had it; and the run's start), judged at
+  the newest beat heard, and only if that heartbeat was within the lag limit; and the releases and
+  requeues of every live allocation on them, with the same ids, attempts and checkpoints;
 * every release for a ``node.failed`` reported by an agent or an operator, or a failed GPU, and every
   GPU drained (``degraded``) for repeated errors: these depend only on the events (their own times),
   so they are re-decided exactly, and one the log lacks is reported ("not in the log");
@@ -33,7 +34,8 @@ silence check only where the log shows one found something; a heartbeat with no 
 without a check. So the replay neither misses a recorded declaration (a missing one is named) nor
 invents one, but it cannot prove that a declaration was due and not made: whether a check ran then
 depended on the live clock, the check interval and the lag, none of which the log records. Logs
-written before ``gangline-started`` was recorded count silence from the run's first output instead.
+written before ``gangline-started`` was recorded count silence from the run's first output instead; a
+log file without records' timestamps hears each beat at its own time.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from services.common.replay import (
 )
 from services.node_health.handlers import SOURCE, NodeHealthState, decide
 from services.node_health.settings import NodeHealthSettings
-from services.node_health.wiring import NODE_HEALTH_EVENTS, new_state
+from services.node_health.wiring import NODE_HEALTH_EVENTS, new_state, record_time
 
 NAME = "node-health"
 """The decider's name for `gangline replay --decider`."""
@@ -70,6 +72,8 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
     def __init__(self, settings: NodeHealthSettings) -> None:
         self.settings = settings
         self.topics = topic_names(settings)
+        self._heard_at: datetime | None = None
+        """The timestamp of the record about to be handled (the replayer selects it just before)."""
 
     @property
     def output_topics(self) -> tuple[str, ...]:
@@ -92,6 +96,7 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
         return kind in NODE_HEALTH_EVENTS or not kind
 
     def selects(self, state: NodeHealthState, record: LogRecord, kind: str) -> bool:
+        self._heard_at = record_time(record.timestamp_ms)  # when the bus heard it, as the live fold had it
         return kind in NODE_HEALTH_EVENTS or not kind
 
     def restore(self, state: NodeHealthState, envelope: Envelope) -> None:
@@ -101,12 +106,15 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
         self, state: NodeHealthState, envelope: Envelope, caused: Sequence[Envelope]
     ) -> Sequence[Outgoing]:
         now = earliest(caused)
+        heard_at, self._heard_at = self._heard_at, None
         if isinstance(envelope.data, NodeHeartbeat):
             if now is None:
-                state.fold(envelope)  # a check that found nothing, or none: the log cannot tell
+                state.fold(
+                    envelope, heard_at=heard_at
+                )  # a check that found nothing, or none: the log cannot tell
                 return []
             state.last_check = None  # a check ran then: it found what the log holds
-        return decide(envelope, state, now=now or envelope.time)
+        return decide(envelope, state, now=now or envelope.time, heard_at=heard_at)
 
 
 def replay_node_health(records: Sequence[LogRecord], settings: NodeHealthSettings) -> ReplayReport:

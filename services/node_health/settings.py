@@ -14,7 +14,8 @@ _DRAIN = DrainPolicy()
 
 
 class NodeHealthSettings(ServiceSettings):
-    """``silence_s``: a node that has not heartbeaten for this long is declared failed.
+    """``silence_s``: a node that has not heartbeaten for this long (of the time the bus was heard:
+    ``outage_gap_s``) is declared failed.
 
     The drain policy's numbers (:class:`gangline.core.health.DrainPolicy`, whose defaults these are):
     a GPU with ``job_fault_xids_limit`` job-fault XIDs, ``warning_xids_limit`` warning XIDs or
@@ -29,6 +30,10 @@ class NodeHealthSettings(ServiceSettings):
     to fill a batch (see LAZY_LINGER_MS)."""
     silence_s: float = Field(default=10.0, gt=0)
     check_every_s: float = Field(default=0.5, gt=0)
+    outage_gap_s: float | None = Field(default=None, gt=0)
+    """GANGLINE_OUTAGE_GAP_S: no node's heartbeat in the log for longer than this is an outage of the bus,
+    which counts toward no node's silence (:mod:`gangline.core.silence`). Longer than the agents'
+    heartbeat interval; unset: half of ``silence_s``."""
     error_window_s: float = Field(default=_DRAIN.window.total_seconds(), gt=0)
     job_fault_xids_limit: int = Field(default=_DRAIN.job_fault_xids, ge=1)
     warning_xids_limit: int = Field(default=_DRAIN.warning_xids, ge=1)

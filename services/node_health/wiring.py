@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from gangline.bus import Outgoing, RecordMeta
@@ -34,14 +34,31 @@ NODE_HEALTH_EVENTS = (
 )
 
 
+def record_time(timestamp_ms: int | None) -> datetime | None:
+    """A record's timestamp in the log as a time (None when it has none)."""
+    return datetime.fromtimestamp(timestamp_ms / 1000, UTC) if timestamp_ms and timestamp_ms > 0 else None
+
+
 def new_state(settings: NodeHealthSettings, *, now: datetime) -> NodeHealthState:
     return NodeHealthState(
         topics=topic_names(settings),
         silence=timedelta(seconds=settings.silence_s),
         check_every=timedelta(seconds=settings.check_every_s),
         started=now,
+        outage_gap=timedelta(seconds=settings.outage_gap_s) if settings.outage_gap_s is not None else None,
         rates=GpuErrorRates(settings.drain_policy()),
     )
+
+
+def handler(
+    state: NodeHealthState, clock: Callable[[], datetime]
+) -> Callable[[Envelope, RecordMeta], Sequence[Outgoing]]:
+    """The processor's handler: ``decide`` at the clock's ``now``; a heartbeat heard at its record's time."""
+
+    def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        return decide(envelope, state, now=clock(), heard_at=record_time(meta.timestamp_ms))
+
+    return handle
 
 
 async def main(settings: NodeHealthSettings) -> None:
@@ -49,9 +66,7 @@ async def main(settings: NodeHealthSettings) -> None:
     state = new_state(settings, now=datetime.now(UTC))
     topics = state.topics
 
-    def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
-        return decide(envelope, state, now=datetime.now(UTC))
-
+    handle = handler(state, lambda: datetime.now(UTC))
     inputs = [topics.inventory, topics.health, topics.operator, topics.allocations, topics.heartbeats]
     async with metrics.serve(settings):
         await restore_and_process(

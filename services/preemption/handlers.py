@@ -29,7 +29,9 @@ Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grac
 agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
 heartbeats are the clock), the victim's allocation is released (``preempted``), ``job.preempted``
 says whether it checkpointed, and ``job.requeued`` sends it back to its queue to resume from the
-checkpoint. Placement, seeing the release, places the urgent job first (it orders by priority, and
+checkpoint. A victim whose end (``job.completed`` / ``job.failed`` of that allocation) is read first
+is left alone: placement releases it for that end, and a second release would requeue a finished job.
+Placement, seeing the release, places the urgent job first (it orders by priority, and
 keeps the GPUs its victims free for it).
 
 The service folds every event of a poll (:func:`fold_event`) and plans once per batch
@@ -199,6 +201,11 @@ class PreemptionState:
             self.asked.discard(data.allocation_id)
             self._forget_if_retired(data.job_id)
         elif isinstance(data, JobCompleted | JobFailed):
+            if data.allocation_id is not None:
+                # It ended by itself before it was preempted: placement releases it (completed/failed), and
+                # releasing it here as preempted too would requeue a finished job.
+                self.in_flight.pop(data.allocation_id, None)
+                self.asked_before_granted.pop(data.allocation_id, None)
             self._forget_if_retired(data.job_id)
         elif isinstance(data, JobQueued):
             self.held.pop(data.job_id, None)  # quota let it through: placement takes it from here
@@ -398,6 +405,8 @@ def _carry_out(state: PreemptionState, plan: PreemptionPlan, *, now: datetime) -
             continue
         if granted.allocation_id in state.in_flight or granted.allocation_id in state.asked:
             continue
+        if granted.allocation_id in record.ended:
+            continue  # it ended by itself: its GPUs come free when placement releases it
         needs = RECLAIMS if plan.kind == RECLAIM else "needs the GPUs"
         why = f"{needs} ({victim.reason})"
         out.append(_ask(state, record, granted, preemptor, why, victim.lost_gpu_hours, now=now))
@@ -453,8 +462,8 @@ def finish(state: PreemptionState, flight: InFlight, *, checkpointed: bool, now:
     if record is None:
         return []
     granted = record.grants.get(flight.allocation_id)
-    if granted is None or flight.allocation_id in record.released:
-        return []
+    if granted is None or flight.allocation_id in record.released or flight.allocation_id in record.ended:
+        return []  # released already, or its end read (placement releases it)
     lost = 0.0 if checkpointed else lost_gpu_hours(state, granted, now)
     checkpoint = state.checkpoints.get(flight.job_id)
     released = AllocationReleased(

@@ -76,7 +76,10 @@ across restarts:
   would close it fully at the cost of one producer per partition; not done here.
 - services where one replica at a time decides behind a leader lock share one
   ``transactional_id`` per role (``ProcessorSettings.transactional_role``): the new leader's
-  ``InitProducerId`` fences the cut-off old leader outright, whatever it was doing.
+  ``InitProducerId`` fences the cut-off old leader outright, whatever it was doing. Their processors
+  join no consumer group (``ProcessorSettings.group_membership``): the lock says who consumes, so a
+  new leader neither waits for a dead one's membership to expire nor shares the partitions with a
+  zombie, and a long batch makes no rebalance.
 """
 
 from __future__ import annotations
@@ -409,9 +412,12 @@ class Processor:
             raise
         self._producer = producer
         self._joining = consumer  # the first assignment may come before start() returns
-        consumer.subscribe(list(settings.input_topics), listener=_Rebalance(self))
+        if settings.group_membership:
+            consumer.subscribe(list(settings.input_topics), listener=_Rebalance(self))
         try:
             await consumer.start()
+            if not settings.group_membership:
+                await self._assign_all(consumer)
         except BaseException:
             await consumer.stop()
             raise
@@ -420,6 +426,22 @@ class Processor:
             "processor started",
             extra={"transactional_id": settings.transactional_id, "topics": list(settings.input_topics)},
         )
+
+    async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
+        """Without group membership: every partition of the inputs, from the group's committed offsets."""
+        await consumer._client.force_metadata_update()
+        assigned: list[TopicPartition] = []
+        for topic in self._settings.input_topics:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                raise RuntimeError(f"input topic missing on the broker: {topic}")
+            assigned += [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        for tp in assigned:
+            committed = await consumer.committed(tp)
+            if committed is not None:
+                consumer.seek(tp, committed)
+        await self._on_assigned(assigned)
 
     async def _close(self) -> None:
         producer, consumer = self._producer, self._consumer

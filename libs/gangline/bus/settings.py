@@ -70,6 +70,14 @@ class ProcessorSettings(BaseModel):
     transactional_role: str | None = None
     """Set for services where one replica at a time decides (a leader lock): the replicas share
     ``<group_id>.<transactional_role>``, so a new leader's producer fences a cut-off old one."""
+    lock_session_timeout_ms: int = Field(default=1_500, ge=1)
+    """How long the holder of a leader lock (services.common.leader) keeps it after it went silent: the
+    most of a single-leader service's failover. The broker must allow it (group.min.session.timeout.ms)."""
+    group_membership: bool = True
+    """False: the processor joins no consumer group; it assigns itself every partition of its inputs and
+    goes on from ``group_id``'s committed offsets (its transactions still commit there). For the one
+    leader behind a lock (services.common.leader), which alone consumes: a new leader starts at once,
+    without waiting for a dead leader's membership to expire, and a long batch makes no rebalance."""
 
     @property
     def transactional_id(self) -> str:

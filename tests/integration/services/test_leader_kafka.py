@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -53,3 +55,36 @@ async def test_a_joining_standby_neither_takes_nor_breaks_the_lock(
     finally:
         waiting.cancel()
         await second.release()
+
+
+async def test_a_holder_whose_loop_is_busy_past_the_session_keeps_the_lock(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """The lock's heartbeats run on a thread of their own: a long synchronous stretch of the service's
+    loop (a slow batch, a big restore) does not hand the lock to a standby (here on a loop of its own,
+    as in another process)."""
+    topic = (await topic_factory(partitions=1)).name
+    group = f"lock-{uuid.uuid4().hex[:8]}"
+    holder = _lock(kafka_bootstrap, group, topic, "a")
+    await asyncio.wait_for(holder.acquire(), 30)
+    stop = threading.Event()
+
+    async def standby_waits() -> bool:
+        standby = _lock(kafka_bootstrap, group, topic, "b")
+        waiting = asyncio.create_task(standby.acquire())
+        await asyncio.to_thread(stop.wait)
+        waiting.cancel()
+        await standby.release()
+        return standby.held.is_set()
+
+    standby = asyncio.ensure_future(asyncio.to_thread(asyncio.run, standby_waits()))
+    try:
+        await _settle()
+        time.sleep(SESSION_MS / 1000 * 3)  # noqa: ASYNC251  # the loop blocked, as by a batch 3 sessions long
+        await _settle()
+        assert holder.holding() and not holder.lost.is_set()
+    finally:
+        stop.set()
+        took_it = await standby
+        await holder.release()
+    assert not took_it

@@ -14,9 +14,15 @@ from services.node_health.handlers import NodeHealthState, decide
 TOPICS = TopicNames()
 
 
-def new_state() -> NodeHealthState:
+def new_state(*, outage_gap: float | None = 10) -> NodeHealthState:
+    """Most of these clusters beat sparsely (pauses of up to 10 s in every node's beats): only a longer
+    pause is an outage of the bus here, unless ``outage_gap`` says otherwise (None: the default)."""
     state = NodeHealthState(
-        topics=TOPICS, silence=timedelta(seconds=10), check_every=timedelta(seconds=1), started=T0
+        topics=TOPICS,
+        silence=timedelta(seconds=10),
+        check_every=timedelta(seconds=1),
+        started=T0,
+        outage_gap=timedelta(seconds=outage_gap) if outage_gap is not None else None,
     )
     for node in cluster(("a", 3, 8)).registrations():
         state.restore(env(node))
@@ -123,20 +129,20 @@ def test_a_registration_read_again_neither_rewinds_heartbeats_nor_revives_a_fail
     assert "a-0" in state.failed
 
 
-def test_after_an_outage_in_which_no_node_was_heard_silence_counts_from_the_first_beat_after_it() -> None:
-    # The broker was down from t=2 to t=30: no node's heartbeat got into the log meanwhile.
-    state = new_state()
+def test_after_an_outage_in_which_no_node_was_heard_its_time_counts_toward_no_silence() -> None:
+    # The broker was down from t=2 to t=30: no node's heartbeat got into the log meanwhile. The outage gap
+    # is the default, half the silence: the stream was heard for 5 s after the last beats before it.
+    state = new_state(outage_gap=None)
     state.restore(env(grant("g", "a-0")))
     for node in ("a-0", "a-1", "a-2"):
         decide(beat(node, 1, 2), state, now=T0 + timedelta(seconds=2))  # type: ignore[arg-type]
     # a-2's first beat after the outage is read before a-0's and a-1's: they are not silent for that.
     assert decide(beat("a-2", 2, 30), state, now=T0 + timedelta(seconds=30.1)) == []  # type: ignore[arg-type]
     decide(beat("a-1", 2, 30.5), state, now=T0 + timedelta(seconds=30.6))  # type: ignore[arg-type]
-    for k, at in enumerate((34, 38), start=3):
-        for node in ("a-1", "a-2"):
-            assert decide(beat(node, k, at), state, now=T0 + timedelta(seconds=at)) == []  # type: ignore[arg-type]
-    # a-0 never spoke again: 10 s after the outage ended it is silent, and fails.
-    out = decide(beat("a-1", 5, 41), state, now=T0 + timedelta(seconds=41))  # type: ignore[arg-type]
+    for node in ("a-1", "a-2"):
+        assert decide(beat(node, 3, 34), state, now=T0 + timedelta(seconds=34)) == []  # type: ignore[arg-type]
+    # a-0 never spoke again: at t=38 the bus was heard for 5 + 8 s since its last beat, and it fails.
+    out = decide(beat("a-1", 4, 38), state, now=T0 + timedelta(seconds=38))  # type: ignore[arg-type]
     assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-0"]
 
 
@@ -157,3 +163,50 @@ def test_a_node_failure_older_than_the_nodes_latest_registration_releases_nothin
     assert [(e.data.job_id, e.data.reason) for _, e in out if isinstance(e.data, AllocationReleased)] == [
         ("g", "node_failed")
     ]
+
+
+def beats_every_half_second(state: NodeHealthState, nodes: tuple[str, ...], start: float, end: float) -> None:
+    for k in range(int((end - start) * 2) + 1):
+        t = start + k / 2
+        for node in nodes:
+            assert decide(beat(node, int(t * 2), t), state, now=T0 + timedelta(seconds=t)) == []  # type: ignore[arg-type]
+
+
+def test_after_an_outage_shorter_than_the_silence_nodes_heard_late_are_not_failed() -> None:
+    """The chaos run's case: the broker down for 9 s of a 10 s silence, then node_health (restarted, 2 s
+    behind) reads one node's beat before the others' come back; none of them is failed for that."""
+    state = new_state(outage_gap=None)
+    state.restore(env(grant("g", "a-1")))
+    beats_every_half_second(state, ("a-0", "a-1", "a-2"), 0, 5)
+    # Down from t=5 to t=14. a-0's first beat after it is read at t=16; a-1 and a-2 are heard 3 s later.
+    assert decide(beat("a-0", 100, 14), state, now=T0 + timedelta(seconds=16)) == []  # type: ignore[arg-type]
+    assert decide(beat("a-0", 101, 16), state, now=T0 + timedelta(seconds=16.1)) == []  # type: ignore[arg-type]
+    beats_every_half_second(state, ("a-0",), 16.5, 17)
+    beats_every_half_second(state, ("a-0", "a-1", "a-2"), 17, 19)
+    assert state.failed == frozenset()
+    # The same cluster judged by wall time: a-1 and a-2 had not been heard for 12 s at t=17.
+    # a-2 goes silent for good: failed once the bus was heard for 10 s since its last beat.
+    beats_every_half_second(state, ("a-0", "a-1"), 19.5, 29.5)
+    out = decide(beat("a-0", 200, 30), state, now=T0 + timedelta(seconds=30))  # type: ignore[arg-type]
+    assert [e.data.node for _, e in out if isinstance(e.data, NodeFailed)] == ["a-2"]
+
+
+def test_beats_stamped_during_an_outage_and_sent_after_it_do_not_hide_it() -> None:
+    """An agent queues its beats while the broker is down and sends them when it is back: their own times
+    fill the outage, their records' times (when the bus heard them) do not."""
+
+    def run(*, with_record_times: bool) -> list[str]:
+        state = new_state(outage_gap=None)
+        beats_every_half_second(state, ("a-0", "a-1", "a-2"), 0, 5)
+        out = []
+        for k in range(23):  # a-0's backlog, stamped t=5..16, all handed to the broker at t=16
+            stamped = 5 + k / 2
+            heard = T0 + timedelta(seconds=16) if with_record_times else None
+            out += decide(beat("a-0", 50 + k, stamped), state, now=T0 + timedelta(seconds=16), heard_at=heard)  # type: ignore[arg-type]
+        # The others' beats come back a little later than a-0's: at t=17 a-0 beats again, they not yet.
+        heard = T0 + timedelta(seconds=17) if with_record_times else None
+        out += decide(beat("a-0", 80, 17), state, now=T0 + timedelta(seconds=17), heard_at=heard)  # type: ignore[arg-type]
+        return [e.data.node for _, e in out if isinstance(e.data, NodeFailed)]
+
+    assert run(with_record_times=True) == []
+    assert run(with_record_times=False) == ["a-1", "a-2"]  # what the beats' own times alone would say

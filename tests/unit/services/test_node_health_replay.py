@@ -13,10 +13,10 @@ from gangline.events.allocations import AllocationGranted, Placement
 from gangline.events.nodes import GpuErrorReported, HealthCause, NodeHeartbeat
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
 from services.common.select import select_types
-from services.node_health.handlers import SOURCE, NodeHealthState, decide
+from services.node_health.handlers import SOURCE, NodeHealthState
 from services.node_health.replay import replay_node_health
 from services.node_health.settings import NodeHealthSettings
-from services.node_health.wiring import NODE_HEALTH_EVENTS, new_state
+from services.node_health.wiring import NODE_HEALTH_EVENTS, handler, new_state
 
 SETTINGS = NodeHealthSettings(silence_s=4, check_every_s=0.5)
 FAILED = "gangline.node.failed.v1"
@@ -24,7 +24,7 @@ FAILED = "gangline.node.failed.v1"
 
 def wiring() -> Wiring:
     def decider(state: NodeHealthState, clock: Any) -> Any:
-        return lambda envelope, meta: decide(envelope, state, now=clock())
+        return handler(state, clock)
 
     return Wiring(
         live_topics=(TOPICS.inventory, TOPICS.health, TOPICS.allocations, TOPICS.heartbeats, TOPICS.events),

@@ -16,6 +16,7 @@ from gangline.events.base import Envelope, make_envelope
 from gangline.events.jobs import (
     JobAdmitted,
     JobCheckpointed,
+    JobCompleted,
     JobPending,
     JobPreempted,
     JobPreempting,
@@ -298,3 +299,36 @@ def test_held_jobs_go_to_the_core_only_when_owed_or_outranking_preemptible_work_
     # One cycle: the core's preempt runs before its reclaim, so b-urgent takes b-1 (lower priority, its
     # queue); b-2, the only other borrower, is not preemptible: nothing is left to reclaim for a-owed.
     assert {j: a.preemptor_job_id for j, a in asked(out).items()} == {"b-1": "b-urgent"}
+
+
+@pytest.mark.parametrize("then", ["deadline", "checkpoint"])
+def test_a_victim_that_completes_before_it_is_released_is_not_released_preempted_or_requeued(
+    then: str,
+) -> None:
+    """Preemption racing a completion: the victim's job.completed is read before placement's release of
+    it; neither the deadline passing nor a late checkpoint makes preemption release or requeue it."""
+    placement, preemption = setup()
+    run_job(
+        placement, preemption, admitted("cheap", gpus_per_worker=8, preemptible=True, checkpoint_grace_s=5)
+    )
+    run_job(placement, preemption, admitted("urgent", gpus_per_worker=8, priority=5))
+    [(_, asking)] = decide(pending("urgent"), preemption, now=T0)
+    assert isinstance(asking.data, JobPreempting)
+    completed = JobCompleted(job_id=JobId("cheap"), allocation_id=AllocationId("cheap.1"))
+    assert decide(env(completed, at=1), preemption, now=T0 + timedelta(seconds=1)) == []
+    if then == "deadline":
+        later = pending("x")
+        out = decide(later, preemption, now=T0 + timedelta(seconds=6))
+    else:
+        ack = JobCheckpointed(
+            job_id=JobId("cheap"), allocation_id=AllocationId("cheap.1"), node=NodeId("a-0"), checkpoint="c"
+        )
+        out = decide(env(ack, at=2), preemption, now=T0 + timedelta(seconds=2))
+    kinds = [type(e.data) for _, e in out]
+    assert AllocationReleased not in kinds and JobPreempted not in kinds and JobRequeued not in kinds, kinds
+    # Placement's release for the completion is the one release; the urgent job is not asked for again.
+    released = AllocationReleased(
+        job_id=JobId("cheap"), allocation_id=AllocationId("cheap.1"), reason="completed"
+    )
+    out = decide(env(released, at=3), preemption, now=T0 + timedelta(seconds=3))
+    assert [e.data for _, e in out if isinstance(e.data, JobPreempting | AllocationReleased)] == []
