@@ -6,15 +6,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz
+.PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos chaos-brokers test-analytics-restart fuzz
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
 	@echo "make up / down  start / stop all of that in the background (CLUSTER=spec.yaml to choose the cluster)"
 	@echo "make bench-e2e  request-to-grant throughput and latency through Kafka with 1,000 simulated nodes"
 	@echo "make chaos      kill -9 every decision service under load, restart the broker, fail two nodes; check the log and replay it (own broker, CHAOS_ARGS)"
+	@echo "make chaos-brokers  the same on three Kafka nodes of its own, one of them killed -9: nothing acknowledged is lost"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
-	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
+	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1 (KAFKA_NODES=3: a replicated broker); make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
 	@echo "make check      ruff + mypy + the import-layering contracts"
 	@echo "make bench-core benchmark the scheduling core"
@@ -52,8 +53,12 @@ schemas: venv
 # --- real infrastructure and tests (deploy/local/*.sh; ports: GANGLINE_KAFKA_PORT, GANGLINE_PG_PORT) ---
 .PHONY: db-migrate
 
+# KAFKA_NODES=3: three KRaft nodes (each broker and controller) on GANGLINE_KAFKA_PORT, +2, +4 (9092, 9094,
+# 9096; their controllers one port above each), the topics with three replicas and min.insync.replicas=2.
+# Unset: one node, or the size the running cluster was started with.
+KAFKA_NODES ?=
 infra-up: venv
-	deploy/local/kafka.sh up
+	$(if $(KAFKA_NODES),GANGLINE_KAFKA_NODES=$(KAFKA_NODES)) deploy/local/kafka.sh up
 	deploy/local/postgres.sh up
 
 infra-down:
@@ -97,6 +102,15 @@ bench-e2e: venv
 CHAOS_ARGS ?=
 chaos: venv
 	PYTHONPATH=libs:. $(PY) -m services.bench.chaos $(CHAOS_ARGS)
+
+# The same on a replicated broker of its own: three KRaft nodes on 127.0.0.1:39092-39097 (own data dirs
+# under .cache/kafka/39092; never the shared 9092 nor CI's 19092), the node leading the most partitions
+# killed -9 under load and left dead; every acknowledged request must be readable, the services must go
+# on deciding, nothing granted twice. About 5 minutes. Its short slice (no service kills) runs in make
+# test (tests/e2e/test_replicated_broker.py).
+CHAOS_BROKERS_ARGS ?=
+chaos-brokers: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.chaos --kafka-nodes 3 --port 39092 $(CHAOS_BROKERS_ARGS)
 
 # schemathesis against the API's OpenAPI (every phase and check) on a real API process, on the
 # running Kafka and PostgreSQL (make infra-up); prints schemathesis' summary and report figures.
