@@ -262,6 +262,8 @@ async def restore_and_process(
     if lock_topic is None:
         await restore_and_process()
         return
+    if metrics is not None:
+        metrics.phase = "standby"
     leadership = Leadership(
         settings.bootstrap_servers,
         group_id=f"{settings.group_id}.leader",
@@ -326,6 +328,8 @@ async def _restore_and_process(
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
 ) -> None:
+    if metrics is not None:
+        metrics.phase = "restoring"
     await fence(settings)
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
@@ -355,4 +359,5 @@ async def _restore_and_process(
     )
     if metrics is not None:
         metrics.watch(processor)
+        metrics.phase = "processing"
     await processor.run()
