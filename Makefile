@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
+.PHONY: k8s k8s-tools k8s-validate
 .PHONY: help venv lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos chaos-brokers test-analytics-restart fuzz
 
 help:
@@ -17,6 +18,7 @@ help:
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
 	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1 (KAFKA_NODES=3: a replicated broker); make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
+	@echo "make k8s        regenerate deploy/k8s/kafka.yaml (Strimzi) and validate deploy/k8s offline with kubeconform"
 	@echo "make check      ruff + mypy + the import-layering contracts"
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
@@ -67,13 +69,33 @@ infra-down:
 db-migrate: venv
 	$(PY) -m gangline.store.migrate
 
+# --- Kubernetes (deploy/k8s): validated offline, in make test too (tests/unit/deploy/test_k8s.py) ---
+# kubeconform, pinned, built from the Go module proxy into .cache/bin once; the Kubernetes and CRD schemas
+# it checks against are in the repository (deploy/k8s/schemas/SOURCE), so nothing else is downloaded.
+GO ?= $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
+KUBECONFORM_VERSION := v0.7.0
+KUBECONFORM := .cache/bin/kubeconform
+$(KUBECONFORM):
+	mkdir -p .cache/bin
+	GOBIN=$(abspath .cache/bin) GOFLAGS=-mod=mod $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
+
+k8s-tools: $(KUBECONFORM)
+
+k8s-validate: $(KUBECONFORM)
+	deploy/k8s/validate.sh
+
+# The Strimzi resources from schemas/topics.yaml and deploy/kafka/access.yaml, then the validation.
+k8s: venv $(KUBECONFORM)
+	PYTHONPATH=libs:. $(PY) -m gangline.bus.strimzi --out deploy/k8s/kafka.yaml
+	deploy/k8s/validate.sh
+
 # ruff and mypy, then the whole suite against a real broker and database; stops what it started,
 # fails when no test ran.
-test: venv check
+test: venv check $(KUBECONFORM)
 	deploy/local/run-tests.sh
 
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
-test-unit: venv
+test-unit: venv $(KUBECONFORM)
 	$(BIN)/pytest -m "not kafka and not postgres"
 
 # Benchmark of the pure scheduling core (one core; prints one JSON line per case).

@@ -54,6 +54,7 @@ from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from gangline.bus.admin import started_admin
@@ -232,13 +233,18 @@ class Plan:
     xid_at: float
 
 
-def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
-    """Seeded moments: the kills spread over the load, the broker restart and node faults in between."""
+def plan(rng: random.Random, load_s: float, kills: int, *, replicated: bool = False) -> Plan:
+    """Seeded moments: the kills spread over the load, the broker restart and node faults in between.
+
+    A replicated broker's node is killed late (70-80% of the load), after the silent node has been
+    failed (10 s of silence after at most 30%), so that each fault's effects can be told apart.
+    """
     window = (0.1 * load_s, 0.8 * load_s)
     moments = sorted((rng.uniform(*window), service) for service in SERVICES for _ in range(kills))
+    broker = (0.7, 0.8) if replicated else (0.5, 0.65)
     return Plan(
         kills=moments,
-        broker_at=rng.uniform(0.5 * load_s, 0.65 * load_s),
+        broker_at=rng.uniform(broker[0] * load_s, broker[1] * load_s),
         silent_at=rng.uniform(0.15 * load_s, 0.3 * load_s),
         xid_at=rng.uniform(0.35 * load_s, 0.45 * load_s),
     )
@@ -306,7 +312,10 @@ class Chaos:
         await asyncio.to_thread(kafka_sh, "down", self.args.port, nodes)
         try:
             await asyncio.to_thread(kafka_sh, "up", self.args.port, nodes)
+            replication = await self.replication() if nodes > 1 else None
             summary = await self.under_chaos()
+            if replication is not None:
+                summary["replication"] = replication
             if nodes > 1:
                 summary |= await self.acknowledged_are_readable()
             summary["replay"] = await asyncio.to_thread(self.replay)
@@ -339,7 +348,11 @@ class Chaos:
             self.note("every service processes; load starts")
             began = time.monotonic()
             faults = asyncio.create_task(
-                self.faults_of(plan(self.rng, self.args.load_s, self.args.kills), cluster, began)
+                self.faults_of(
+                    plan(self.rng, self.args.load_s, self.args.kills, replicated=self.args.kafka_nodes > 1),
+                    cluster,
+                    began,
+                )
             )
             tasks.append(faults)
             await self.load(began)
@@ -507,6 +520,27 @@ class Chaos:
             self.kills.append(Kill("broker", at, (), ready))
         finally:
             await admin.close()
+
+    async def replication(self) -> dict[str, list[Any]]:
+        """The replica counts and min.insync.replicas the public topics were made with (distinct values)."""
+        names = decider_topics("")
+        admin = await started_admin(self.bootstrap, 10_000)
+        try:
+            topics = await admin.describe_topics(names)
+            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+            configs = [
+                entry["config_value"]
+                for response in await admin.describe_configs(resources)
+                for resource in response.to_object()["resources"]
+                for entry in resource["config_entries"]
+                if entry["config_names"] == "min.insync.replicas"
+            ]
+        finally:
+            await admin.close()
+        return {
+            "replicas": sorted({len(p["replicas"]) for t in topics for p in t["partitions"]}),
+            "min_insync_replicas": sorted(set(configs)),
+        }
 
     async def acknowledged_are_readable(self) -> dict[str, Any]:
         """Every request the broker acknowledged is in jobs.requests where it said (read_committed)."""

@@ -56,6 +56,8 @@ def test_a_broker_killed_under_load_loses_nothing_acknowledged() -> None:
     summary = json.loads(lines[-1])
     print(json.dumps({k: v for k, v in summary.items() if k not in ("faults",)}))
 
+    # The catalogue's topics were made with three replicas of which two must hold each write.
+    assert summary["replication"] == {"replicas": [3], "min_insync_replicas": ["2"]}
     # One broker node was killed, and the partitions it led were led by the others afterwards.
     assert summary["broker_killed_node"] in range(1, NODES + 1)
     (broker,) = [r for r in summary["recovery"] if r["killed"] == "broker"]
