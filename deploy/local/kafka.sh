@@ -167,7 +167,9 @@ admin_password() {
 }
 
 # Replication of the topics, and the controller quorum (every node votes), for a cluster of NODES.
+# (Asked once per run, before any subshell renders properties: see need_replication.)
 replication() { "$PY" -c 'import sys; from gangline.bus.admin import replication_for as r; print(*r(int(sys.argv[1])))' "$NODES"; }
+need_replication() { [[ -n "${FACTOR:-}" ]] || read -r FACTOR MIN_ISR < <(replication); }
 voters() {
     local i out=() keep_id="$NODE_ID"
     for i in $(node_ids); do node "$i"; out+=("$i@127.0.0.1:$NODE_CONTROLLER_PORT"); done
@@ -177,12 +179,12 @@ voters() {
 
 # server.properties of the selected node for data dir $1, on stdout (it holds the admin password: 0600).
 render_props() {
-    local admin_pw factor min_isr
+    local admin_pw
     admin_pw="$(admin_password)"
-    read -r factor min_isr < <(replication)
+    [[ -n "${FACTOR:-}" ]] || die "need_replication first"
     sed -e "s|@PORT@|$NODE_PORT|g" -e "s|@CONTROLLER_PORT@|$NODE_CONTROLLER_PORT|g" -e "s|@DATA_DIR@|$1|g" \
         -e "s|@NODE_ID@|$NODE_ID|g" -e "s|@VOTERS@|$(voters)|g" \
-        -e "s|@REPLICATION@|$factor|g" -e "s|@MIN_ISR@|$min_isr|g" \
+        -e "s|@REPLICATION@|$FACTOR|g" -e "s|@MIN_ISR@|$MIN_ISR|g" \
         -e "s|@CLIENT_PROTOCOL@|$CLIENT_PROTOCOL|g" -e "s|@ADMIN_USER@|$ADMIN_USER|g" \
         -e "s|@ADMIN_PASSWORD@|$admin_pw|g" "$ROOT/deploy/kafka/server.properties.template"
     case "$CLIENT_PROTOCOL" in
@@ -306,6 +308,7 @@ cmd_up() {
     ((running == 0)) || die "$running of the $NODES nodes on $PORT run: use start to start the others, or down"
     local i
     for i in $(node_ids); do node "$i"; ports_free; done
+    need_replication
     jvm
     local template
     template="$(formatted_template)"
@@ -339,6 +342,7 @@ cmd_start() {
         [[ -f "$NODE_DIR/data/meta.properties" ]] || die "no data dir at $NODE_DIR/data to start on: use up"
         ports_free
     done
+    need_replication
     jvm
     launch "$started"
 }
