@@ -43,14 +43,22 @@ def test_a_broker_killed_under_load_loses_nothing_acknowledged() -> None:
     port = free_ports(2 * NODES)  # each node: a client port and a controller port
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'libs'}:{ROOT}"}
     command = [sys.executable, "-m", "services.bench.chaos", "--short", "--kills", "0"]
-    done = subprocess.run(
-        [*command, "--kafka-nodes", str(NODES), "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,  # a bound on the run, not a timed assertion
-    )
+    try:
+        done = subprocess.run(
+            [*command, "--kafka-nodes", str(NODES), "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,  # a bound on the run, not a timed assertion
+        )
+    finally:  # the run stops its brokers itself; this is for a run cut short
+        subprocess.run(
+            [str(ROOT / "deploy" / "local" / "kafka.sh"), "down"],
+            env={**env, "GANGLINE_KAFKA_PORT": str(port)},
+            capture_output=True,
+            timeout=120,
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no summary (status {done.returncode}):\n{done.stderr[-4000:]}"
     summary = json.loads(lines[-1])
