@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart
+.PHONY: k8s k8s-tools k8s-validate
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -15,9 +16,11 @@ help:
 	@echo "make bench-vs-slurm  Gangline against a single-host Slurm 22.05 on the same 16x8-GPU fake cluster, real processes (VS_SLURM_ARGS=--quick)"
 	@echo "make bench-restart  placement's restart over a generated history, before and after a snapshot (BENCH_ARGS=\"--jobs 1000000\")"
 	@echo "make chaos      kill -9 every decision service under load, restart the broker, fail two nodes; check the log and replay it (own broker, CHAOS_ARGS)"
+	@echo "make chaos-brokers  the same on three Kafka nodes of its own, one of them killed -9: nothing acknowledged is lost"
 	@echo "make test       run the whole test suite against a real Kafka broker and PostgreSQL"
-	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1; make infra-down stops them"
+	@echo "make infra-up   start Kafka (KRaft) and PostgreSQL on 127.0.0.1 (KAFKA_NODES=3: a replicated broker); make infra-down stops them"
 	@echo "make schemas    regenerate schemas/ from the event models"
+	@echo "make k8s        regenerate deploy/k8s/kafka.yaml (Strimzi) and validate deploy/k8s offline with kubeconform"
 	@echo "make check      ruff + mypy + the import-layering contracts"
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
@@ -54,8 +57,12 @@ schemas: venv
 # --- real infrastructure and tests (deploy/local/*.sh; ports: GANGLINE_KAFKA_PORT, GANGLINE_PG_PORT) ---
 .PHONY: db-migrate
 
+# KAFKA_NODES=3: three KRaft nodes (each broker and controller) on GANGLINE_KAFKA_PORT, +2, +4 (9092, 9094,
+# 9096; their controllers one port above each), the topics with three replicas and min.insync.replicas=2.
+# Unset: one node, or the size the running cluster was started with.
+KAFKA_NODES ?=
 infra-up: venv
-	deploy/local/kafka.sh up
+	$(if $(KAFKA_NODES),GANGLINE_KAFKA_NODES=$(KAFKA_NODES)) deploy/local/kafka.sh up
 	deploy/local/postgres.sh up
 
 infra-down:
@@ -64,9 +71,29 @@ infra-down:
 db-migrate: venv
 	$(PY) -m gangline.store.migrate
 
+# --- Kubernetes (deploy/k8s): validated offline, in make test too (tests/unit/deploy/test_k8s.py) ---
+# kubeconform, pinned, built from the Go module proxy into .cache/bin once; the Kubernetes and CRD schemas
+# it checks against are in the repository (deploy/k8s/schemas/SOURCE), so nothing else is downloaded.
+GO ?= $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
+KUBECONFORM_VERSION := v0.7.0
+KUBECONFORM := .cache/bin/kubeconform
+$(KUBECONFORM):
+	mkdir -p .cache/bin
+	GOBIN=$(abspath .cache/bin) GOFLAGS=-mod=mod $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
+
+k8s-tools: $(KUBECONFORM)
+
+k8s-validate: $(KUBECONFORM)
+	deploy/k8s/validate.sh
+
+# The Strimzi resources from schemas/topics.yaml and deploy/kafka/access.yaml, then the validation.
+k8s: venv $(KUBECONFORM)
+	PYTHONPATH=libs:. $(PY) -m gangline.bus.strimzi --out deploy/k8s/kafka.yaml
+	deploy/k8s/validate.sh
+
 # ruff and mypy, then the whole suite against a real broker and database; stops what it started,
 # fails when no test ran.
-test: venv check browser
+test: venv check browser $(KUBECONFORM)
 	deploy/local/run-tests.sh
 
 # The dashboard's browser tests (tests/e2e/test_dashboard.py) drive Debian's chromium through Playwright's
@@ -82,7 +109,7 @@ screenshots: venv browser
 	GANGLINE_SCREENSHOTS=$(CURDIR)/docs/dashboard deploy/local/run-tests.sh tests/e2e/test_dashboard.py
 
 # Only the tests that need neither Kafka nor PostgreSQL; starts nothing.
-test-unit: venv
+test-unit: venv $(KUBECONFORM)
 	$(BIN)/pytest -m "not kafka and not postgres"
 
 # Benchmark of the pure scheduling core (one core; prints one JSON line per case).
@@ -123,6 +150,15 @@ bench-restart: venv
 CHAOS_ARGS ?=
 chaos: venv
 	PYTHONPATH=libs:. $(PY) -m services.bench.chaos $(CHAOS_ARGS)
+
+# The same on a replicated broker of its own: three KRaft nodes on 127.0.0.1:39092-39097 (own data dirs
+# under .cache/kafka/39092; never the shared 9092 nor CI's 19092), the node leading the most partitions
+# killed -9 under load and left dead; every acknowledged request must be readable, the services must go
+# on deciding, nothing granted twice. About 5 minutes. Its short slice (no service kills) runs in make
+# test (tests/e2e/test_replicated_broker.py).
+CHAOS_BROKERS_ARGS ?=
+chaos-brokers: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.chaos --kafka-nodes 3 --port 39092 $(CHAOS_BROKERS_ARGS)
 
 # schemathesis against the API's OpenAPI (every phase and check) on a real API process, on the
 # running Kafka and PostgreSQL (make infra-up); prints schemathesis' summary and report figures.

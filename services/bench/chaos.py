@@ -23,6 +23,13 @@ data dir: ``--port``, 19192 by default; never the shared one), for a bounded tim
 
 Prints one JSON summary on the last line; exits 1 when an invariant is violated, a node failed that
 should not have, or the replay differs. ``--short`` is the version the test suite runs.
+
+``--kafka-nodes 3`` (``make chaos-brokers``) runs it on a replicated broker instead: three KRaft nodes
+(``kafka.sh`` with ``GANGLINE_KAFKA_NODES=3``: topics with three replicas and min.insync.replicas=2), and
+the broker fault is a ``kill -9`` of the node leading the most partitions of the public topics, which
+stays dead for the rest of the run. On top of the invariants, every job request the load had
+acknowledged (acks=all) must be in the log at the offset the broker acknowledged, and the services must
+keep deciding after the kill (their first output after it: ``recovery``).
 """
 
 from __future__ import annotations
@@ -48,8 +55,10 @@ from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from gangline.bus.admin import started_admin
 from gangline.bus.security import client_options
 from gangline.cluster_spec import load_cluster_spec
 from gangline.events.types import NodeId
@@ -193,9 +202,23 @@ class Service:
                 self.proc.wait()
 
 
-def kafka_sh(action: str, port: int) -> None:
-    env = {**os.environ, "GANGLINE_KAFKA_PORT": str(port), "GANGLINE_KAFKA_HEAP": "384m"}
-    subprocess.run([str(KAFKA_SH), action], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+def kafka_sh(action: str, port: int, nodes: int = 1) -> str:
+    """Run ``kafka.sh action`` for the broker (``nodes`` of them) on ``port``; its standard output."""
+    env = {
+        **os.environ,
+        "GANGLINE_KAFKA_PORT": str(port),
+        "GANGLINE_KAFKA_HEAP": "384m",
+        "GANGLINE_KAFKA_NODES": str(nodes),
+    }
+    done = subprocess.run(
+        [str(KAFKA_SH), action], cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True
+    )
+    return done.stdout
+
+
+def cluster_bootstrap(port: int, nodes: int) -> str:
+    """Every node's client address (kafka.sh: node i listens on port + 2(i-1))."""
+    return ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(nodes))
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -212,13 +235,18 @@ class Plan:
     pause_at: float
 
 
-def plan(rng: random.Random, load_s: float, kills: int) -> Plan:
-    """Seeded moments: the kills spread over the load, the broker restart and node faults in between."""
+def plan(rng: random.Random, load_s: float, kills: int, *, replicated: bool = False) -> Plan:
+    """Seeded moments: the kills spread over the load, the broker restart and node faults in between.
+
+    A replicated broker's node is killed late (70-80% of the load), after the silent node has been
+    failed (10 s of silence after at most 30%), so that each fault's effects can be told apart.
+    """
     window = (0.1 * load_s, 0.8 * load_s)
     moments = sorted((rng.uniform(*window), service) for service in SERVICES for _ in range(kills))
+    broker = (0.7, 0.8) if replicated else (0.5, 0.65)
     return Plan(
         kills=moments,
-        broker_at=rng.uniform(0.5 * load_s, 0.65 * load_s),
+        broker_at=rng.uniform(broker[0] * load_s, broker[1] * load_s),
         silent_at=rng.uniform(0.15 * load_s, 0.3 * load_s),
         xid_at=rng.uniform(0.35 * load_s, 0.45 * load_s),
         pause_at=rng.uniform(0.7 * load_s, 0.78 * load_s),
@@ -229,7 +257,7 @@ class Chaos:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
-        self.bootstrap = f"127.0.0.1:{args.port}"
+        self.bootstrap = cluster_bootstrap(args.port, args.kafka_nodes)
         self.topics = TopicNames()
         self.logs = Path(tempfile.mkdtemp(prefix="gangline-chaos-"))
         self.queues_file = self.logs / "queues.yaml"
@@ -243,6 +271,11 @@ class Chaos:
         """How long the broker was frozen (an outage shorter than node_health's silence)."""
         self.broker_away = False
         """The broker is being restarted or is frozen now."""
+        self.acked: dict[str, tuple[int, int]] = {}
+        """Per job request the load sent, the (partition, offset) the broker acknowledged it at."""
+        self.sent_ms: dict[str, int] = {}
+        self.broker_killed_ms: int | None = None
+        self.broker_killed_node: int | None = None
         self.recovering: dict[str, asyncio.Task[None]] = {}
         """Per service, the timing of its recovery from the latest kill."""
         self.services = {
@@ -282,15 +315,22 @@ class Chaos:
             "GANGLINE_TOPIC_PREFIX",
         ):
             os.environ.pop(key, None)
-        self.note(f"broker on {self.bootstrap} (own data dir), logs in {self.logs}")
-        await asyncio.to_thread(kafka_sh, "down", self.args.port)  # a fresh log: nothing of an earlier run
+        nodes = self.args.kafka_nodes
+        self.note(f"broker on {self.bootstrap} ({nodes} node(s), own data dir), logs in {self.logs}")
+        # A fresh log: nothing of an earlier run (down reads the size an earlier up recorded).
+        await asyncio.to_thread(kafka_sh, "down", self.args.port, nodes)
         try:
-            await asyncio.to_thread(kafka_sh, "up", self.args.port)
+            await asyncio.to_thread(kafka_sh, "up", self.args.port, nodes)
+            replication = await self.replication() if nodes > 1 else None
             summary = await self.under_chaos()
+            if replication is not None:
+                summary["replication"] = replication
+            if nodes > 1:
+                summary |= await self.acknowledged_are_readable()
             summary["replay"] = await asyncio.to_thread(self.replay)
         finally:
             if not self.args.keep:
-                await asyncio.to_thread(kafka_sh, "down", self.args.port)
+                await asyncio.to_thread(kafka_sh, "down", self.args.port, nodes)
         summary["service_exits"] = {name: s.exits for name, s in self.services.items()}
         summary["logs"] = str(self.logs)
         return summary
@@ -317,7 +357,11 @@ class Chaos:
             self.note("every service processes; load starts")
             began = time.monotonic()
             faults = asyncio.create_task(
-                self.faults_of(plan(self.rng, self.args.load_s, self.args.kills), cluster, began)
+                self.faults_of(
+                    plan(self.rng, self.args.load_s, self.args.kills, replicated=self.args.kafka_nodes > 1),
+                    cluster,
+                    began,
+                )
             )
             tasks.append(faults)
             await self.load(began)
@@ -361,7 +405,11 @@ class Chaos:
                 value = request_bytes(job, job_spec(self.rng, k))
                 while True:
                     try:
-                        await (await producer.send(self.topics.requests, value=value, key=job.encode()))
+                        sent = await (
+                            await producer.send(self.topics.requests, value=value, key=job.encode())
+                        )
+                        self.acked[job] = (sent.partition, sent.offset)
+                        self.sent_ms[job] = now_ms()
                         break
                     except KafkaError as e:  # the broker restarting: the same record again (same id)
                         self.note(f"request {job} not sent ({e!r}); again")
@@ -373,13 +421,16 @@ class Chaos:
     async def faults_of(self, plan: Plan, cluster: FakeCluster, began: float) -> None:
         moments: list[tuple[float, str]] = [(t, s) for t, s in plan.kills]
         moments += [(plan.broker_at, "broker"), (plan.silent_at, "silent"), (plan.xid_at, "xid")]
-        moments += [(plan.pause_at, "broker-pause")]
+        if self.args.kafka_nodes == 1:  # a replicated cluster loses a node instead (kill_broker)
+            moments += [(plan.pause_at, "broker-pause")]
         for at, what in sorted(moments):
             delay = began + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             if what in self.services:
                 await self.kill(what)
+            elif what == "broker" and self.args.kafka_nodes > 1:
+                await self.kill_broker()
             elif what == "broker":
                 await self.restart_broker()
             elif what == "broker-pause":
@@ -474,6 +525,74 @@ class Chaos:
         self.broker_paused_s = (back - at) / 1000
         self.kills.append(Kill("broker-pause", at, (), back))
 
+    async def kill_broker(self) -> None:
+        """kill -9 the node leading the most partitions of the public topics; it stays dead. Ready again
+        when every partition of them has a leader among the others."""
+        admin = await started_admin(self.bootstrap, 10_000)
+        try:
+            topics = await admin.describe_topics(decider_topics(""))
+            leaders = [p["leader"] for t in topics for p in t["partitions"]]
+            victim = max(sorted(set(leaders)), key=leaders.count)
+            pids = dict(
+                line.split() for line in kafka_sh("pids", self.args.port, self.args.kafka_nodes).splitlines()
+            )
+            at = now_ms()
+            os.kill(int(pids[str(victim)]), signal.SIGKILL)
+            self.broker_killed_ms, self.broker_killed_node = at, victim
+            self.note(
+                f"kill -9 broker node {victim} (leads {leaders.count(victim)} of {len(leaders)} partitions)"
+            )
+            ready: int | None = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(KafkaError):
+                    topics = await admin.describe_topics(decider_topics(""))
+                    if all(p["leader"] not in (-1, victim) for t in topics for p in t["partitions"]):
+                        ready = now_ms()
+                        break
+                await asyncio.sleep(0.2)
+            self.note(f"every partition led again after {((ready or now_ms()) - at) / 1000:.1f} s")
+            self.kills.append(Kill("broker", at, (), ready))
+        finally:
+            await admin.close()
+
+    async def replication(self) -> dict[str, list[Any]]:
+        """The replica counts and min.insync.replicas the public topics were made with (distinct values)."""
+        names = decider_topics("")
+        admin = await started_admin(self.bootstrap, 10_000)
+        try:
+            topics = await admin.describe_topics(names)
+            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+            configs = [
+                entry["config_value"]
+                for response in await admin.describe_configs(resources)
+                for resource in response.to_object()["resources"]
+                for entry in resource["config_entries"]
+                if entry["config_names"] == "min.insync.replicas"
+            ]
+        finally:
+            await admin.close()
+        return {
+            "replicas": sorted({len(p["replicas"]) for t in topics for p in t["partitions"]}),
+            "min_insync_replicas": sorted(set(configs)),
+        }
+
+    async def acknowledged_are_readable(self) -> dict[str, Any]:
+        """Every request the broker acknowledged is in jobs.requests where it said (read_committed)."""
+        records = await KafkaSource(self.bootstrap).fetch([self.topics.requests])
+        at = {(r.partition, r.offset): r.key for r in records}
+        missing = sorted(job for job, where in self.acked.items() if at.get(where) != job)
+        after = [
+            job for job in self.offered if self.sent_ms.get(job, 0) > (self.broker_killed_ms or now_ms())
+        ]
+        return {
+            "broker_killed_node": self.broker_killed_node,
+            "acknowledged": len(self.acked),
+            "acknowledged_missing": len(missing),
+            "acknowledged_missing_first": missing[:5],
+            "offered_after_broker_kill": len(after),
+        }
+
     async def drain(self) -> dict[str, Any]:
         deadline = time.monotonic() + self.args.drain_s
         while True:
@@ -534,11 +653,19 @@ class Chaos:
 
 def verdict(summary: Mapping[str, Any]) -> bool:
     replay = summary.get("replay", {})
+    replicated = "acknowledged" not in summary or (
+        summary["acknowledged_missing"] == 0
+        and summary["offered_after_broker_kill"] > 0
+        and all(
+            r["first_output_s"] is not None for r in summary.get("recovery", []) if r["killed"] == "broker"
+        )
+    )
     return bool(
         summary.get("ok")
         and summary.get("nodes_failed_unexpectedly") == 0
         and replay.get("status") == 0
         and replay.get("differences") == 0
+        and replicated
     )
 
 
@@ -560,11 +687,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--short", action="store_true", help="the suite's version: 30 s of load, 1 kill each")
     p.add_argument("--keep", action="store_true", help="leave the broker and its data for inspection")
+    p.add_argument(
+        "--kafka-nodes",
+        type=int,
+        default=1,
+        help="a replicated broker of this many KRaft nodes (on --port, --port+2, ...); one is killed -9",
+    )
     args = p.parse_args(argv)
     if args.short:
-        args.load_s, args.kills, args.drain_s = 30.0, 1, 90.0
-    if args.port == 9092:
-        p.error("chaos restarts its broker: give it one of its own (--port), never the shared 9092")
+        args.load_s, args.kills, args.drain_s = 30.0, min(args.kills, 1), 90.0
+    if args.port <= 9093 < args.port + 2 * args.kafka_nodes:
+        p.error("chaos kills its broker: give it one of its own (--port), never the shared 9092")
     summary = asyncio.run(Chaos(args).run())
     summary["passed"] = verdict(summary)
     print(json.dumps(summary))

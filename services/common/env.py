@@ -86,6 +86,9 @@ class ServiceSettings(BaseModel):
     """GANGLINE_TRUST_TOKENS_FILE: the API's token file, which names each tenant's queues."""
     writer_key_file: Path | None = None
     """GANGLINE_WRITER_KEY_FILE: an edge writer's own derived key (an agent), instead of the master key."""
+    writer_principal: str | None = None
+    """GANGLINE_WRITER_PRINCIPAL: the access-file principal to sign as when the Kafka user name differs
+    (deploy/k8s: ``node_health`` authenticates as ``node-health``); unset: the Kafka user name."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
     metrics_host: str = "127.0.0.1"

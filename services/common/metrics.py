@@ -7,6 +7,11 @@ replayed outputs are not counted twice), and, read from the running
 :class:`~gangline.bus.Processor` at scrape time, transactions, dead letters and consumer lag. A
 service adds its own gauges (:meth:`ServiceMetrics.add_figures`, computed from its fold at scrape
 time) and observes its own histograms from the outputs it decided (:meth:`ServiceMetrics.on_decided`).
+
+The same server answers the probes: ``/healthz`` while the event loop runs, and ``/readyz`` from the
+service's :attr:`ServiceMetrics.phase`: ready as a standby waiting for the leadership (it takes over
+when the leader dies) and once its state is restored from the log and it processes (caught up to the
+end of the log as it stood at start); not ready while it starts, fences or restores.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import Metric
@@ -34,6 +39,15 @@ from gangline.telemetry.metrics import (
 from services.common.env import ServiceSettings
 
 OnDecided = Callable[[Sequence[Outgoing]], None]
+Phase = Literal["starting", "standby", "restoring", "processing", "serving"]
+_READY: dict[Phase, str | None] = {
+    "starting": None,
+    "standby": "a standby, waiting for the leadership",
+    "restoring": None,
+    "processing": "processing, its state restored from the log",
+    "serving": "serving",
+}
+_NOT_READY = {"starting": "starting", "restoring": "restoring its state from the log"}
 
 
 class ServiceMetrics:
@@ -46,6 +60,8 @@ class ServiceMetrics:
         self.port: int | None = None
         """The port served on, once :meth:`serve` bound it."""
         self.processor: Processor | None = None
+        self.phase: Phase = "starting" if decides else "serving"
+        """Where the service is (services.common.shell sets it); ``/readyz`` answers from it."""
         self._on_decided: list[OnDecided] = []
         self._decisions: Counter | None = None
         self._cycle: Histogram | None = None
@@ -53,6 +69,11 @@ class ServiceMetrics:
             self._decisions = counting(self.registry, "gangline_decisions_total")
             self._cycle = histogram(self.registry, "gangline_cycle_seconds", CYCLE_BUCKETS)
             self.registry.register(Figures(self._processor_figures))
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready (standby or processing) or not (starting, restoring), and what it is doing."""
+        ready = _READY[self.phase]
+        return (True, ready) if ready is not None else (False, _NOT_READY[self.phase])
 
     def watch(self, processor: Processor) -> None:
         """Read transactions, dead letters and lag from ``processor`` from now on (the latest one wins)."""
@@ -100,7 +121,9 @@ class ServiceMetrics:
     @contextlib.asynccontextmanager
     async def serve(self, settings: ServiceSettings) -> AsyncIterator[int | None]:
         """Serve ``/metrics`` on the settings' host and port while the block runs."""
-        async with serving(self.registry, host=settings.metrics_host, port=settings.metrics_port) as port:
+        async with serving(
+            self.registry, host=settings.metrics_host, port=settings.metrics_port, readiness=self.readiness
+        ) as port:
             self.port = port
             yield port
 

@@ -288,6 +288,8 @@ async def restore_and_process(
     if lock_topic is None:
         await restore_and_process()
         return
+    if metrics is not None:
+        metrics.phase = "standby"
     leadership = Leadership(
         settings.bootstrap_servers,
         group_id=f"{settings.group_id}.leader",
@@ -357,6 +359,8 @@ async def _restore_and_process(
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
 ) -> None:
+    if metrics is not None:
+        metrics.phase = "restoring"
     await fence(settings)
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
@@ -396,4 +400,5 @@ async def _restore_and_process(
     )
     if metrics is not None:
         metrics.watch(processor)
+        metrics.phase = "processing"
     await processor.run()

@@ -139,6 +139,10 @@ async def test_every_service_serves_its_metrics_and_lag_reads_zero_once_caught_u
                 await cluster.inject_xid(XidInjection(next(iter(cluster.agents)), "gpu0", XID))
                 await client.get(f"http://127.0.0.1:{api_port}/healthz")
                 scraped = await _scrape_until_settled(client, ports, tasks.check)
+                decision = ("admission", "quota", "placement", "preemption", "node_health")
+                ready = {
+                    name: await client.get(f"http://127.0.0.1:{ports[name]}/readyz") for name in decision
+                }
             finally:
                 server.should_exit = True  # the API drains and runs its lifespan's shutdown
                 with contextlib.suppress(Exception):
@@ -191,6 +195,12 @@ async def test_every_service_serves_its_metrics_and_lag_reads_zero_once_caught_u
     assert len(scraped["agent"]["gangline_gpu_temperature_celsius"].samples) == 16
     for service in CONSUMERS:
         assert lag(scraped[service], service) == 0, service
+    # Caught up, each decision service says it is ready (the leaders: restored and processing).
+    for name, answer in ready.items():
+        assert (answer.status_code, answer.text) == (
+            200,
+            "ready: processing, its state restored from the log\n",
+        ), name
 
 
 async def _drive(

@@ -1,10 +1,12 @@
 """Topic administration: the catalogue in schemas/topics.yaml made real on a broker.
 
 `ensure_topics` is idempotent: a topic that already exists is left exactly as it is (a differing
-partition count is logged, never "fixed", since changing it would re-key the log).
+partition count is logged, never "fixed", since changing it would re-key the log). Unless told, it sizes
+a topic's replication from the cluster it talks to (:func:`replication_for`): one copy on one broker,
+three copies of which two must hold a write (`min.insync.replicas=2`) on three brokers or more.
 
     python -m gangline.bus.admin create-topics --bootstrap 127.0.0.1:9092 --catalogue schemas/topics.yaml
-    python -m gangline.bus.admin wait --bootstrap 127.0.0.1:9092 --timeout-s 60
+    python -m gangline.bus.admin wait --bootstrap 127.0.0.1:9092 --timeout-s 60 [--brokers 3]
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ class TopicSpec(BaseModel):
         if self.segment_ms is not None:
             configs["segment.ms"] = str(self.segment_ms)
         return configs
+
+
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for topics on a cluster of ``brokers`` brokers.
+
+    Three copies at most (a fourth buys little and costs a write's worth of traffic); with three, an
+    acknowledged write (acks=all) is on two of them, so one broker may die without losing it and
+    without stopping writes. With two brokers one copy may be missing (min.insync.replicas=1).
+    """
+    factor = max(1, min(3, brokers))
+    return factor, (2 if factor >= 3 else 1)
 
 
 class TopicCatalogue(BaseModel):
@@ -147,18 +160,26 @@ async def ensure_topics(
     bootstrap: str,
     specs: Sequence[TopicSpec],
     *,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     timeout_s: float = 30.0,
     security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Create the topics of `specs` that do not exist yet; return the names created (possibly none).
 
-    Idempotent and safe to run concurrently: a topic created by someone else meanwhile counts as done.
-    On return every topic of `specs` is in the broker's metadata with a leader for each partition.
+    ``replication_factor`` None: sized from the brokers the cluster has now (:func:`replication_for`),
+    so wait for all of them first (:func:`wait_until_ready` ``min_brokers``). A replicated topic also
+    gets its ``min.insync.replicas``. Idempotent and safe to run concurrently: a topic created by
+    someone else meanwhile counts as done. On return every topic of `specs` is in the broker's
+    metadata with a leader for each partition.
     """
     timeout_ms = int(timeout_s * 1000)
     admin = await started_admin(bootstrap, timeout_ms, security)
     try:
+        if replication_factor is None:
+            replication_factor, min_insync = replication_for(len((await admin.describe_cluster())["brokers"]))
+        else:
+            min_insync = replication_for(replication_factor)[1]
+        replicated = {"min.insync.replicas": str(min_insync)} if replication_factor > 1 else {}
         existing = {t["topic"]: t for t in await admin.describe_topics()}
         for spec in specs:
             found = existing.get(spec.name)
@@ -178,7 +199,7 @@ async def ensure_topics(
                     name=s.name,
                     num_partitions=s.partitions,
                     replication_factor=replication_factor,
-                    topic_configs=s.broker_configs(),
+                    topic_configs=s.broker_configs() | replicated,
                 )
                 for s in wanted
             ],
@@ -222,9 +243,10 @@ async def delete_topics(
 
 
 async def wait_until_ready(
-    bootstrap: str, *, timeout_s: float = 60.0, security: KafkaSecurity | None = None
+    bootstrap: str, *, timeout_s: float = 60.0, security: KafkaSecurity | None = None, min_brokers: int = 1
 ) -> None:
-    """Return once the broker answers a metadata request with a live controller; raise TimeoutError if not."""
+    """Return once the cluster answers a metadata request with a live controller and at least
+    ``min_brokers`` registered brokers; raise TimeoutError if not."""
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
     while time.monotonic() < deadline:
@@ -234,9 +256,9 @@ async def wait_until_ready(
                 cluster = await admin.describe_cluster()
             finally:
                 await admin.close()
-            if cluster.get("controller_id", -1) >= 0 and cluster.get("brokers"):
+            if cluster.get("controller_id", -1) >= 0 and len(cluster.get("brokers") or ()) >= min_brokers:
                 return
-            last_error = RuntimeError(f"no controller yet: {cluster}")
+            last_error = RuntimeError(f"no controller or fewer than {min_brokers} brokers yet: {cluster}")
         except (KafkaError, OSError) as exc:
             last_error = exc
         await asyncio.sleep(0.2)
@@ -244,10 +266,10 @@ async def wait_until_ready(
 
 
 async def _create_topics(
-    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int, wait_s: float
+    bootstrap: str, specs: Sequence[TopicSpec], replication_factor: int | None, wait_s: float, brokers: int
 ) -> list[str]:
     if wait_s > 0:
-        await wait_until_ready(bootstrap, timeout_s=wait_s)
+        await wait_until_ready(bootstrap, timeout_s=wait_s, min_brokers=brokers)
     return await ensure_topics(bootstrap, specs, replication_factor=replication_factor)
 
 
@@ -259,7 +281,10 @@ def _parser() -> argparse.ArgumentParser:
     create = sub.add_parser("create-topics", help="create the catalogue's topics that do not exist")
     create.add_argument("--bootstrap", required=True)
     create.add_argument("--catalogue", required=True, type=Path)
-    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument(
+        "--replication-factor", type=int, default=None, help="default: from the cluster's size (up to 3)"
+    )
+    create.add_argument("--brokers", type=int, default=1, help="with --wait-s: wait for this many brokers")
     create.add_argument("--wait-s", type=float, default=0.0, help="first wait this long for the broker")
     create.add_argument(
         "--access", type=Path, default=None, help="then write the ACLs of this access file (gangline.bus.acl)"
@@ -267,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
     wait = sub.add_parser("wait", help="wait until the broker answers a metadata request")
     wait.add_argument("--bootstrap", required=True)
     wait.add_argument("--timeout-s", type=float, default=60.0)
+    wait.add_argument("--brokers", type=int, default=1, help="wait until this many brokers are registered")
     return parser
 
 
@@ -275,10 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "wait":
-            asyncio.run(wait_until_ready(args.bootstrap, timeout_s=args.timeout_s))
+            asyncio.run(wait_until_ready(args.bootstrap, timeout_s=args.timeout_s, min_brokers=args.brokers))
             return 0
         specs = load_catalogue(args.catalogue)
-        created = asyncio.run(_create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s))
+        created = asyncio.run(
+            _create_topics(args.bootstrap, specs, args.replication_factor, args.wait_s, args.brokers)
+        )
         names = ", ".join(created) or "none"
         print(f"topics: {len(specs)} in the catalogue, {len(created)} created ({names})")
         if args.access is not None:

@@ -87,9 +87,11 @@ class WriterSigner:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WriterSigner | None:
         """GANGLINE_KAFKA_USERNAME signing with GANGLINE_WRITER_KEY_FILE (hex), or with the key derived
-        from GANGLINE_TRUST_KEY_FILE (a service holding the master key); None when neither is set."""
+        from GANGLINE_TRUST_KEY_FILE (a service holding the master key); None when neither is set.
+        GANGLINE_WRITER_PRINCIPAL signs as that access-file principal instead of the Kafka user name
+        (on Kubernetes, where ``node_health`` authenticates as the KafkaUser ``node-health``)."""
         env = os.environ if environ is None else environ
-        principal = env.get("GANGLINE_KAFKA_USERNAME")
+        principal = env.get("GANGLINE_WRITER_PRINCIPAL") or env.get("GANGLINE_KAFKA_USERNAME")
         if not principal:
             return None
         if env.get("GANGLINE_WRITER_KEY_FILE"):
@@ -109,7 +111,7 @@ def default_signer() -> WriterSigner | None:
     """The signer the process environment configures (see :meth:`WriterSigner.from_env`), or None."""
     env = os.environ
     return _signer_of(
-        env.get("GANGLINE_KAFKA_USERNAME", ""),
+        env.get("GANGLINE_WRITER_PRINCIPAL") or env.get("GANGLINE_KAFKA_USERNAME", ""),
         env.get("GANGLINE_WRITER_KEY_FILE", ""),
         env.get("GANGLINE_TRUST_KEY_FILE", ""),
     )

@@ -293,13 +293,26 @@ def new_registry(*, process: bool = True) -> CollectorRegistry:
     return registry
 
 
-class MetricsServer:
-    """Serves ``GET /metrics`` (Prometheus text) of one registry on ``host:port`` (0: any free port)."""
+Readiness = Callable[[], tuple[bool, str]]
+"""Whether the process is ready for its work now, and a sentence saying what it is doing."""
 
-    def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
+
+def always_ready() -> tuple[bool, str]:
+    return True, "serving"
+
+
+class MetricsServer:
+    """Serves ``GET /metrics`` (Prometheus text) of one registry on ``host:port`` (0: any free port),
+    and the probes: ``/healthz`` (alive: the event loop answers) and ``/readyz`` (200 when
+    ``readiness`` says ready, 503 with its reason when not)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, host: str, port: int, readiness: Readiness = always_ready
+    ) -> None:
         self.registry = registry
         self.host = host
         self.port = port
+        self.readiness = readiness
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -323,6 +336,10 @@ class MetricsServer:
                 status, body, kind = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
             elif path in (b"/", b"/healthz"):
                 status, body, kind = "200 OK", b"ok: /metrics\n", "text/plain"
+            elif path == b"/readyz":
+                ready, why = self.readiness()
+                status = "200 OK" if ready else "503 Service Unavailable"
+                body, kind = f"{'ready' if ready else 'not ready'}: {why}\n".encode(), "text/plain"
             else:
                 status, body, kind = "404 Not Found", b"not found: /metrics\n", "text/plain"
             head = (
@@ -340,7 +357,9 @@ class MetricsServer:
 
 
 @contextlib.asynccontextmanager
-async def serving(registry: CollectorRegistry, *, host: str, port: int | None) -> AsyncIterator[int | None]:
+async def serving(
+    registry: CollectorRegistry, *, host: str, port: int | None, readiness: Readiness = always_ready
+) -> AsyncIterator[int | None]:
     """Serve ``registry`` while the block runs; yields the port (None: off, or the port was taken).
 
     A port that cannot be bound is logged and the service goes on without metrics: deciding matters
@@ -349,7 +368,7 @@ async def serving(registry: CollectorRegistry, *, host: str, port: int | None) -
     if port is None:
         yield None
         return
-    server = MetricsServer(registry, host=host, port=port)
+    server = MetricsServer(registry, host=host, port=port, readiness=readiness)
     try:
         await server.start()
     except OSError as error:

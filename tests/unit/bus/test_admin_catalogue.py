@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from gangline.bus.admin import CatalogueError, TopicSpec, load_catalogue, main, wait_until_ready
+from gangline.bus.admin import (
+    CatalogueError,
+    TopicSpec,
+    load_catalogue,
+    main,
+    replication_for,
+    wait_until_ready,
+)
 
 CATALOGUE = Path(__file__).resolve().parents[3] / "schemas" / "topics.yaml"
 PUBLIC_TOPICS = {
@@ -77,3 +84,8 @@ def test_the_cli_reports_a_bad_catalogue_without_reaching_a_broker(
 async def test_wait_until_ready_gives_up_where_nothing_listens() -> None:
     with pytest.raises(TimeoutError, match="not ready"):
         await wait_until_ready("127.0.0.1:9", timeout_s=0.5)
+
+
+def test_replication_follows_the_cluster_size() -> None:
+    # One copy on a laptop; three of which two must hold each write once there are three brokers.
+    assert [replication_for(n) for n in (0, 1, 2, 3, 5)] == [(1, 1), (1, 1), (2, 1), (3, 2), (3, 2)]

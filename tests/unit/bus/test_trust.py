@@ -117,3 +117,20 @@ def test_only_the_api_says_an_operators_cordon_on_nodes_operator(tmp_path: Path)
     assert _check(policy, "x.nodes.operator", cordon, None) == "the record carries no writer signature"
     back = _record("node.uncordoned", "n-0", {"node": "n-0"})
     assert _check(policy, "x.nodes.operator", back, _as("team-a")) == "team-a may not write node.uncordoned"
+
+
+def test_a_writer_whose_kafka_user_is_renamed_signs_as_its_access_file_principal(tmp_path: Path) -> None:
+    # On Kubernetes node_health authenticates as the KafkaUser node-health (no `_` in object names).
+    key = tmp_path / "master"
+    key.write_bytes(MASTER)
+    env = {"GANGLINE_KAFKA_USERNAME": "node-health", "GANGLINE_TRUST_KEY_FILE": str(key)}
+    policy = _policy(tmp_path)
+    data = {"node": "n-0", "code": "heartbeat_timeout", "reason": "No heartbeat for 10 s."}
+    failed = _record("node.failed", "n-0", data)
+    as_kafka_user = WriterSigner.from_env(env)
+    assert as_kafka_user is not None and as_kafka_user.principal == "node-health"
+    assert _check(policy, "nodes.health", failed, as_kafka_user) is not None  # no such principal
+
+    signer = WriterSigner.from_env({**env, "GANGLINE_WRITER_PRINCIPAL": "node_health"})
+    assert signer is not None and signer.principal == "node_health"
+    assert _check(policy, "nodes.health", failed, signer) is None

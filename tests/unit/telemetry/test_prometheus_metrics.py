@@ -58,3 +58,25 @@ async def test_a_failing_figure_drops_its_families_not_the_scrape() -> None:
     async with serving(registry, host="127.0.0.1", port=0) as port, httpx.AsyncClient() as client:
         response = await client.get(f"http://127.0.0.1:{port}/metrics")
     assert response.status_code == 200 and response.text == ""
+
+
+async def test_readyz_answers_from_the_readiness_and_healthz_only_that_it_runs() -> None:
+    state = {"ready": False}
+
+    def readiness() -> tuple[bool, str]:
+        return state["ready"], "processing" if state["ready"] else "restoring its state from the log"
+
+    registry = new_registry(process=False)
+    async with (
+        serving(registry, host="127.0.0.1", port=0, readiness=readiness) as port,
+        httpx.AsyncClient() as client,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        not_yet = await client.get(f"{base}/readyz")
+        assert (not_yet.status_code, not_yet.text) == (503, "not ready: restoring its state from the log\n")
+        assert (await client.get(f"{base}/healthz")).status_code == 200  # alive all the same
+        state["ready"] = True
+        ready = await client.get(f"{base}/readyz")
+        assert (ready.status_code, ready.text) == (200, "ready: processing\n")
+    async with serving(registry, host="127.0.0.1", port=0) as port, httpx.AsyncClient() as client:
+        assert (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200  # no readiness: ready
