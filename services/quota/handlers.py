@@ -81,10 +81,10 @@ from gangline.core.queues import QuotaLedger, Resource
 from gangline.core.quota_gate import (
     Flavour,
     HoldReason,
+    WaitingLines,
     first_fit,
     held_flavours,
     hold_reason,
-    let_through,
     sentence,
     stranded_move,
 )
@@ -294,6 +294,8 @@ class QuotaState:
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
+    lines: dict[TreeKey, tuple[int, WaitingLines[QuotaJob]]] = field(default_factory=dict)
+    """``waiting`` in the gate's lines per tree, as of an inventory version (:meth:`waiting_lines`)."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     unplaced: dict[JobId, QuotaJob] = field(default_factory=dict)
@@ -396,6 +398,7 @@ class QuotaState:
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)
+            self._line_up(tree, job, job.eligible)
         if job.unplaced:
             self.unplaced[job.job_id] = job
         else:
@@ -406,6 +409,27 @@ class QuotaState:
         if job.record.finished or job.job_id not in self.cluster.jobs:
             del self.jobs[job.job_id]
         return dropped
+
+    def _line_up(self, tree: TreeKey, job: QuotaJob, member: bool) -> None:
+        """Keep the tree's lines (when built for the current inventory) in step with ``waiting``."""
+        entry = self.lines.get(tree)
+        if entry is None or entry[0] != self.inventory.version:
+            return  # built afresh when next asked for
+        if member:
+            entry[1].put(_pending_item(job), self.gate_options(job)[0])
+        else:
+            entry[1].discard(job.job_id)
+
+    def waiting_lines(self, tree: TreeKey) -> WaitingLines[QuotaJob]:
+        """The tree's waiting jobs in the gate's lines, each to go on what :meth:`gate_options` says;
+        built once per inventory version (what the nodes hold decides a job's flavours), then kept."""
+        version = self.inventory.version
+        entry = self.lines.get(tree)
+        if entry is None or entry[0] != version:
+            waiting = self.waiting.get(tree, {}).values()
+            lines = WaitingLines.of((_pending_item(j) for j in waiting), lambda j: self.gate_options(j)[0])
+            entry = self.lines[tree] = (version, lines)
+        return entry[1]
 
     def _charge_of(self, job: QuotaJob) -> Charge | None:
         """What the job's facts say the ledger should hold for it."""
@@ -592,11 +616,10 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     out: list[Outgoing] = []
     if state.stranded:
         out += _move_stranded(state, cause, now, only_stranded=True)
-    waiting = list(state.waiting.get(tree, {}).values())
-    if not waiting:
+    lines = state.waiting_lines(tree)
+    if not lines:
         return out
-    gate = let_through(
-        (_pending_item(j) for j in waiting),
+    gate = lines.let_through(
         state.ledger.copy(),
         state.fair_share(tree, cause.time),
         state.queues.tree,
@@ -606,8 +629,7 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))
     for job, why in gate.held:
-        if why is not None:
-            out += _tell(state, job, why, cause, now)
+        out += _tell(state, job, why, cause, now)
     return out
 
 
