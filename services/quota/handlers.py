@@ -628,8 +628,9 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     )
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))
+    told: dict[int, tuple[PendingReason, str]] = {}  # a pass shares one reason among the jobs it fits
     for job, why in gate.held:
-        out += _tell(state, job, why, cause, now)
+        out += _tell(state, job, why, cause, now, told)
     return out
 
 
@@ -685,11 +686,22 @@ def _hold(
 
 
 def _tell(
-    state: QuotaState, job: QuotaJob, why: HoldReason, cause: Envelope, now: datetime
+    state: QuotaState,
+    job: QuotaJob,
+    why: HoldReason,
+    cause: Envelope,
+    now: datetime,
+    told: dict[int, tuple[PendingReason, str]] | None = None,
 ) -> list[Outgoing]:
-    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`)."""
-    reason = _pending_reason(why)
-    key = pending_key(reason)
+    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`);
+    ``told`` keeps the event's reason and key per reason object already worked out (by ``id``)."""
+    known = told.get(id(why)) if told is not None else None
+    if known is None:
+        reason = _pending_reason(why)
+        known = (reason, pending_key(reason))
+        if told is not None:
+            told[id(why)] = known
+    reason, key = known
     if state.last_pending.get(job.job_id) == key:
         return []
     state.last_pending[job.job_id] = key
