@@ -319,6 +319,11 @@ class QuotaState:
         for q in self._limited_queues:
             self._tree_queues.setdefault((True, tree.root_cohort_of(q)), []).append(q)
         self._capacity = {r: tree.total_nominal(r) for r in sorted(tree.resources)}
+        self._charged: dict[Queue, dict[Resource, int]] | None = None
+        """What the ledger charges per limited queue (:meth:`_allocation`), until it changes."""
+        self._decayed: tuple[UsageHistory, float, UsageHistory] | None = None
+        """(history, time, the history advanced to that time with what is charged) of the last
+        :meth:`fair_share`, until the ledger changes."""
 
     # -- the fold ------------------------------------------------------------------------------
 
@@ -386,6 +391,7 @@ class QuotaState:
                 dropped = self.tree_of(job.charge.queue)
             if want is not None and want.limited:
                 self.ledger.admit(Queue(want.queue), want.request)
+            self._charged = self._decayed = None
             job.charge = want
             if before is not None:
                 self.history = backdate(
@@ -453,8 +459,15 @@ class QuotaState:
         self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
 
     def _allocation(self, queues: Iterable[Queue] | None = None) -> dict[Queue, dict[Resource, int]]:
-        chosen = self._limited_queues if queues is None else queues
-        return {q: v for q in chosen if (v := self.ledger.usage_vector(q))}
+        """What the ledger charges per queue (of ``queues``; all limited ones), queues charged nothing
+        left out. Worked out once per change of the ledger: read it, never change it."""
+        charged = self._charged
+        if charged is None:
+            ledger = self.ledger
+            charged = self._charged = {q: v for q in self._limited_queues if (v := ledger.usage_vector(q))}
+        if queues is None:
+            return charged
+        return {q: charged[q] for q in queues if q in charged}
 
     def _restore_pending(self, pending: JobPending) -> None:
         job = self.jobs.get(pending.job_id)
@@ -513,7 +526,12 @@ class QuotaState:
         history: UsageHistory | None = None
         if self.half_life_s > 0:
             now = max(self.history.as_of, at.timestamp())
-            history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+            known = self._decayed
+            if known is not None and known[0] is self.history and known[1] == now:
+                history = known[2]
+            else:
+                history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+                self._decayed = (self.history, now, history)
         return FairShare(
             capacity=self._capacity,
             weights={q: self.queues.tree.weight(q) for q in queues},

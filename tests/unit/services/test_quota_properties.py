@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from svc_helpers import env
 
 from gangline.cluster_spec import ClusterSpec, NodeGroup
+from gangline.core.fairshare import FairShare, advance
 from gangline.core.queues import QueueName, Resource
 from gangline.core.quota_gate import WaitingLines
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
@@ -141,6 +142,19 @@ class History:
             for r in tree.resources:
                 # Every charge was checked first: no queue can ever be past what it may take.
                 assert state.ledger.available(QueueName(q), r) >= 0, (q, r)
+        # What is charged and the decayed history, kept until the ledger changes, are a fresh read's.
+        fresh_charged = {q: v for q in tree.queue_names() if (v := state.ledger.usage_vector(QueueName(q)))}
+        assert state._allocation() == fresh_charged
+        at = self.log[-1].time if self.log else None
+        if at is not None and state.half_life_s > 0:
+            now = max(state.history.as_of, at.timestamp())
+            decayed = advance(state.history, fresh_charged, now=now, half_life_s=state.half_life_s)
+            for _ in range(2):  # worked out, then remembered
+                fair = state.fair_share((True, "lab"), at)
+                for q in tree.queue_names():
+                    assert fair.usage(QueueName(q)) == FairShare(
+                        capacity={}, weights={}, allocation=fresh_charged, history=decayed
+                    ).usage(QueueName(q))
         for key in sorted(state.lines):
             # The lines kept across events hold what a fresh build over the waiting jobs holds, in the
             # same order: a pass over both (every job, every held one explained) decides the same.
