@@ -458,6 +458,10 @@ class QuotaState:
             return
         self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
 
+    def charged(self) -> Mapping[Queue, Mapping[Resource, int]]:
+        """What the ledger charges per limited queue (``usage_vector``), queues charged nothing left out."""
+        return self._allocation()
+
     def _allocation(self, queues: Iterable[Queue] | None = None) -> dict[Queue, dict[Resource, int]]:
         """What the ledger charges per queue (of ``queues``; all limited ones), queues charged nothing
         left out. Worked out once per change of the ledger: read it, never change it."""

@@ -62,6 +62,19 @@ class StatusBoard:
     """Root cohort → its limited queues, sorted (the order statuses are published in); worked out once."""
     _figures: dict[QueueName, tuple[QueueStatus, Figures]] = field(default_factory=dict, repr=False)
     """Each published status's figures (:func:`figures_of`), worked out once per status."""
+    _used: dict[QueueName, tuple[QueueStatus, dict[Resource, int]]] = field(default_factory=dict, repr=False)
+    """Each published status's ``used`` per resource it uses, worked out once per status (:meth:`used`)."""
+
+    def used(self, queue: QueueName) -> dict[Resource, int]:
+        """What the queue's latest status says it uses, per resource it uses (no status: nothing)."""
+        status = self.published.get(queue)
+        if status is None:
+            return {}
+        known = self._used.get(queue)
+        if known is None or known[0] is not status:
+            used = {Resource(r): v.used for r, v in status.resources.items() if v.used}
+            known = self._used[queue] = (status, used)
+        return known[1]
 
     def figures(self, queue: QueueName) -> Figures | None:
         """The figures of the queue's latest status (None: none)."""
@@ -214,9 +227,5 @@ def same_figures(before: QueueStatus | None, after: QueueStatus) -> bool:
 
 def _usage_moved(state: QuotaState, board: StatusBoard, queues: list[Queue]) -> bool:
     """Whether some queue's charged usage differs from what its latest status says it used."""
-    for queue in queues:
-        last = board.published.get(QueueName(queue))
-        said = {r: v.used for r, v in last.resources.items() if v.used} if last is not None else {}
-        if state.ledger.usage_vector(queue) != said:
-            return True
-    return False
+    charged = state.charged()
+    return any(charged.get(queue, {}) != board.used(QueueName(queue)) for queue in queues)

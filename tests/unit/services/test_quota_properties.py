@@ -151,7 +151,7 @@ class History:
             decayed = advance(state.history, fresh_charged, now=now, half_life_s=state.half_life_s)
             for _ in range(2):  # worked out, then remembered
                 fair = state.fair_share((True, "lab"), at)
-                for q in tree.queue_names():
+                for q in ("team-a", "team-b", "team-c"):  # the lab tree's queues
                     assert fair.usage(QueueName(q)) == FairShare(
                         capacity={}, weights={}, allocation=fresh_charged, history=decayed
                     ).usage(QueueName(q))

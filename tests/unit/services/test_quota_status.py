@@ -256,3 +256,6 @@ def test_the_figures_read_without_building_a_status_are_those_of_the_status_buil
                 assert state.status.figures(QueueName(q)) == (figures_of(last) if last else None)
                 if last is not None:  # equal figures: the same status, as_of aside
                     assert (figures_of(last) == figures_of(built)) == same_figures(last, built)
+                    said = {r: v.used for r, v in last.resources.items() if v.used}
+                    assert state.status.used(QueueName(q)) == said
+                assert dict(state.charged().get(QueueName(q), {})) == state.ledger.usage_vector(QueueName(q))
