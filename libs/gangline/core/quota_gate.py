@@ -19,6 +19,11 @@ its jobs and charges a job's quota when it is placed (the ``quota`` plugin). A j
 whose nodes can no longer hold it and not placed yet moves to the first other flavour that fits
 (:func:`stranded_move`).
 
+A caller that runs the gate again and again over a long line (the quota service, after every release)
+keeps its waiting jobs in :class:`WaitingLines` from one pass to the next: no pass sorts them again, and
+a pass looks only at the jobs it lets through, the held jobs it explains and, per queue, the first job
+of each request size that its quota still might admit (what it refuses once it refuses again).
+
 Pure: the caller hands the facts of its fold (the waiting jobs, a ledger, fair shares, what the nodes
 offer); nothing here reads a clock.
 """
