@@ -82,10 +82,10 @@ from gangline.core.queues import QuotaLedger, Resource
 from gangline.core.quota_gate import (
     Flavour,
     HoldReason,
+    WaitingLines,
     first_fit,
     held_flavours,
     hold_reason,
-    let_through,
     sentence,
     stranded_move,
 )
@@ -297,6 +297,8 @@ class QuotaState:
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
+    lines: dict[TreeKey, tuple[int, WaitingLines[QuotaJob]]] = field(default_factory=dict)
+    """``waiting`` in the gate's lines per tree, as of an inventory version (:meth:`waiting_lines`)."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     unplaced: dict[JobId, QuotaJob] = field(default_factory=dict)
@@ -320,6 +322,11 @@ class QuotaState:
         for q in self._limited_queues:
             self._tree_queues.setdefault((True, tree.root_cohort_of(q)), []).append(q)
         self._capacity = {r: tree.total_nominal(r) for r in sorted(tree.resources)}
+        self._charged: dict[Queue, dict[Resource, int]] | None = None
+        """What the ledger charges per limited queue (:meth:`_allocation`), until it changes."""
+        self._decayed: tuple[UsageHistory, float, UsageHistory] | None = None
+        """(history, time, the history advanced to that time with what is charged) of the last
+        :meth:`fair_share`, until the ledger changes."""
 
     # -- the fold ------------------------------------------------------------------------------
 
@@ -387,6 +394,7 @@ class QuotaState:
                 dropped = self.tree_of(job.charge.queue)
             if want is not None and want.limited:
                 self.ledger.admit(Queue(want.queue), want.request)
+            self._charged = self._decayed = None
             job.charge = want
             if before is not None:
                 self.history = backdate(
@@ -399,6 +407,7 @@ class QuotaState:
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)
+            self._line_up(tree, job, job.eligible)
         if job.unplaced:
             self.unplaced[job.job_id] = job
         else:
@@ -409,6 +418,27 @@ class QuotaState:
         if job.record.finished or job.job_id not in self.cluster.jobs:
             del self.jobs[job.job_id]
         return dropped
+
+    def _line_up(self, tree: TreeKey, job: QuotaJob, member: bool) -> None:
+        """Keep the tree's lines (when built for the current inventory) in step with ``waiting``."""
+        entry = self.lines.get(tree)
+        if entry is None or entry[0] != self.inventory.version:
+            return  # built afresh when next asked for
+        if member:
+            entry[1].put(_pending_item(job), self.gate_options(job)[0])
+        else:
+            entry[1].discard(job.job_id)
+
+    def waiting_lines(self, tree: TreeKey) -> WaitingLines[QuotaJob]:
+        """The tree's waiting jobs in the gate's lines, each to go on what :meth:`gate_options` says;
+        built once per inventory version (what the nodes hold decides a job's flavours), then kept."""
+        version = self.inventory.version
+        entry = self.lines.get(tree)
+        if entry is None or entry[0] != version:
+            waiting = self.waiting.get(tree, {}).values()
+            lines = WaitingLines.of((_pending_item(j) for j in waiting), lambda j: self.gate_options(j)[0])
+            entry = self.lines[tree] = (version, lines)
+        return entry[1]
 
     def _charge_of(self, job: QuotaJob) -> Charge | None:
         """What the job's facts say the ledger should hold for it."""
@@ -431,9 +461,20 @@ class QuotaState:
             return
         self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
 
+    def charged(self) -> Mapping[Queue, Mapping[Resource, int]]:
+        """What the ledger charges per limited queue (``usage_vector``), queues charged nothing left out."""
+        return self._allocation()
+
     def _allocation(self, queues: Iterable[Queue] | None = None) -> dict[Queue, dict[Resource, int]]:
-        chosen = self._limited_queues if queues is None else queues
-        return {q: v for q in chosen if (v := self.ledger.usage_vector(q))}
+        """What the ledger charges per queue (of ``queues``; all limited ones), queues charged nothing
+        left out. Worked out once per change of the ledger: read it, never change it."""
+        charged = self._charged
+        if charged is None:
+            ledger = self.ledger
+            charged = self._charged = {q: v for q in self._limited_queues if (v := ledger.usage_vector(q))}
+        if queues is None:
+            return charged
+        return {q: charged[q] for q in queues if q in charged}
 
     def _restore_pending(self, pending: JobPending) -> None:
         job = self.jobs.get(pending.job_id)
@@ -492,7 +533,12 @@ class QuotaState:
         history: UsageHistory | None = None
         if self.half_life_s > 0:
             now = max(self.history.as_of, at.timestamp())
-            history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+            known = self._decayed
+            if known is not None and known[0] is self.history and known[1] == now:
+                history = known[2]
+            else:
+                history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+                self._decayed = (self.history, now, history)
         return FairShare(
             capacity=self._capacity,
             weights={q: self.queues.tree.weight(q) for q in queues},
@@ -595,11 +641,10 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     out: list[Outgoing] = []
     if state.stranded:
         out += _move_stranded(state, cause, now, only_stranded=True)
-    waiting = list(state.waiting.get(tree, {}).values())
-    if not waiting:
+    lines = state.waiting_lines(tree)
+    if not lines:
         return out
-    gate = let_through(
-        (_pending_item(j) for j in waiting),
+    gate = lines.let_through(
         state.ledger.copy(),
         state.fair_share(tree, cause.time),
         state.queues.tree,
@@ -608,9 +653,9 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     )
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))
+    told: dict[int, tuple[PendingReason, str]] = {}  # a pass shares one reason among the jobs it fits
     for job, why in gate.held:
-        if why is not None:
-            out += _tell(state, job, why, cause, now)
+        out += _tell(state, job, why, cause, now, told)
     return out
 
 
@@ -666,11 +711,22 @@ def _hold(
 
 
 def _tell(
-    state: QuotaState, job: QuotaJob, why: HoldReason, cause: Envelope, now: datetime
+    state: QuotaState,
+    job: QuotaJob,
+    why: HoldReason,
+    cause: Envelope,
+    now: datetime,
+    told: dict[int, tuple[PendingReason, str]] | None = None,
 ) -> list[Outgoing]:
-    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`)."""
-    reason = _pending_reason(why)
-    key = pending_key(reason)
+    """``job.pending`` saying ``why``, when it says something else than the last one (:func:`pending_key`);
+    ``told`` keeps the event's reason and key per reason object already worked out (by ``id``)."""
+    known = told.get(id(why)) if told is not None else None
+    if known is None:
+        reason = _pending_reason(why)
+        known = (reason, pending_key(reason))
+        if told is not None:
+            told[id(why)] = known
+    reason, key = known
     if state.last_pending.get(job.job_id) == key:
         return []
     state.last_pending[job.job_id] = key

@@ -60,6 +60,31 @@ class StatusBoard:
     """Root cohort → the ``as_of`` of the tree's latest publication."""
     trees: dict[str, list[Queue]] | None = field(default=None, repr=False)
     """Root cohort → its limited queues, sorted (the order statuses are published in); worked out once."""
+    _figures: dict[QueueName, tuple[QueueStatus, Figures]] = field(default_factory=dict, repr=False)
+    """Each published status's figures (:func:`figures_of`), worked out once per status."""
+    _used: dict[QueueName, tuple[QueueStatus, dict[Resource, int]]] = field(default_factory=dict, repr=False)
+    """Each published status's ``used`` per resource it uses, worked out once per status (:meth:`used`)."""
+
+    def used(self, queue: QueueName) -> dict[Resource, int]:
+        """What the queue's latest status says it uses, per resource it uses (no status: nothing)."""
+        status = self.published.get(queue)
+        if status is None:
+            return {}
+        known = self._used.get(queue)
+        if known is None or known[0] is not status:
+            used = {Resource(r): v.used for r, v in status.resources.items() if v.used}
+            known = self._used[queue] = (status, used)
+        return known[1]
+
+    def figures(self, queue: QueueName) -> Figures | None:
+        """The figures of the queue's latest status (None: none)."""
+        status = self.published.get(queue)
+        if status is None:
+            return None
+        known = self._figures.get(queue)
+        if known is None or known[0] is not status:
+            known = self._figures[queue] = (status, figures_of(status))
+        return known[1]
 
     def restore(self, envelope: Envelope) -> bool:
         """Fold one of quota's own ``queue.status`` records read at start; False for anything else."""
@@ -84,6 +109,27 @@ class StatusBoard:
         return latest is None or (at - latest).total_seconds() >= self.interval_s
 
 
+Figures = tuple[object, ...]
+"""What a status says, ``as_of`` aside, as plain values: (queue, cohort, weight, share, dominant
+resource, position, of, ((resource, used, nominal, borrowed, lendable), ... sorted by resource))."""
+
+
+def figures_of(status: QueueStatus) -> Figures:
+    resources = tuple(
+        (r, v.used, v.nominal, v.borrowed, v.lendable) for r, v in sorted(status.resources.items())
+    )
+    return (
+        status.queue,
+        status.cohort,
+        status.weight,
+        status.dominant_share,
+        status.dominant_resource,
+        status.position,
+        status.of,
+        resources,
+    )
+
+
 def trees(state: QuotaState) -> dict[str, list[Queue]]:
     """Root cohort → its limited queues, sorted (the order statuses are published in)."""
     if state.status.trees is None:
@@ -106,6 +152,8 @@ def queue_statuses(state: QuotaState, cause: Envelope, now: datetime) -> list[Ou
             continue
         fair = state.fair_share((True, cohort), cause.time)
         for queue in queues:
+            if board.figures(QueueName(queue)) == figures_now(state, fair, queue, cohort):
+                continue  # the status would say what the last one says (``same_figures``), built or not
             status = status_of(state, fair, queue, cohort, cause.time)
             if same_figures(board.published.get(QueueName(queue)), status):
                 continue
@@ -144,6 +192,34 @@ def status_of(state: QuotaState, fair: FairShare, queue: Queue, cohort: str, at:
     )
 
 
+def figures_now(state: QuotaState, fair: FairShare, queue: Queue, cohort: str) -> Figures:
+    """What :func:`status_of` would say now, as :func:`figures_of` reads a status (without building it)."""
+    tree = state.queues.tree
+    ledger = state.ledger
+    names: set[Resource] = set(tree.spec(queue).quotas) | set(ledger.usage_vector(queue))
+    rank, of = fair.position(queue)
+    resources = tuple(
+        (
+            r,
+            ledger.usage(queue, r),
+            tree.nominal(queue, r),
+            ledger.borrowed(queue, r),
+            ledger.cohort_lendable(queue, r),
+        )
+        for r in sorted(names)
+    )
+    return (
+        queue,
+        cohort,
+        tree.weight(queue),
+        round(fair.share(queue), SHARE_DIGITS),
+        fair.dominant_resource(queue),
+        rank,
+        of,
+        resources,
+    )
+
+
 def same_figures(before: QueueStatus | None, after: QueueStatus) -> bool:
     """Whether two statuses say the same, whatever their ``as_of``."""
     return before is not None and before.model_copy(update={"as_of": after.as_of}) == after
@@ -151,9 +227,5 @@ def same_figures(before: QueueStatus | None, after: QueueStatus) -> bool:
 
 def _usage_moved(state: QuotaState, board: StatusBoard, queues: list[Queue]) -> bool:
     """Whether some queue's charged usage differs from what its latest status says it used."""
-    for queue in queues:
-        last = board.published.get(QueueName(queue))
-        said = {r: v.used for r, v in last.resources.items() if v.used} if last is not None else {}
-        if state.ledger.usage_vector(queue) != said:
-            return True
-    return False
+    charged = state.charged()
+    return any(charged.get(queue, {}) != board.used(QueueName(queue)) for queue in queues)

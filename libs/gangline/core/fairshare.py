@@ -128,7 +128,7 @@ def dominant_share(
 class FairShare:
     """Dominant shares of every queue during one cycle; :meth:`charge` as work is admitted."""
 
-    __slots__ = ("_alloc", "_capacity", "_decayed", "_positions", "_shares", "_weights")
+    __slots__ = ("_alloc", "_capacity", "_decayed", "_described", "_positions", "_shares", "_weights")
 
     def __init__(
         self,
@@ -148,6 +148,8 @@ class FairShare:
         """Each queue's (dominant share, dominant resource), until a charge to it."""
         self._positions: dict[QueueName, int] | None = None
         """Each known queue's rank by (share, name), until any charge."""
+        self._described: dict[QueueName, str] = {}
+        """Each queue's :meth:`describe` sentence, until any charge."""
 
     def clone(self) -> FairShare:
         """An independent copy (charges to it do not reach this one)."""
@@ -185,6 +187,7 @@ class FairShare:
             alloc[r] = alloc.get(r, 0.0) + n
         self._shares.pop(queue, None)
         self._positions = None
+        self._described.clear()
 
     def uncharge(self, queue: QueueName, request: ResourceVector) -> None:
         alloc = self._alloc.setdefault(queue, {})
@@ -192,6 +195,7 @@ class FairShare:
             alloc[r] = alloc.get(r, 0.0) - n
         self._shares.pop(queue, None)
         self._positions = None
+        self._described.clear()
 
     def position(self, queue: QueueName) -> tuple[int, int]:
         """(rank, of how many) of the queue by share, 1 = lowest share (served first at equal priority)."""
@@ -207,10 +211,14 @@ class FairShare:
 
     def describe(self, queue: QueueName) -> str:
         """E.g. "team-a fair share 0.42 (dominant H100), 3rd lowest of 5 queues"."""
-        rank, total = self.position(queue)
-        dom = self.dominant_resource(queue)
-        dom_text = f" (dominant {dom})" if dom is not None else ""
-        return f"{queue} fair share {self.share(queue):.3f}{dom_text}, position {rank} of {total} queues"
+        text = self._described.get(queue)
+        if text is None:
+            rank, total = self.position(queue)
+            dom = self.dominant_resource(queue)
+            dom_text = f" (dominant {dom})" if dom is not None else ""
+            text = f"{queue} fair share {self.share(queue):.3f}{dom_text}, position {rank} of {total} queues"
+            self._described[queue] = text
+        return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,15 +19,22 @@ its jobs and charges a job's quota when it is placed (the ``quota`` plugin). A j
 whose nodes can no longer hold it and not placed yet moves to the first other flavour that fits
 (:func:`stranded_move`).
 
+A caller that runs the gate again and again over a long line (the quota service, after every release)
+keeps its waiting jobs in :class:`WaitingLines` from one pass to the next: no pass sorts them again, and
+a pass looks only at the jobs it lets through, the held jobs it explains and, per queue, the first job
+of each request size that its quota still might admit (what it refuses once it refuses again).
+
 Pure: the caller hands the facts of its fold (the waiting jobs, a ledger, fair shares, what the nodes
 offer); nothing here reads a clock.
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gangline.core.fairshare import FairOrder, FairShare, Pending
 from gangline.core.framework.status import Reason
@@ -69,11 +76,13 @@ class HoldReason:
 
 @dataclass
 class Gate(Generic[T]):
-    """What one pass of the gate decided: who goes (with the flavour charged), in fair order, and who
-    is held, in fair order, with why (for the first ones asked for; None for the rest)."""
+    """What one pass of the gate decided: who goes (with the flavour charged), in fair order, and the
+    first held jobs asked for (all: ``explain`` None), in fair order, with why; ``unexplained`` counts
+    the other held jobs (not listed: a pass looks at a held job only as far as it must)."""
 
     admitted: list[tuple[T, Flavour]] = field(default_factory=list)
-    held: list[tuple[T, HoldReason | None]] = field(default_factory=list)
+    held: list[tuple[T, HoldReason]] = field(default_factory=list)
+    unexplained: int = 0
 
 
 Options = Callable[[T], tuple[Sequence[Flavour], Sequence[Reason]]]
@@ -190,29 +199,191 @@ def let_through(
     *,
     explain: int | None = None,
 ) -> Gate[T]:
-    """The gate's decisions over ``waiting``: :func:`fair_admission` (``ledger`` and ``fair`` are charged
-    with the jobs let through), then, for the first ``explain`` held jobs (all: None), why they wait
-    (:func:`hold_reason`, against what is charged once every job let through is)."""
-    gate: Gate[T] = Gate()
-    held: list[Pending[T]] = []
-    for p, fit in _admission(waiting, ledger, fair, lambda job: options(job)[0]):
-        if fit is None:
-            held.append(p)
-        else:
-            gate.admitted.append((p.item, fit))
-    reasons: dict[_ReasonKey, HoldReason] = {}
-    for k, p in enumerate(held):
-        if explain is not None and k >= explain:
-            gate.held.append((p.item, None))
-            continue
-        flavours, misfits = options(p.item)
-        # Nothing is charged any more in this pass: the reason is a function of what it is asked about.
-        key = reason_key(p.queue, flavours, misfits)
-        why = reasons.get(key)
-        if why is None:
-            why = reasons[key] = hold_reason(p.queue, flavours, misfits, ledger, tree, fair)
-        gate.held.append((p.item, why))
-    return gate
+    """The gate's decisions over ``waiting`` (ids unique): :func:`fair_admission` (``ledger`` and ``fair``
+    are charged with the jobs let through), then, for the first ``explain`` held jobs (all: None), why
+    they wait (:func:`hold_reason`, against what is charged once every job let through is).
+
+    The same as :meth:`WaitingLines.let_through` over lines of ``waiting`` built for this pass alone.
+    """
+    lines: WaitingLines[T] = WaitingLines.of(waiting, lambda job: options(job)[0])
+    return lines.let_through(ledger, fair, tree, options, explain=explain)
+
+
+_LineKey = tuple[int, float, str]
+"""Where a job stands in its queue's line: (-priority, submit time, id), the order fair order serves it."""
+
+_Signature = tuple[tuple[str | None, tuple[tuple[Resource, int], ...]], ...]
+"""What a job may be charged, flavour by flavour: jobs of a queue with the same are refused alike."""
+
+
+def _signature(flavours: Sequence[Flavour]) -> _Signature:
+    return tuple((f.model, tuple(sorted(f.request.items()))) for f in flavours)
+
+
+class _SubLine(Generic[T]):
+    """The jobs of one queue's line that may go on the same flavours (one signature), in line order."""
+
+    __slots__ = ("entries", "flavours", "keys")
+
+    def __init__(self, flavours: Sequence[Flavour]) -> None:
+        self.flavours = tuple(flavours)
+        self.keys: list[_LineKey] = []
+        self.entries: list[tuple[Pending[T], Sequence[Flavour]]] = []
+
+
+class WaitingLines(Generic[T]):
+    """Waiting jobs in fair order's lines (per queue, by priority, submit time and id), kept from one
+    pass of the gate to the next: a caller adds (:meth:`put`) and takes away (:meth:`discard`) the jobs
+    whose facts change, and a pass (:meth:`let_through`) reads them without sorting anything.
+
+    Each queue's line is kept as sub-lines, one per signature (the flavours a job may go on, with what
+    each charges). Within a pass the quota only shrinks, so a request refused once is refused again
+    (:class:`_Refusals`); once as many held jobs as are to be explained were met, a sub-line whose every
+    flavour is refused can hold back nobody (skipping a job that is refused has no effect), and is
+    passed over whole: the jobs let through, their order and the held jobs explained are those of
+    the plain fair order over every job (:func:`fair_admission`), which walks every job instead.
+    """
+
+    __slots__ = ("_lines", "_where")
+
+    def __init__(self) -> None:
+        self._lines: dict[QueueName, dict[_Signature, _SubLine[T]]] = {}
+        self._where: dict[str, tuple[QueueName, _Signature, _LineKey]] = {}
+
+    @classmethod
+    def of(cls, waiting: Iterable[Pending[T]], flavours: Callable[[T], Sequence[Flavour]]) -> WaitingLines[T]:
+        """Lines of ``waiting``, each job to go on ``flavours(job)``."""
+        lines: WaitingLines[T] = cls()
+        for p in waiting:
+            lines.put(p, flavours(p.item))
+        return lines
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, tie: object) -> bool:
+        return tie in self._where
+
+    def put(self, p: Pending[T], flavours: Sequence[Flavour]) -> None:
+        """``p`` waits in its queue's line, to go on ``flavours`` (replacing the job of the same id)."""
+        signature = _signature(flavours)
+        key = (-p.priority, p.submit_time, p.tie)
+        where = self._where.get(p.tie)
+        if where is not None:
+            if where == (p.queue, signature, key):  # its place is the same: only what it carries changes
+                same = self._lines[p.queue][signature]
+                same.entries[bisect_left(same.keys, key)] = (p, flavours)
+                return
+            self.discard(p.tie)
+        subs = self._lines.setdefault(p.queue, {})
+        line = subs.get(signature)
+        if line is None:
+            line = subs[signature] = _SubLine(flavours)
+        k = bisect_left(line.keys, key)
+        line.keys.insert(k, key)
+        line.entries.insert(k, (p, flavours))
+        self._where[p.tie] = (p.queue, signature, key)
+
+    def discard(self, tie: str) -> None:
+        """The job of id ``tie`` no longer waits (nothing when it was not waiting)."""
+        where = self._where.pop(tie, None)
+        if where is None:
+            return
+        queue, signature, key = where
+        subs = self._lines[queue]
+        sub = subs[signature]
+        k = bisect_left(sub.keys, key)
+        del sub.keys[k]
+        del sub.entries[k]
+        if not sub.keys:
+            del subs[signature]
+            if not subs:
+                del self._lines[queue]
+
+    def let_through(
+        self,
+        ledger: QuotaLedger,
+        fair: FairShare,
+        tree: QuotaTree,
+        options: Options[T],
+        *,
+        explain: int | None = None,
+    ) -> Gate[T]:
+        """The gate's decisions over the waiting jobs (:func:`let_through`); the lines stay as they are."""
+        gate: Gate[T] = Gate()
+        held = self._pass(gate, ledger, fair, explain)
+        reasons: dict[_ReasonKey, HoldReason] = {}
+        for p in held:
+            flavours, misfits = options(p.item)
+            # Nothing is charged any more in this pass: the reason is a function of what it is asked about.
+            key = reason_key(p.queue, flavours, misfits)
+            why = reasons.get(key)
+            if why is None:
+                why = reasons[key] = hold_reason(p.queue, flavours, misfits, ledger, tree, fair)
+            gate.held.append((p.item, why))
+        return gate
+
+    def _pass(
+        self, gate: Gate[T], ledger: QuotaLedger, fair: FairShare, explain: int | None
+    ) -> list[Pending[T]]:
+        """Fair order over the lines (see the class): the jobs let through go to ``gate`` (charged to
+        ``ledger`` and ``fair``); the first ``explain`` held are returned, the others counted."""
+        refusals = _Refusals()
+        exact = explain is None or explain > 0
+        held: list[Pending[T]] = []
+        # Per queue, a cursor per sub-line: [keys, entries, next index, flavours].
+        cursors: dict[QueueName, list[list[Any]]] = {}
+        heads: dict[QueueName, list[Any]] = {}
+        heap: list[tuple[int, float, float, str, QueueName]] = []
+
+        def push(queue: QueueName) -> None:
+            best: _LineKey | None = None
+            chosen: list[Any] | None = None
+            live = cursors[queue]
+            for c in live:
+                keys = c[0]
+                i = c[2]
+                if i >= len(keys):
+                    continue
+                if not exact and _refused(refusals, queue, c[3]):
+                    continue
+                k = keys[i]
+                if best is None or k < best:
+                    best, chosen = k, c
+            if best is None or chosen is None:
+                return
+            if not exact:  # what is refused now is refused for the rest of the pass
+                cursors[queue] = [c for c in live if c[2] < len(c[0]) and not _refused(refusals, queue, c[3])]
+            heads[queue] = chosen
+            heapq.heappush(heap, (best[0], fair.share(queue), best[1], best[2], queue))
+
+        for queue in sorted(self._lines):
+            cursors[queue] = [[s.keys, s.entries, 0, s.flavours] for s in self._lines[queue].values()]
+            push(queue)
+        while heap:
+            queue = heapq.heappop(heap)[4]
+            c = heads[queue]
+            p, flavours = c[1][c[2]]
+            c[2] += 1
+            fit = first_fit(ledger, queue, flavours, refusals)
+            if fit is None:
+                if exact:
+                    held.append(p)
+                    if explain is not None and len(held) >= explain:
+                        exact = False
+            else:
+                if fit.request:
+                    ledger.admit(queue, fit.request)
+                fair.charge(queue, fit.request)
+                gate.admitted.append((p.item, fit))
+            push(queue)
+        gate.unexplained = len(self) - len(gate.admitted) - len(held)  # passed over whole, or refused
+        return held
+
+
+def _refused(refusals: _Refusals, queue: QueueName, flavours: Sequence[Flavour]) -> bool:
+    """Whether every one of ``flavours`` was refused to ``queue`` in this pass (so it is again)."""
+    return all(bool(f.request) and refusals.known(queue, f.request) for f in flavours)
 
 
 _ReasonKey = tuple[

@@ -212,3 +212,32 @@ def test_positions_and_dominant_resources_follow_every_charge(
             assert fair.position(q) == fresh.position(q)
             assert fair.dominant_resource(q) == fresh.dominant_resource(q)
             assert fair.describe(q) == fresh.describe(q)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["charge", "uncharge", "describe"]), st.sampled_from([A, B, C]), st.integers(1, 8)
+        ),
+        max_size=30,
+    )
+)
+def test_a_remembered_description_is_what_a_fresh_fair_share_with_the_same_charges_says(
+    ops: list[tuple[str, QueueName, int]],
+) -> None:
+    # describe() keeps its sentence until the next charge: it must be the one a share charged the
+    # same but never asked before gives.
+    weights = {A: 1.0, B: 2.0, C: 1.0}
+    fair = FairShare(capacity={H100: 64}, weights=weights, allocation={})
+    charged: dict[QueueName, dict[Resource, float]] = {}
+    for op, queue, n in ops:
+        if op == "charge":
+            fair.charge(queue, {H100: n})
+            charged.setdefault(queue, {})[H100] = charged.get(queue, {}).get(H100, 0.0) + n
+        elif op == "uncharge":
+            fair.uncharge(queue, {H100: n})
+            charged.setdefault(queue, {})[H100] = charged.get(queue, {}).get(H100, 0.0) - n
+        for q in (A, B, C):
+            fresh = FairShare(capacity={H100: 64}, weights=weights, allocation=charged)
+            assert fair.describe(q) == fresh.describe(q)

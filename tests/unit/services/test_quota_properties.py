@@ -1,6 +1,7 @@
 """Properties of quota's decisions over random histories: no queue is ever charged beyond what the
-ledger's check allows, the ledger holds exactly the charges of the jobs that hold quota, and a restore
-of the same log gives the same charges."""
+ledger's check allows, the ledger holds exactly the charges of the jobs that hold quota, the gate's
+lines kept from event to event are those a fresh build gives, and a restore of the same log gives the
+same charges."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from svc_helpers import env
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
+from gangline.core.fairshare import FairShare, advance
 from gangline.core.queues import QueueName, Resource
+from gangline.core.quota_gate import WaitingLines
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobFailed, JobQueued, JobRequeued, JobSpec
+from gangline.events.nodes import NodeFailed
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
-from services.quota.handlers import QuotaState, decide
+from services.quota.handlers import QuotaState, _pending_item, decide
 
 H100 = "H100-SXM5-80GB"
 A100 = "A100-SXM4-80GB"
@@ -47,6 +52,9 @@ admit_op = st.tuples(
     st.booleans(),
 )
 other_op = st.tuples(st.sampled_from(["grant", "release", "preempt", "fail"]), st.integers(0, 40))
+node_op = st.tuples(st.sampled_from(["register", "lose"]), st.sampled_from([H100, A100]), st.integers(1, 8))
+"""A node of that model and size registers, or the latest one of that model fails: the flavours the
+gate may let jobs through on change (the lines are built again)."""
 
 
 class History:
@@ -106,6 +114,20 @@ class History:
         elif kind == "fail":
             self.send(JobFailed(job_id=job, code="worker_exit", reason="it died"))
 
+    def node(self, op: tuple[Any, ...]) -> None:
+        kind, model, gpus = op
+        prefix = f"{model[:4].lower()}-{gpus}"
+        if kind == "register":
+            group = NodeGroup(
+                name=prefix, count=1, gpu_model=model, gpus_per_node=gpus, memory_mib=81920, leaf="leaf-a"
+            )
+            [registered] = ClusterSpec(groups=(group,)).registrations()
+            self.send(registered)
+        else:
+            known = sorted(n for n in self.state.cluster.nodes if n.startswith(prefix))
+            if known:
+                self.send(NodeFailed(node=known[-1], code="heartbeat_timeout", reason="gone"))
+
     def check(self) -> None:
         state = self.state
         tree = state.queues.tree
@@ -120,11 +142,38 @@ class History:
             for r in tree.resources:
                 # Every charge was checked first: no queue can ever be past what it may take.
                 assert state.ledger.available(QueueName(q), r) >= 0, (q, r)
+        # What is charged and the decayed history, kept until the ledger changes, are a fresh read's.
+        fresh_charged = {q: v for q in tree.queue_names() if (v := state.ledger.usage_vector(QueueName(q)))}
+        assert state._allocation() == fresh_charged
+        at = self.log[-1].time if self.log else None
+        if at is not None and state.half_life_s > 0:
+            now = max(state.history.as_of, at.timestamp())
+            decayed = advance(state.history, fresh_charged, now=now, half_life_s=state.half_life_s)
+            for _ in range(2):  # worked out, then remembered
+                fair = state.fair_share((True, "lab"), at)
+                for q in ("team-a", "team-b", "team-c"):  # the lab tree's queues
+                    assert fair.usage(QueueName(q)) == FairShare(
+                        capacity={}, weights={}, allocation=fresh_charged, history=decayed
+                    ).usage(QueueName(q))
+        for key in sorted(state.lines):
+            # The lines kept across events hold what a fresh build over the waiting jobs holds, in the
+            # same order: a pass over both (every job, every held one explained) decides the same.
+            kept = state.waiting_lines(key)
+            waiting = state.waiting.get(key, {}).values()
+            fresh = WaitingLines.of((_pending_item(j) for j in waiting), lambda j: state.gate_options(j)[0])
+            assert len(kept) == len(fresh)
+            at = self.log[-1].time
+            gates = [
+                lines.let_through(state.ledger.copy(), state.fair_share(key, at), tree, state.gate_options)
+                for lines in (kept, fresh)
+            ]
+            assert gates[0].admitted == gates[1].admitted
+            assert gates[0].held == gates[1].held
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    ops=st.lists(st.one_of(admit_op, other_op), min_size=1, max_size=60),
+    ops=st.lists(st.one_of(admit_op, other_op, node_op), min_size=1, max_size=60),
     half_life_s=st.sampled_from([0.0, 30.0]),
 )
 def test_no_queue_is_ever_charged_past_its_quota_and_a_restore_gives_the_same_charges(
@@ -132,7 +181,10 @@ def test_no_queue_is_ever_charged_past_its_quota_and_a_restore_gives_the_same_ch
 ) -> None:
     history = History(half_life_s)
     for op in ops:
-        history.step(op)
+        if op[0] in ("register", "lose"):
+            history.node(op)
+        else:
+            history.step(op)
     restored = QuotaState(topics=TopicNames(), queues=history.state.queues, half_life_s=half_life_s)
     for envelope in history.log:
         restored.restore(envelope)

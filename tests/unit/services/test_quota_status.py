@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from svc_helpers import T0, env
 
 from gangline.core.queues import QueueName, Resource
@@ -17,7 +19,15 @@ from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
 from services.quota.handlers import QuotaState, decide
-from services.quota.status import SOURCE, StatusBoard
+from services.quota.status import (
+    SOURCE,
+    StatusBoard,
+    figures_now,
+    figures_of,
+    same_figures,
+    status_of,
+    trees,
+)
 
 TOPICS = TopicNames(prefix="t.")
 H100 = "H100-SXM5-80GB"
@@ -202,3 +212,50 @@ def test_only_quotas_own_statuses_are_restored() -> None:
     assert board.restore(ours) and board.restore(older)
     assert board.published == {"team-a": status} and board.published_at == {"lab": T0}
     assert not board.due("lab", T0 + timedelta(seconds=4.9)) and board.due("lab", T0 + timedelta(seconds=5))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "grant", "release"]),
+            st.integers(0, 7),
+            st.sampled_from(["team-a", "team-b", "solo"]),
+            st.integers(1, 12),
+            st.floats(0.0, 9.0),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([0.0, 30.0]),
+)
+def test_the_figures_read_without_building_a_status_are_those_of_the_status_built_and_of_the_last_sent(
+    ops: list[tuple[str, int, str, int, float]], half_life_s: float
+) -> None:
+    # Quota compares what a status would say (figures_now) with what the last one said (the board's
+    # figures, worked out once per status) before it builds one: both must be what a fresh read of
+    # the built status gives, whatever happened.
+    state = quota(half_life_s=half_life_s)
+    clock = 0.0
+    for kind, k, queue, gpus, step in ops:
+        clock += step
+        job = f"j{k}"
+        if kind == "admit":
+            feed(state, admit(job, queue, gpus, at=clock))
+        elif kind == "grant":
+            feed(state, grant(job, queue, at=clock))
+        else:
+            feed(state, release(job, at=clock))
+        at = T0 + timedelta(seconds=clock)
+        for cohort, queues in trees(state).items():
+            fair = state.fair_share((True, cohort), at)
+            for q in queues:
+                built = status_of(state, fair, q, cohort, at)
+                assert figures_now(state, fair, q, cohort) == figures_of(built)
+                last = state.status.published.get(QueueName(q))
+                assert state.status.figures(QueueName(q)) == (figures_of(last) if last else None)
+                if last is not None:  # equal figures: the same status, as_of aside
+                    assert (figures_of(last) == figures_of(built)) == same_figures(last, built)
+                    said = {r: v.used for r, v in last.resources.items() if v.used}
+                    assert state.status.used(QueueName(q)) == said
+                assert dict(state.charged().get(QueueName(q), {})) == state.ledger.usage_vector(QueueName(q))
