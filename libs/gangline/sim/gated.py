@@ -15,11 +15,12 @@ apply them to each input:
   the first ``head`` in line and every later one the free GPUs could hold.
 
 Per input, as the services' bus delivers it: an arrival is gated, and placement cycles if it went
-through; a release (a completion, an eviction) first lets placement cycle over the jobs already let
-through (the GPUs just freed), then the gate lets the held jobs through, then placement cycles again
-if any went. The simulator hands one instant's inputs together (completions first, then arrivals):
-they are taken one by one in that order, but every completion of the instant has freed its GPUs
-before the first is taken (the services take each input in its own transaction, arrivals first).
+through; a run's end first frees its GPUs and lets placement cycle over the jobs already let through,
+then the gate lets the held jobs through, then placement cycles again if any went. The simulator
+hands one instant's inputs together, the ends first (in the order the runs started), then the
+arrivals (in submit order); they are taken one by one in that order, each end freeing its GPUs in its
+turn, which is the order the services' simulator delivers them in. With nothing waiting an end is
+taken at once (nothing can be decided differently).
 
 Preemption is the core's, in the cycle (the placement stage may evict, as `CorePolicy` does); the
 services run it in their preemption service with the checkpoint protocol, so preemption is where the
