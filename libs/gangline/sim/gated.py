@@ -122,6 +122,10 @@ class GatedPolicy:
         self._facts.pop(job_id, None)
         return self._charges.release(job_id, now) if self._charges is not None else None
 
+    def limits(self, queue: str) -> bool:
+        """Whether the gate charges ``queue``'s jobs (a limited queue of the queues file)."""
+        return self._charges is not None and self._charges.limits(queue)
+
     def pending(self) -> Sequence[Job]:
         return list(self._waiting.values())
 
