@@ -20,11 +20,13 @@ import pytest
 from gangline.cluster_spec import load_cluster_spec
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationGranted
+from gangline.events.jobs import JobPending
 from gangline.queues_file import load_queues
 from gangline.sim.gated import GatedPolicy
 from gangline.sim.metrics import summarize
 from gangline.sim.simulator import Simulator
 from gangline.sim.trace import TraceJob, load_trace
+from services.quota.handlers import SOURCE as QUOTA
 from services.tools.simulate import simulate_services
 from services.tools.simulate.engine import EPOCH
 
@@ -112,3 +114,12 @@ def test_the_world_queues_borrows_and_places_gangs() -> None:
             held += delta
             peak[queue] = max(peak.get(queue, 0), held)
     assert peak["team-a"] > 16
+    # And the gate held jobs: quota told some job it waits for quota.
+    run = simulate_services(jobs, load_cluster_spec(WORLD / "cluster.yaml"), queues=QUEUES, keep_log=True)
+    sim = run.simulation
+    held = {
+        e.data.job_id
+        for e in sim.envelopes(sim.topics.events)
+        if isinstance(e.data, JobPending) and e.source == QUOTA and e.data.reasons[0].code == "quota"
+    }
+    assert len(held) >= 5
