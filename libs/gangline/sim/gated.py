@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from gangline.core.actions.queueing import (
     PreemptionPolicy,
+    QueueContext,
     RunFacts,
     job_request,
     open_context,
@@ -189,6 +190,20 @@ class GatedPolicy:
         self._shapes[shape] = fits
         return fits
 
+    def _context(self, jobs: list[Job], now: float) -> QueueContext:
+        """Placement's queue facts (no quota: the gate decided), without the explanations, which decide
+        nothing and which nothing here reads."""
+        ctx = open_context(
+            self.snapshot,
+            jobs,
+            now=now,
+            submit_time=self._submitted,
+            run_facts=self._facts,
+            policy=self.preemption,
+        )
+        ctx.explain = False
+        return ctx
+
     def _place(self, now: float, out: _Outcome) -> None:
         """One placement cycle over the jobs let through; commit what it decided."""
         if not self._placeable:
@@ -200,14 +215,7 @@ class GatedPolicy:
             list(self._placeable.values()),
             self._submitted,
             self.profile,
-            lambda jobs: open_context(
-                snap,
-                jobs,
-                now=now,
-                submit_time=self._submitted,
-                run_facts=self._facts,
-                policy=self.preemption,
-            ),
+            lambda jobs: self._context(jobs, now),
             head=self.head,
             cycle=self._cycle,
         )
