@@ -21,7 +21,9 @@ from it as one batch: each record in order (selected just before it is handled, 
 processor does (the handled event; a batch decision: the batch's last event). So with inputs spaced
 in time a live service sees the same batches: one producer's transaction, read whole
 (``read_committed`` makes it visible at once). Everything a transaction causes is decided at the
-same virtual time; ``now`` is the virtual clock as a datetime (``EPOCH`` + seconds).
+same virtual time; ``now`` is the virtual clock as a datetime (``EPOCH`` + seconds). Inputs due at
+the same virtual time go in the order they were scheduled, except that the nodes' ends of runs
+(completions, time limits) go first, as the core's simulator frees what ends before what arrives.
 
 Heartbeats
 ----------
