@@ -34,17 +34,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangline.bus import Outgoing
-from gangline.core.actions.queueing import (
-    PreemptionPolicy,
-    run_queue_cycle,
-)
+from gangline.core.actions.queueing import PreemptionPolicy, placement_cycle
 from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.waiting import FRONT_OF_LINE, cycle_jobs, waiting_line
+from gangline.core.waiting import FRONT_OF_LINE
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
@@ -206,7 +203,8 @@ def cancel(
 def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoing]:
     """One scheduling cycle over the waiting jobs; the events that announce its decisions.
 
-    The core decides: the profile's actions (reserve, allocate, backfill, ...) over the snapshot,
+    The core decides (:func:`~gangline.core.actions.queueing.placement_cycle`, the cycle the core's
+    simulator runs too): the profile's actions (reserve, allocate, backfill, ...) over the snapshot,
     with the queue facts of :meth:`PlacementState.queue_context`. It sees the first
     ``max_jobs_per_cycle`` jobs in line and every later one the free GPUs could hold
     (:func:`~gangline.core.waiting.cycle_jobs`), so no blocked front strands a job that fits.
@@ -218,14 +216,21 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
     admitted_at = {
         CoreJobId(r.job_id): r.admitted_at.timestamp() for r in state.waiting.values() if r.admitted_at
     }
-    jobs = cycle_jobs(snap, waiting_line(waiting, admitted_at), state.max_jobs_per_cycle)
 
     def allocation_id(job: CoreJobId, cycle: int) -> CoreAllocationId:
         return CoreAllocationId(state.jobs[JobId(job)].next_allocation_id())
 
     state.cycle += 1
-    ctx = state.queue_context(snap, jobs, now=now, policy=LIVE_POLICY)
-    plan, _ = run_queue_cycle(snap, jobs, state.profile, ctx, cycle=state.cycle, allocation_id=allocation_id)
+    plan, _ = placement_cycle(
+        snap,
+        waiting,
+        admitted_at,
+        state.profile,
+        lambda jobs: state.queue_context(snap, jobs, now=now, policy=LIVE_POLICY),
+        head=state.max_jobs_per_cycle,
+        cycle=state.cycle,
+        allocation_id=allocation_id,
+    )
     problems = apply_plan(snap, plan)
     if problems:
         log.error("a plan could not be applied: %s", [p.message for p in problems])

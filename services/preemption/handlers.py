@@ -50,9 +50,7 @@ from datetime import datetime, timedelta
 from typing import ClassVar
 
 from gangline.bus import Outgoing
-from gangline.core.actions.allocate import Allocate
-from gangline.core.actions.preempt import MAX_HELD_PLANNED, HeldJob, Preempt, gpu_share, held_to_plan
-from gangline.core.actions.preempt import NAME as PREEMPT
+from gangline.core.actions.preempt import MAX_HELD_PLANNED, HeldJob, gpu_share, held_to_plan
 from gangline.core.actions.queueing import (
     PreemptionPlan,
     PreemptionPolicy,
@@ -61,13 +59,10 @@ from gangline.core.actions.queueing import (
     run_queue_cycle,
 )
 from gangline.core.actions.reclaim import NAME as RECLAIM
-from gangline.core.actions.reclaim import Reclaim
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import default_profile, planning_profile
 from gangline.core.framework.profile import Profile
 from gangline.core.model import GpuModel, Job
 from gangline.core.model import JobId as CoreJobId
-from gangline.core.plugins.quota import NAME as QUOTA
-from gangline.core.plugins.quota import Quota
 from gangline.core.queues import QuotaTree
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
@@ -100,21 +95,6 @@ class InFlight:
     preemptor: JobId
 
 
-def planning_profile(profile: Profile) -> Profile:
-    """The core's allocate, preempt and reclaim over ``profile``'s plugins (quota's among them).
-
-    Allocate first: a job that fits now needs no victims. The profile's own preempt and reclaim
-    (their arguments) when it lists them; the quota plugin is added when it does not, so a job quota
-    holds waits for quota in the cycle and the core's preempt or reclaim frees it some.
-    """
-    listed = {a.name: a for a in profile.actions}
-    actions = (Allocate(), listed.get(PREEMPT) or Preempt(), listed.get(RECLAIM) or Reclaim())
-    plugins = profile.plugins
-    if not any(p.name == QUOTA for p in plugins):
-        plugins = (*plugins, Quota())
-    return Profile.compose(f"{profile.name}/preemption", actions, plugins, profile.weights, profile.settings)
-
-
 @dataclass(frozen=True)
 class Held:
     """What quota's latest pending for a job it holds says."""
@@ -144,7 +124,7 @@ class PreemptionState:
     file, one unlimited ``default`` queue."""
     policy: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(default_grace_s=0.0))
     planner: Profile | None = None
-    """:func:`planning_profile` of the mirror's profile (built on first use)."""
+    """:func:`~gangline.core.defaults.planning_profile` of the mirror's profile (built on first use)."""
     started_at: dict[AllocationId, datetime] = field(default_factory=dict)
     """Live allocations: when they were granted."""
     checkpoints: dict[JobId, tuple[datetime, str]] = field(default_factory=dict)

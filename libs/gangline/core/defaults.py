@@ -72,6 +72,26 @@ def default_profile(registry: Registry | None = None) -> Profile:
     return load_profile(DEFAULT_PROFILE_YAML, registry or placement_registry())
 
 
+def planning_profile(profile: Profile) -> Profile:
+    """The profile preemption plans with: the core's allocate, preempt and reclaim over ``profile``'s
+    plugins (quota's among them).
+
+    Allocate first: a job that fits now needs no victims. The profile's own preempt and reclaim
+    (their arguments) when it lists them; the quota plugin is added when it does not, so a job quota
+    holds waits for quota in the cycle and the core's preempt or reclaim frees it some.
+    """
+    listed = {a.name: a for a in profile.actions}
+    actions = (
+        allocate.Allocate(),
+        listed.get(preempt.NAME) or preempt.Preempt(),
+        listed.get(reclaim.NAME) or reclaim.Reclaim(),
+    )
+    plugins = profile.plugins
+    if not any(p.name == quota.NAME for p in plugins):
+        plugins = (*plugins, quota.Quota())
+    return Profile.compose(f"{profile.name}/preemption", actions, plugins, profile.weights, profile.settings)
+
+
 def profile_path() -> Path:
     """Where the deployable default profile lives in a source checkout."""
     return Path(__file__).resolve().parents[3] / "deploy" / "profiles" / "default.yaml"

@@ -7,9 +7,9 @@ in the simulator on the same workload and the same queues, so the comparison is 
 
 Queues come from a queues file (`gangline.queues_file`, the one the services read): its limited
 queues with their quotas and cohorts, and its unlimited queues (and any queue the log names that
-the file does not) with no limit. Without a file every queue is unlimited. Each cycle runs with
-the core's queue facts (`run_queue_cycle`: fair order, quota ledger), so profiles with reserve,
-backfill, preempt or reclaim run as they do in `gangline simulate`.
+the file does not) with no limit. Without a file every queue is unlimited. Each profile runs as
+`gangline simulate` runs it (`gangline.sim.gated`): the quota gate, charging a job when it lets it
+through, then placement's cycle, as the services decide.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from datetime import datetime
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
 from gangline.core.model import GpuModel, JobId, Milli, Node, QueueName
-from gangline.core.queues import QuotaTree, Resource, gpu_resource
-from gangline.core.snapshot import Snapshot
-from gangline.queues_file import QueuesFile, quota_specs
+from gangline.queues_file import QueuesFile, queues_of
 from gangline.replay.decide import GRANTED, REGISTERED, RELEASED, REQUESTED, node_from_registration
 from gangline.replay.log import LogRecord
+from gangline.sim.gated import GatedPolicy
 from gangline.sim.metrics import summarize
-from gangline.sim.policies import CorePolicy, QueueSetup, charged_resources, unlimited_tree
 from gangline.sim.simulator import SimOptions, Simulator
 from gangline.sim.trace import TraceJob
 
@@ -83,25 +81,6 @@ def workload_from_log(records: Sequence[LogRecord]) -> tuple[list[Node], list[Tr
     return list(nodes.values()), jobs
 
 
-def what_if_queues(nodes: Sequence[Node], jobs: Sequence[TraceJob], doc: QueuesFile | None) -> QueueSetup:
-    """The queues both runs share: `doc`'s quota tree with every other queue unlimited (see above).
-
-    Fair shares are measured against the cluster's whole GPUs per model (and a quota resource the
-    cluster does not count that way against its total nominal), as `build_context` measures them.
-    """
-    specs, cohorts = quota_specs(doc) if doc is not None else ([], [])
-    names = {j.queue for j in jobs} | {QueueName(q.name) for q in (doc.queues if doc is not None else ())}
-    core_jobs = [j.to_job() for j in jobs]
-    tree: QuotaTree = unlimited_tree(names, charged_resources(core_jobs, nodes), specs=specs, cohorts=cohorts)
-    snap = Snapshot(nodes)
-    capacity: dict[Resource, int] = {
-        gpu_resource(m): c for m, c in zip(snap.models, snap.capacity, strict=True)
-    }
-    for res in tree.resources:
-        capacity.setdefault(res, tree.total_nominal(res))
-    return QueueSetup(tree, capacity)
-
-
 def what_if(
     records: Sequence[LogRecord],
     other: Profile,
@@ -115,10 +94,10 @@ def what_if(
     if not nodes or not jobs:
         raise ValueError("the log has no registered nodes or no requested jobs")
     gpus = float(sum(len(n.gpus) for n in nodes))
-    setup = what_if_queues(nodes, jobs, queues)
+    gate = queues_of(queues) if queues is not None else None
     out: list[dict[str, object]] = []
     base = recorded or default_profile()
     for name, prof in ((f"recorded ({base.name})", base), (other.name, other)):
-        policy = CorePolicy(name, prof, nodes, setup)
+        policy = GatedPolicy(name, prof, nodes, gate)
         out.append(summarize(Simulator(jobs, policy, gpus, SimOptions()).run()))
     return out[0], out[1]

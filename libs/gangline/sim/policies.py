@@ -1,4 +1,8 @@
-"""The scheduling policies the simulator compares: the core under a profile, and three baselines.
+"""The scheduling policies the simulator compares: three baselines, and the core under a profile.
+
+`gangline simulate` runs Gangline's profiles as the services decide them (`gangline.sim.gated`: the
+quota gate charging at let-through, then placement's cycle); `CorePolicy` here is the core's cycle
+the baselines are built from (`fifo-gang-best-fit`, `easy-backfill`).
 
 * `CorePolicy` runs Gangline's own core, unchanged: each cycle is `run_cycle` (or, when the
   cluster has queues, `run_queue_cycle` with the quota ledger and fair shares) over the pending
@@ -808,15 +812,14 @@ def make_policy(
     name: str,
     nodes: Sequence[Node],
     *,
-    profile: Profile | None = None,
-    queues: QueueSetup | None = None,
     pod_workers: Mapping[JobId, int] | None = None,
     registry: Registry | None = None,
     jobs: Sequence[Job] = (),
     time_limits: Mapping[JobId, float] | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Policy:
-    """A policy by name: a baseline (`BASELINES`) or the core under `profile`.
+    """A baseline by name (`BASELINES`); Gangline's profiles run as the services decide them
+    (`gangline.sim.gated.GatedPolicy`).
 
     `easy-backfill` needs the `jobs` it will see (for its unlimited quota tree), and takes their
     time limits (`time_limits`, else `default_time_limit_s`).
@@ -837,9 +840,7 @@ def make_policy(
         return CorePolicy(
             name, load_profile(FIFO_GANG_BEST_FIT_YAML, registry or placement_registry()), nodes
         )
-    if profile is None:
-        raise ValueError(f"policy {name!r} needs a profile")
-    return CorePolicy(name, profile, nodes, queues)
+    raise ValueError(f"unknown baseline {name!r}; the baselines are {', '.join(BASELINES)}")
 
 
 BASELINES = ("k8s-first-fit", "fifo-gang-best-fit", "easy-backfill")

@@ -17,16 +17,19 @@ from pathlib import Path
 from typing import TextIO
 
 from gangline.cluster_spec import ClusterSpec
+from gangline.core.charging import DEFAULT_HALF_LIFE_S
 from gangline.core.defaults import placement_registry
 from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.core.framework.registry import Registry
 from gangline.core.model import JobId, Node, QueueName
 from gangline.core.queues import QueueSpec, QuotaTree
-from gangline.queues_file import QueuesFile, quota_specs
+from gangline.queues_file import QueuesFile, queues_of, quota_specs
+from gangline.sim.gated import GatedPolicy
 from gangline.sim.metrics import RunResult
 from gangline.sim.policies import (
     BASELINES,
     DEFAULT_TIME_LIMIT_S,
+    Policy,
     QueueSetup,
     charged_resources,
     make_policy,
@@ -116,10 +119,13 @@ def run_campaign(
     progress: bool = False,
     registry: Registry | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    half_life_s: float = DEFAULT_HALF_LIFE_S,
 ) -> list[RunResult]:
     """Run each policy over the same jobs on fresh copies of the cluster.
 
     `queues`: the queues file's document the profiles run under (None: no quotas, like a baseline).
+    Profiles run as the services decide (`gangline.sim.gated`: the quota gate, charging at let-through,
+    then placement), with fair share's usage half-life `half_life_s`.
     `default_time_limit_s`: `easy-backfill`'s time limit for jobs whose trace gives none.
     """
     opts = options or SimOptions()
@@ -129,20 +135,23 @@ def run_campaign(
     core_jobs = [j.to_job() for j in jobs]
     time_limits = {JobId(j.id): j.time_limit_s for j in jobs if j.time_limit_s is not None}
     results: list[RunResult] = []
+    gate = queues_of(queues) if queues is not None else None
     for run in runs:
         nodes = spec.build_nodes()
-        setup = queue_setup(queues, spec, nodes, jobs) if run.profile is not None and queues else None
-        policy = make_policy(
-            run.name,
-            nodes,
-            profile=run.profile,
-            queues=setup,
-            pod_workers=pod_workers,
-            registry=registry or placement_registry(),
-            jobs=core_jobs,
-            time_limits=time_limits,
-            default_time_limit_s=default_time_limit_s,
-        )
+        policy: Policy
+        if run.profile is not None:
+            # Gangline's profiles: the quota gate, then placement, as the services decide.
+            policy = GatedPolicy(run.name, run.profile, nodes, gate, half_life_s=half_life_s)
+        else:
+            policy = make_policy(
+                run.name,
+                nodes,
+                pod_workers=pod_workers,
+                registry=registry or placement_registry(),
+                jobs=core_jobs,
+                time_limits=time_limits,
+                default_time_limit_s=default_time_limit_s,
+            )
         bar: Progress | None = StderrProgress(run.name) if progress else None
         results.append(Simulator(jobs, policy, float(spec.total_gpus), opts, bar).run())
     return results

@@ -21,7 +21,9 @@ from it as one batch: each record in order (selected just before it is handled, 
 processor does (the handled event; a batch decision: the batch's last event). So with inputs spaced
 in time a live service sees the same batches: one producer's transaction, read whole
 (``read_committed`` makes it visible at once). Everything a transaction causes is decided at the
-same virtual time; ``now`` is the virtual clock as a datetime (``EPOCH`` + seconds).
+same virtual time; ``now`` is the virtual clock as a datetime (``EPOCH`` + seconds). Inputs due at
+the same virtual time go in the order they were scheduled, except that the nodes' ends of runs
+(completions, time limits) go first, as the core's simulator frees what ends before what arrives.
 
 Heartbeats
 ----------
@@ -345,13 +347,13 @@ class SimNodes(Consumer):
             # The agent stops the run at its limit: checkpoint signal, acknowledgement, job.failed.
             token = running.timer = next(self._tokens)
             at = max(self.sim.now, running.started + limit + self.options.checkpoint_delay_s)
-            self.sim.at(at, lambda: self._time_limit(allocation_id, token, limit))
+            self.sim.at(at, lambda: self._time_limit(allocation_id, token, limit), end=True)
             return
         if left is None:
             return  # runs until released
         token = running.timer = next(self._tokens)
         at = max(self.sim.now, running.started + left)
-        self.sim.at(at, lambda: self._complete(allocation_id, token))
+        self.sim.at(at, lambda: self._complete(allocation_id, token), end=True)
 
     def _stop(self, allocation_id: AllocationId) -> _Running | None:
         running = self.running.pop(allocation_id, None)
@@ -537,7 +539,7 @@ class ServiceSimulation:
         self.observers: list[Observer] = []
         self.steps: list[Callable[[], None]] = []
         """Called after each scheduled input and everything it caused (a measuring hook)."""
-        self._heap: list[tuple[float, int, bool, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, int, bool, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._actions = 0
         """Scheduled items other than heartbeat ticks: the run ends when none is left (and no tick is due)."""
@@ -554,11 +556,13 @@ class ServiceSimulation:
         """The heartbeat tick at or before ``t`` (tick k is at k x heartbeat_s; a node's k-th beat)."""
         return math.floor(t / self.node_options.heartbeat_s + 1e-9)
 
-    def at(self, t: float, action: Callable[[], None], *, tick: bool = False) -> None:
-        """Run ``action`` at virtual time ``t`` (never before now); same-time actions in scheduling order."""
+    def at(self, t: float, action: Callable[[], None], *, tick: bool = False, end: bool = False) -> None:
+        """Run ``action`` at virtual time ``t`` (never before now); same-time actions in scheduling order,
+        except that a run's end (``end``: a completion, a time limit) goes before the rest, as in the
+        core's simulator: what ends at an instant has freed its GPUs for what arrives then."""
         if not tick:
             self._actions += 1
-        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), tick, action))
+        heapq.heappush(self._heap, (max(t, self.now), 0 if end else 1, next(self._seq), tick, action))
 
     def after(self, delay_s: float, action: Callable[[], None]) -> None:
         self.at(self.now + delay_s, action)
@@ -697,7 +701,7 @@ class ServiceSimulation:
         """Handle everything scheduled, in time order, until nothing is left to do (or ``until``)."""
         self._arm()
         while self._heap:
-            t, _, tick, action = self._heap[0]
+            t, _, _, tick, action = self._heap[0]
             if until is not None and t > until:
                 break
             if self._actions == 0 and not self.heartbeats_needed():

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 from scenarios.dsl import gpus
 
+from gangline.core.defaults import default_profile
 from gangline.core.model import GpuModel, JobId, Node, QueueName
 from gangline.core.queue_profile import fair_profile
 from gangline.core.queues import gpu_resource
-from gangline.queues_file import load_queues_file
+from gangline.queues_file import load_queues_file, queues_of
 from gangline.replay.log import LogRecord, write_jsonl
 from gangline.replay.record import record_log
-from gangline.replay.whatif import what_if, what_if_queues, workload_from_log
-from gangline.sim.policies import UNLIMITED
+from gangline.replay.whatif import what_if, workload_from_log
+from gangline.sim.gated import GatedPolicy
 from gangline.sim.trace import TraceJob
 from services.tools.cli import main
 
@@ -81,9 +82,11 @@ def test_what_if_under_a_queues_file_holds_a_queue_to_its_quota(tmp_path: Path) 
     free_base, free_fair = what_if(records, fair_profile())
     base, fair = what_if(records, fair_profile(), queues=load_queues_file(queues))
     q = "per_queue"
-    # Unlimited queues: fair changes nothing here; with q0 held to 12 GPUs its jobs wait longer.
+    # Unlimited queues: fair changes nothing here. With q0 held to 12 GPUs its jobs wait longer, under
+    # either profile: the quota gate holds them, whatever plugins the profile lists (as the services).
     assert free_fair[q]["q0"]["mean_wait_s"] == free_base[q]["q0"]["mean_wait_s"]  # type: ignore[index]
-    assert fair[q]["q0"]["mean_wait_s"] > base[q]["q0"]["mean_wait_s"]  # type: ignore[index]
+    assert base[q]["q0"]["mean_wait_s"] > free_base[q]["q0"]["mean_wait_s"]  # type: ignore[index]
+    assert fair[q]["q0"]["mean_wait_s"] > free_fair[q]["q0"]["mean_wait_s"]  # type: ignore[index]
     assert fair["completed"] == base["completed"] == 8
 
 
@@ -98,13 +101,17 @@ def test_queues_of_the_file_keep_their_quotas_and_the_others_are_unlimited(tmp_p
             "  - {name: default, unlimited: true}\n",
         )
     )
-    setup = what_if_queues(nodes, jobs, doc)
-    tree, a100 = setup.tree, gpu_resource(A100)
+    queues = queues_of(doc)
+    a100 = gpu_resource(A100)
+    tree = queues.tree
     assert tree.nominal(QueueName("q0"), a100) == 12 and tree.borrowing_limit(QueueName("q0"), a100) == 4
     assert tree.weight(QueueName("q0")) == 2.0 and tree.cohort_of(QueueName("q0")) == "lab"
-    for name in ("q1", "default"):  # q1: named by the log only; default: unlimited in the file
-        assert tree.nominal(QueueName(name), a100) == UNLIMITED and tree.cohort_of(QueueName(name)) is None
-    assert setup.capacity[a100] == 24
+    # What-if runs each profile as `gangline simulate` does: only q0's jobs are charged at the gate;
+    # q1 (named by the log only) and default (unlimited in the file) go straight to placement.
+    policy = GatedPolicy("p", default_profile(), nodes, queues)
+    assert policy.limits("q0")
+    assert not policy.limits("q1") and not policy.limits("default")
+    assert {j.queue for j in jobs} == {"q0", "q1"}
 
 
 def test_unusable_queues_say_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

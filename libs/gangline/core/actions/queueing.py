@@ -16,7 +16,7 @@ explanations (quota position, fair-share position, priority, "waiting for reserv
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -39,6 +39,7 @@ from gangline.core.queues import (
 )
 from gangline.core.quota_gate import Flavour, fair_admission
 from gangline.core.snapshot import RunningJob, Slot, Snapshot
+from gangline.core.waiting import cycle_jobs, waiting_line
 
 SHARED_SUFFIX = "/milli"
 
@@ -408,6 +409,29 @@ def run_queue_cycle(
     if ctx.explain:
         explain_waiting(plan, ordered, ctx, decisions)
     return plan, decisions
+
+
+def placement_cycle(
+    snapshot: Snapshot,
+    waiting: Sequence[Job],
+    admitted_at: Mapping[JobId, float],
+    profile: Profile,
+    context: Callable[[list[Job]], QueueContext],
+    *,
+    head: int,
+    cycle: int,
+    allocation_id: AllocationIds = default_allocation_id,
+) -> tuple[Plan, QueueDecisions]:
+    """Placement's cycle over the jobs the quota gate let through (they hold their quota already, see
+    :mod:`gangline.core.charging`): the placement service's and the core simulator's, the same rule.
+
+    The jobs in line (:func:`~gangline.core.waiting.waiting_line`: priority, then admitted time), of
+    which the cycle sees the first ``head`` and every later one the free GPUs could hold
+    (:func:`~gangline.core.waiting.cycle_jobs`); ``context`` gives the queue facts for those (no
+    quota: the gate decided; :func:`open_context`). The snapshot is left as it was.
+    """
+    jobs = cycle_jobs(snapshot, waiting_line(waiting, admitted_at), head)
+    return run_queue_cycle(snapshot, jobs, profile, context(jobs), cycle=cycle, allocation_id=allocation_id)
 
 
 def hold_for_preemptors(session: Session, ctx: QueueContext, decisions: QueueDecisions) -> None:

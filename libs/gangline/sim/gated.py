@@ -1,0 +1,257 @@
+"""Gangline's profiles in the simulator, decided by the services' rule: the quota gate, then placement.
+
+What `gangline simulate` runs for a profile (the baselines are `gangline.sim.policies`). The two
+stages are the ones the quota and placement services run, from the core, in the order the services
+apply them to each input:
+
+* **the gate** (:class:`~gangline.core.charging.QuotaCharges`, the quota service's rule): a job of a
+  limited queue is charged when its queue's quota lets it through and keeps the charge until its
+  allocation is released; an arrival goes through on the first flavour that fits now or is held;
+  after a release that lowers a quota tree's usage, its held jobs go through in fair order (DRF over
+  charged usage with a decayed history, half-life ``half_life_s``). Jobs of a queue the queues file
+  does not limit (or of no queues file at all) go straight to placement.
+* **placement** (:func:`~gangline.core.actions.queueing.placement_cycle`, the placement service's cycle):
+  the profile's actions over the jobs let through and not placed yet (no quota: they hold theirs),
+  the first ``head`` in line and every later one the free GPUs could hold.
+
+Per input, as the services' bus delivers it: an arrival is gated, and placement cycles if it went
+through; a run's end first frees its GPUs and lets placement cycle over the jobs already let through,
+then the gate lets the held jobs through, then placement cycles again if any went. The simulator
+hands one instant's inputs together, the ends first (in the order the runs started), then the
+arrivals (in submit order); they are taken one by one in that order, each end freeing its GPUs in its
+turn, which is the order the services' simulator delivers them in. With nothing waiting an end is
+taken at once (nothing can be decided differently).
+
+Preemption is the core's, in the cycle (the placement stage may evict, as `CorePolicy` does); the
+services run it in their preemption service with the checkpoint protocol, so preemption is where the
+two engines still decide differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gangline.core.actions.queueing import (
+    PreemptionPolicy,
+    QueueContext,
+    RunFacts,
+    job_request,
+    open_context,
+    placement_cycle,
+)
+from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
+from gangline.core.framework.cycle import apply_plan
+from gangline.core.framework.profile import Profile
+from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
+from gangline.core.model import Allocation, GpuModel, Job, JobId, Node, QueueName
+from gangline.core.quota_gate import Flavour, held_flavours
+from gangline.core.snapshot import Snapshot
+from gangline.core.waiting import FRONT_OF_LINE
+from gangline.queues_file import Queues
+from gangline.sim.policies import CycleOutcome, job_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A job placed: when, and where (the allocation granted)."""
+
+    at: float
+    allocation: Allocation
+
+
+def node_offer(node: Node) -> NodeOffer:
+    """What a node's usable GPUs offer, as the core's hardware counts them."""
+    gpus = tuple(sorted(GpuOffer(g.model, g.memory_mib, g.mode) for g in node.gpus if g.healthy))
+    return NodeOffer(gpus, node.domain, node.leaf, node.spine)
+
+
+@dataclass
+class GatedPolicy:
+    """A profile under the quota gate and placement (see the module docstring)."""
+
+    name: str
+    profile: Profile
+    nodes: Sequence[Node]
+    queues: Queues | None = None
+    """The queues file's configuration; None: every queue unlimited (no quota)."""
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    head: int = FRONT_OF_LINE
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    snapshot: Snapshot = field(init=False)
+    granted: list[Grant] = field(init=False, default_factory=list)
+    """Every grant, in order (what allocations.log would hold)."""
+
+    def __post_init__(self) -> None:
+        self.snapshot = Snapshot(self.nodes)
+        self._hardware = Hardware(node_offer(n) for n in self.nodes)
+        self._charges: QuotaCharges | None = None
+        if self.queues is not None:
+            self._charges = QuotaCharges(self.queues.tree, self._flavours, half_life_s=self.half_life_s)
+        self._submitted: dict[JobId, float] = {}
+        self._waiting: dict[JobId, Job] = {}
+        """Every job not running: held at the gate or let through, in submit order."""
+        self._placeable: dict[JobId, Job] = {}
+        """Let through, not placed yet: what placement's cycles see."""
+        self._inputs: list[Job | JobId | _Released] = []
+        """Inputs not taken yet, in order: a job that arrived, the id of a job whose run ended (its
+        GPUs are freed in its turn), or an eviction's release (made already)."""
+        self._facts: dict[JobId, RunFacts] = {}
+        self._held = 0.0
+        self._cycle = 0
+        self._shapes: dict[tuple[object, ...], list[Flavour]] = {}
+
+    # -- the simulator's calls ----------------------------------------------------------------------
+
+    def submit(self, job: Job, now: float) -> None:
+        self._submitted.setdefault(job.id, now)
+        self._waiting[job.id] = job
+        self._inputs.append(job)
+
+    def finish(self, job_id: JobId, now: float) -> None:
+        """A run ended: taken in its turn (its GPUs freed then), at once when nothing waits."""
+        self._inputs.append(job_id)
+        if not self._waiting:
+            self._take(now, _Outcome())  # nothing to decide: the order of the instant's ends is moot
+
+    def _release(self, job_id: JobId, now: float) -> str | None:
+        """Free the job's GPUs and its charge; the quota tree whose usage that lowered (None: none)."""
+        r = self.snapshot.release(job_id)
+        if r is None:
+            return None
+        self._held -= job_gpus(r.job)
+        self._facts.pop(job_id, None)
+        return self._charges.release(job_id, now) if self._charges is not None else None
+
+    def limits(self, queue: str) -> bool:
+        """Whether the gate charges ``queue``'s jobs (a limited queue of the queues file)."""
+        return self._charges is not None and self._charges.limits(queue)
+
+    def pending(self) -> Sequence[Job]:
+        return list(self._waiting.values())
+
+    def held_gpus(self) -> float:
+        return self._held
+
+    def cycle(self, now: float, new: Sequence[JobId] | None = None) -> CycleOutcome:
+        """Take the inputs since the last call, one by one (see the module docstring)."""
+        del new
+        out = _Outcome()
+        self._take(now, out)
+        return CycleOutcome(tuple(out.started), tuple(out.evicted), tuple(out.partial), tuple(out.problems))
+
+    def _take(self, now: float, out: _Outcome) -> None:
+        while self._inputs:
+            inputs, self._inputs = self._inputs, []
+            for item in inputs:
+                if isinstance(item, Job):
+                    if self._gate(item, now):
+                        self._place(now, out)
+                    continue
+                lowered = item.lowered if isinstance(item, _Released) else self._release(item, now)
+                self._place(now, out)
+                if lowered is not None and self._charges is not None:
+                    through = self._charges.let_through(lowered, now)
+                    for job, _ in through:
+                        self._placeable[job.id] = job
+                    if through:
+                        self._place(now, out)
+
+    # -- the two stages -----------------------------------------------------------------------------
+
+    def _gate(self, job: Job, now: float) -> bool:
+        """Whether the arriving job goes to placement now (charged, for a limited queue)."""
+        charges = self._charges
+        limited = charges is not None and charges.limits(job.queue)
+        if limited and charges is not None and charges.arrive(job, self._submitted[job.id], now) is None:
+            return False
+        self._placeable[job.id] = job
+        return True
+
+    def _flavours(self, job: Job) -> list[Flavour]:
+        """The job's flavours its nodes can hold, in the order the quota service tries them (its GPU
+        type, else the models its queue's quotas name, then the file's resource order)."""
+        shape = (job.queue, job.gpu_type, job.mig_profile, job.gpu_milli, job.workers, job.gpus_per_worker)
+        known = self._shapes.get(shape)
+        if known is not None:
+            return known
+        assert self.queues is not None
+        models: list[str] = []
+        if job.gpu_type is not None:
+            models.append(job.gpu_type)
+        else:
+            own = tuple(self.queues.tree.spec(QueueName(job.queue)).quotas)
+            for r in (*own, *self.queues.resource_order):
+                model = r.split("/", 1)[0]
+                if model not in models:
+                    models.append(model)
+        options = [Flavour(m, job_request(job, GpuModel(m))) for m in models]
+        fits, _ = held_flavours(self._hardware, WorkerAsk.of(job), options)
+        self._shapes[shape] = fits
+        return fits
+
+    def _context(self, jobs: list[Job], now: float) -> QueueContext:
+        """Placement's queue facts (no quota: the gate decided), without the explanations, which decide
+        nothing and which nothing here reads."""
+        ctx = open_context(
+            self.snapshot,
+            jobs,
+            now=now,
+            submit_time=self._submitted,
+            run_facts=self._facts,
+            policy=self.preemption,
+        )
+        ctx.explain = False
+        return ctx
+
+    def _place(self, now: float, out: _Outcome) -> None:
+        """One placement cycle over the jobs let through; commit what it decided."""
+        if not self._placeable:
+            return
+        self._cycle += 1
+        snap = self.snapshot
+        plan, _ = placement_cycle(
+            snap,
+            list(self._placeable.values()),
+            self._submitted,
+            self.profile,
+            lambda jobs: self._context(jobs, now),
+            head=self.head,
+            cycle=self._cycle,
+        )
+        for e in plan.evicted:
+            r = snap.running.get(e.job_id)
+            if r is not None:
+                # Released before the plan's grants take its GPUs; then back at the gate, keeping
+                # its admitted time (a requeue), after the gate has let through what the release allows.
+                self._inputs.append(_Released(self._release(e.job_id, now)))
+                self.submit(r.job, now)
+                out.evicted.append(e.job_id)
+        out.problems += [s.message for s in apply_plan(snap, plan) if not s.ok]
+        for p in plan.placed:
+            job = p.job
+            if job.id not in snap.running or job.id not in self._placeable:
+                continue
+            del self._placeable[job.id]
+            del self._waiting[job.id]
+            out.started.append(job.id)
+            if len(p.allocation.placements) < job.fewest_workers:
+                out.partial.append(job.id)
+            self._held += job_gpus(job) * len(p.allocation.placements) / job.workers
+            self._facts[job.id] = RunFacts(started_at=now)
+            self.granted.append(Grant(now, p.allocation))
+
+
+@dataclass(frozen=True, slots=True)
+class _Released:
+    """A release made already (an eviction's): the quota tree whose usage it lowered (None: none)."""
+
+    lowered: str | None
+
+
+@dataclass
+class _Outcome:
+    started: list[JobId] = field(default_factory=list)
+    evicted: list[JobId] = field(default_factory=list)
+    partial: list[JobId] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
