@@ -444,11 +444,10 @@ def cancel_bytes(job_id: str) -> bytes:
     ).encode()
 
 
-CHECKPOINT_ON_TERM = (
-    'trap \'mkdir -p "${GANGLINE_CHECKPOINT_ACK%/*}"; touch "$GANGLINE_CHECKPOINT_ACK"; exit 0\' TERM; '
-)
+CHECKPOINT_ON_TERM = "trap ': > \"$GANGLINE_CHECKPOINT_ACK\"; exit 0' TERM; "
 """A preemptible job's part of the contract: on the checkpoint signal it acknowledges (its state is
-nothing, so at once) and exits; without the acknowledgement preemption waits out the grace."""
+nothing, so at once: the agent made the ack file's directory, a redirection creates the file, no
+process is forked) and exits; without the acknowledgement preemption waits out the grace."""
 
 
 def job_data(

@@ -8,8 +8,9 @@ torchrun-style programs read them, and:
 - ``GANGLINE_JOB_ID``         the job
 - ``GANGLINE_ATTEMPT``        0 for the first launch, +1 per gang restart (like TORCHELASTIC_RESTART_COUNT)
 - ``GANGLINE_CHECKPOINT_DIR`` where to write checkpoints and read them back on resume; the same on requeue
-- ``GANGLINE_CHECKPOINT_ACK`` a file the rank creates once its checkpoint is durable; the agent reports
-  the checkpoint acknowledged when every rank created its file before the grace deadline
+- ``GANGLINE_CHECKPOINT_ACK`` a file the rank creates once its checkpoint is durable (its directory exists
+  when the rank starts); the agent reports the checkpoint acknowledged when every rank created its file
+  before the grace deadline
 """
 
 from __future__ import annotations

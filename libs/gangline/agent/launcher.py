@@ -110,7 +110,10 @@ class GangLauncher:
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         try:
             for r in spec.ranks:
-                ack_file(spec.checkpoint_dir, r.rank).unlink(missing_ok=True)
+                ack = ack_file(spec.checkpoint_dir, r.rank)
+                ack.unlink(missing_ok=True)
+                # there before the rank runs: acknowledging is creating one file (a shell's `: > "$ACK"`)
+                ack.parent.mkdir(parents=True, exist_ok=True)
                 env = rank_env(
                     job_id=spec.job_id,
                     rank=r,

@@ -52,10 +52,10 @@ import re
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from gangline.agent.env import Placement as LayoutPlacement
 from gangline.agent.env import checkpoint_dir_for, layout_for_node
@@ -143,6 +143,14 @@ class Publisher(Protocol):
     """What the agent publishes with: :class:`gangline.bus.EventProducer` or a test double."""
 
     async def publish(self, topic: str, envelope: Envelope, *, key: str | None = None) -> Any: ...
+
+
+@runtime_checkable
+class BatchPublisher(Publisher, Protocol):
+    """A publisher that sends many envelopes in one go (:meth:`gangline.bus.EventProducer.publish_many`):
+    the outcome of each, in order (an error for those that failed)."""
+
+    async def publish_many(self, items: Sequence[tuple[str, Envelope]]) -> Sequence[object]: ...
 
 
 def _utcnow() -> datetime:
@@ -1099,18 +1107,44 @@ class NodeAgent:
             self._outbox.put_nowait((topic, envelope))
 
     async def _publish_loop(self) -> None:
-        assert self._producer is not None
+        """Publish the outbox in order. With a :class:`BatchPublisher` everything queued meanwhile goes
+        in one send (a gang's exits and checkpoints after a preemption: one round trip, not one each)."""
+        producer = self._producer
+        assert producer is not None
         while True:
-            topic, envelope = await self._outbox.get()
+            batch = [await self._outbox.get()]
+            while not self._outbox.empty():
+                batch.append(self._outbox.get_nowait())
             try:
-                await self._producer.publish(topic, envelope)
-                self.published += 1
+                outcomes = await self._publish_batch(producer, batch)
+                for (topic, envelope), outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        log.error(
+                            "agent %s: could not publish %s to %s",
+                            self.node,
+                            envelope.type,
+                            topic,
+                            exc_info=outcome,
+                        )
+                    else:
+                        self.published += 1
+            finally:
+                for _ in batch:
+                    self._outbox.task_done()
+
+    @staticmethod
+    async def _publish_batch(producer: Publisher, batch: list[tuple[str, Envelope]]) -> Sequence[object]:
+        if isinstance(producer, BatchPublisher) and len(batch) > 1:
+            return await producer.publish_many(batch)
+        outcomes: list[object] = []
+        for topic, envelope in batch:
+            try:
+                outcomes.append(await producer.publish(topic, envelope))
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("agent %s: could not publish %s to %s", self.node, envelope.type, topic)
-            finally:
-                self._outbox.task_done()
+            except Exception as err:
+                outcomes.append(err)
+        return outcomes
 
     async def _consume_loop(self) -> None:
         consumer = self._consumer

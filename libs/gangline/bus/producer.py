@@ -181,3 +181,35 @@ class EventProducer:
                 chain.forget(topic)
             raise
         return metadata
+
+    async def publish_many(
+        self, items: Sequence[tuple[str, Envelope]]
+    ) -> list[RecordMetadata | BaseException]:
+        """Send ``(topic, envelope)`` pairs in order, then wait until the broker has each (acks=all).
+
+        One round trip for the lot instead of one per envelope: every record is queued before the
+        first acknowledgement is awaited (the idempotent producer keeps each partition's order). Each
+        pair's outcome is returned in order: its metadata, or the error it failed with (the others
+        are still sent). Records queued after a failed one on a chained topic re-read the chain's tail.
+        """
+        chain = self._chain
+        pending: list[Any] = []
+        for topic, envelope in items:
+            try:
+                pending.append(await send_envelope(self.raw, self._tracer, topic, envelope, chain=chain))
+            except Exception as err:
+                if chain is not None and chain.chains(topic):
+                    chain.forget(topic)
+                pending.append(err)
+        outcomes: list[RecordMetadata | BaseException] = []
+        for (topic, _), future in zip(items, pending, strict=True):
+            if isinstance(future, BaseException):
+                outcomes.append(future)
+                continue
+            try:
+                outcomes.append(await future)
+            except Exception as err:
+                if chain is not None and chain.chains(topic):
+                    chain.forget(topic)
+                outcomes.append(err)
+        return outcomes

@@ -185,3 +185,27 @@ async def test_events_iterator_ends_with_the_final_event(tmp_path: Path) -> None
     await asyncio.wait_for(sup.run(), WAIT_S)
     seen = [e async for e in sup.events()]
     assert isinstance(seen[-1], GangCompleted) and isinstance(seen[2], GangStarted)
+
+
+async def test_a_rank_acknowledges_by_creating_its_ack_file_in_a_directory_the_agent_made(
+    tmp_path: Path,
+) -> None:
+    # A shell's builtins only: no mkdir, no touch (the directory is there, the redirection creates the file).
+    script = (
+        "trap ': > \"$GANGLINE_CHECKPOINT_ACK\"; exit 0' TERM; "
+        ': > "$GANGLINE_CHECKPOINT_DIR/up-$RANK"; sleep 60 & wait'
+    )
+    rec = Recorder()
+    sup = GangSupervisor(spec(tmp_path, "sh", command=("sh", "-c", script)), RestartPolicy(), listener=rec)
+    run = asyncio.create_task(sup.run())
+    for r in (0, 1):
+        marker = tmp_path / "ckpt" / f"up-{r}"
+        while not await asyncio.to_thread(marker.exists):  # noqa: ASYNC110 - a file, not an event
+            await asyncio.sleep(0.05)
+
+    result = await asyncio.wait_for(sup.preempt(signal.SIGTERM, grace_s=30.0), WAIT_S)
+    out = await asyncio.wait_for(run, WAIT_S)
+
+    assert result.acked == (0, 1) and result.exited_in_grace == (0, 1) and result.killed == ()
+    assert result.acknowledged
+    assert isinstance(out.final, GangStopped)
