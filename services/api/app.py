@@ -351,7 +351,9 @@ def create_app(
             state["r"] = resources
         return state["r"]
 
-    def principal(
+    # async although it never awaits: a sync dependency runs in the thread pool, and the hop there and back
+    # (a GIL hand-over each way) is most of what a submission costs under load.
+    async def principal(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Principal:
         found = auth.principal(credentials.credentials) if credentials is not None else None
@@ -483,9 +485,8 @@ def create_app(
         may use, only that tenant (and admins) may see or cancel it."""
         require(caller, submission.queue)
         job_id = submission.job_id or job_ids()
-        async with res().pool.acquire() as conn:
-            if job_id in recent or await queries.job(conn, job_id) or await queries.requested(conn, job_id):
-                raise ApiProblem(status.HTTP_409_CONFLICT, f"job {job_id!r} already exists", kind="conflict")
+        if job_id in recent or await queries.job_known(res().pool, job_id):
+            raise ApiProblem(status.HTTP_409_CONFLICT, f"job {job_id!r} already exists", kind="conflict")
         fields = submission.model_dump(exclude={"job_id", "submitted_by"}, exclude_unset=True)
         request_event = JobRequested.model_validate(
             {**fields, "job_id": job_id, "submitted_by": caller.tenant}

@@ -91,6 +91,26 @@ async def requested(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | N
     return data if isinstance(data, dict) and isinstance(data.get("queue"), str) else None
 
 
+async def job_known(db: asyncpg.Pool | asyncpg.Connection, job_id: str) -> bool:
+    """Whether a job of this id exists: projected (:func:`job`) or only requested so far (:func:`requested`),
+    asked in one round trip (a submission asks it each time)."""
+    known = await db.fetchval(
+        """
+        SELECT EXISTS (SELECT 1 FROM jobs WHERE job_id = $1)
+            OR EXISTS (
+                SELECT 1 FROM events
+                WHERE subject = $1 AND type = 'gangline.job.requested.v1'
+                  AND jsonb_typeof(
+                      CASE WHEN jsonb_typeof(data) = 'string' THEN (data #>> '{}')::jsonb ELSE data END
+                      -> 'queue'
+                  ) = 'string'
+            )
+        """,
+        job_id,
+    )
+    return bool(known)
+
+
 def requested_job(data: Mapping[str, Any]) -> dict[str, Any]:
     """A job known only by its request, shaped like a job row (state ``requested``)."""
     return {

@@ -368,8 +368,11 @@ class Processor:
     async def _linger(
         self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
     ) -> dict[TopicPartition, list[Any]]:
-        room = self._settings.max_batch_records - sum(len(records) for records in batch.values())
-        if self._settings.linger_ms <= 0 or room <= 0:
+        polled = sum(len(records) for records in batch.values())
+        room = self._settings.max_batch_records - polled
+        # One record alone (an idle cluster's job, a heartbeat) is handled at once; a poll that found several
+        # has a burst under way, worth waiting for the rest of.
+        if self._settings.linger_ms <= 0 or room <= 0 or polled < 2:
             return batch
         await asyncio.sleep(self._settings.linger_ms / 1000)
         more = await consumer.getmany(timeout_ms=0, max_records=room)
