@@ -301,7 +301,10 @@ def test_history_accounts_gpu_hours_like_sacct(as_team: Ops, capsys: pytest.Capt
     )  # still held: counted to now (8 GPUs, 57 min ago)
     assert items[as_team.job("wait")]["gpu_hours"] == 0 and items[as_team.job("wait")]["started_at"] is None
     # --since: what was submitted or ended since then (done-1, submitted 3 h ago, ended 58 minutes ago).
-    recent = json.loads(run_cli(capsys, "history", "--since", "70m", "-o", "json")[1])["items"]
+    # (70 minutes before NOW, the world's clock, set when the module was imported: a late-running test
+    # counts the minutes since then too.)
+    minutes = 70 + int((datetime.now(UTC) - NOW).total_seconds() // 60)
+    recent = json.loads(run_cli(capsys, "history", "--since", f"{minutes}m", "-o", "json")[1])["items"]
     assert {j["job_id"] for j in recent} == {as_team.job("done"), as_team.job("run"), as_team.job("wait")}
     since = (NOW - timedelta(minutes=30)).isoformat()
     assert json.loads(run_cli(capsys, "history", "--since", since, "-o", "json")[1])["items"] == []
