@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: k8s k8s-tools k8s-validate
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers test-brokers
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -103,6 +103,11 @@ browser:
 	@command -v chromium >/dev/null || { echo "chromium missing: installing Debian's chromium with apt-get"; \
 	  export DEBIAN_FRONTEND=noninteractive; { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "could not install chromium: the dashboard's browser tests will be skipped"; }
+
+# The replicated broker's short test (three KRaft nodes of its own, one killed -9 under load), kept out of
+# make test for its length; make chaos-brokers is the full run.
+test-brokers: venv
+	GANGLINE_TEST_BROKERS=1 deploy/local/run-tests.sh tests/e2e/test_replicated_broker.py
 
 # Refresh the dashboard screenshots the README shows (docs/dashboard/): the browser tests, saving there.
 screenshots: venv browser

@@ -16,7 +16,14 @@ import pytest
 
 from e2e.harness import ROOT
 
-pytestmark = pytest.mark.kafka
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.skipif(
+        os.environ.get("GANGLINE_TEST_BROKERS") != "1",
+        reason="three more JVMs for 2-5 minutes, too long for make test on 2 cores: "
+        "make test-brokers runs it (make chaos-brokers is the full run)",
+    ),
+]
 
 NODES = 3
 
