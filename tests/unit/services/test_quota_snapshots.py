@@ -172,6 +172,10 @@ class World:
                 self.send(TOPICS.events, JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1))
         elif kind == "fail":
             self.send(TOPICS.events, JobFailed(job_id=job, code="worker_exit", reason="it died"))
+            if self.granted.get(job, 0) == attempt > 0:  # placement takes its GPUs back
+                self.granted[job] = -attempt
+                released = AllocationReleased(job_id=job, allocation_id=allocation, reason="failed")
+                self.send(TOPICS.allocations, released)
 
 
 admit_op = st.tuples(
@@ -242,9 +246,14 @@ def next_decisions(state: QuotaState, world: World) -> list[Envelope]:
 
 
 def comparable(state: QuotaState) -> dict[str, object]:
-    """The saved fields; under plain DRF the history's ``as_of`` is never read (nothing decays), and a
-    restore reading topic by topic leaves it at another event's time: only its usage counts."""
+    """The saved fields as quota reads them. Under plain DRF the history's ``as_of`` is never read
+    (nothing decays), and a restore reading topic by topic leaves it at another event's time: only its
+    usage counts."""
     fields = dict(saved(state))  # type: ignore[call-overload]
+    # Quota skips every record of a retired job before the fold sees it: it reads whether a job is
+    # retired, never the releases the fold kept of it, which depend on whether the job's end was read
+    # before its grant (a restore reads jobs.events first) or after it (the running service).
+    fields["cluster.retired"] = sorted(state.cluster.retired)
     if state.half_life_s == 0:
         fields["history"] = state.history.decayed
     return fields
