@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from gangline.bus import Outgoing
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -102,6 +103,30 @@ class NodeHealthState:
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
+    SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
+        *(f"cluster.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
+        "checkpoints",
+        "rates._windows",
+        "rates._epoch",
+        "gpu_state",
+        "degraded",
+        "asked_to_leave",
+    )
+    """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
+    fold, checkpoints, the error windows (event times) and GPU states, and who was asked to leave. Not
+    what heartbeats fill (``last_seq``, ``heard_at``, ``heard_since``, and ``last_seen`` beyond the
+    registrations: the restore reads no heartbeats, and silence is counted from the run's start), nor
+    ``last_check`` (a decision's), nor the settings (``silence``, ``check_every``, ``started``,
+    ``max_lag``, the drain policy). :meth:`snapshot_loaded` sets ``last_seen`` as a restore does."""
+    SNAPSHOT_VERSION: ClassVar[int] = 1
+
+    def snapshot_loaded(self) -> None:
+        """After a snapshot is loaded: every registered node was last seen at its latest registration or
+        at this run's start, whichever is later, as a restore from the log leaves it (the error windows
+        judge by the settings' policy, which the snapshot's config matches)."""
+        self.last_seen = {n: max(t, self.started) for n, t in self.cluster.registered_at.items()}
+        self.rates.adopt_policy()
+
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
 
@@ -156,6 +181,8 @@ class NodeHealthState:
         elif isinstance(data, GpuHealthChanged):
             self.cluster.fold(envelope)
             key = (data.node, data.gpu)
+            if self._before_registration(data.node, envelope.time):
+                return
             if envelope.source == SOURCE:
                 if data.state == "degraded":
                     self.degraded.add(key)
@@ -163,6 +190,8 @@ class NodeHealthState:
                 self.gpu_state[key] = data.state
                 self.rates.record(data, envelope.time)
         elif isinstance(data, GpuErrorReported):
+            if self._before_registration(data.node, envelope.time):
+                return
             self.gpu_state[(data.node, data.gpu)] = data.state
             self.rates.record(data, envelope.time)
         elif isinstance(data, JobCheckpointed):
@@ -174,6 +203,13 @@ class NodeHealthState:
                 self.asked_to_leave.discard(data.allocation_id)
             # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
             self.cluster.fold(envelope)
+
+    def _before_registration(self, node: NodeId, at: datetime) -> bool:
+        """Whether a GPU report at ``at`` is older than the node's latest registration: history, which
+        that registration reset, in whichever order the two are read (a restore reads nodes.inventory
+        before nodes.health; the running service may read them the other way round)."""
+        registered = self.cluster.registered_at.get(node)
+        return registered is not None and at < registered
 
     def _released(self, job_id: JobId, allocation_id: AllocationId) -> bool:
         record = self.cluster.jobs.get(job_id)
