@@ -100,6 +100,8 @@ class NodeHealthState:
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
     """GPUs node_health itself drained for repeated errors."""
+    counted: dict[GpuKey, set[str]] = field(default_factory=dict)
+    """The ids of the reports each GPU's error windows counted since its node's latest registration."""
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
@@ -109,6 +111,7 @@ class NodeHealthState:
         "rates._windows",
         "rates._epoch",
         "gpu_state",
+        "counted",
         "degraded",
         "asked_to_leave",
     )
@@ -169,6 +172,7 @@ class NodeHealthState:
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
+            self.counted = {k: v for k, v in self.counted.items() if k[0] != data.node}
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
@@ -188,12 +192,13 @@ class NodeHealthState:
                     self.degraded.add(key)
             else:
                 self.gpu_state[key] = data.state
-                self.rates.record(data, envelope.time)
+                self._count(key, envelope)
         elif isinstance(data, GpuErrorReported):
             if self._before_registration(data.node, envelope.time):
                 return
-            self.gpu_state[(data.node, data.gpu)] = data.state
-            self.rates.record(data, envelope.time)
+            key = (data.node, data.gpu)
+            self.gpu_state[key] = data.state
+            self._count(key, envelope)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
         else:
@@ -203,6 +208,17 @@ class NodeHealthState:
                 self.asked_to_leave.discard(data.allocation_id)
             # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
             self.cluster.fold(envelope)
+
+    def _count(self, key: GpuKey, envelope: Envelope) -> None:
+        """Add an agent's report to the GPU's error windows, once per event id (a batch retried after an
+        aborted transaction hands its records to the handler again)."""
+        counted = self.counted.setdefault(key, set())
+        if envelope.id in counted:
+            return
+        counted.add(envelope.id)
+        data = envelope.data
+        assert isinstance(data, GpuHealthChanged | GpuErrorReported)
+        self.rates.record(data, envelope.time)
 
     def _before_registration(self, node: NodeId, at: datetime) -> bool:
         """Whether a GPU report at ``at`` is older than the node's latest registration: history, which

@@ -274,3 +274,13 @@ def test_a_gpu_report_older_than_the_nodes_latest_registration_counts_in_neither
         assert state.rates.count("job_fault", node.node, GpuId("gpu0"), T0 + timedelta(seconds=7)) == 0
         assert state.gpu_state == {}
     assert states[0] == states[1]
+
+
+def test_a_report_handled_again_counts_once() -> None:
+    # A batch retried after an aborted transaction hands its records to the handler again.
+    state = fresh(T0)
+    state.restore(env(NODES[0], at=0))
+    report = env(GpuErrorReported(node=NODES[0].node, gpu=GpuId("gpu0"), state="healthy", cause=XID), at=5)
+    for _ in range(3):
+        decide(report, state, now=T0 + timedelta(seconds=5))
+    assert state.rates.count("job_fault", NODES[0].node, GpuId("gpu0"), T0 + timedelta(seconds=6)) == 1
