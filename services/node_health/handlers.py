@@ -116,7 +116,8 @@ class NodeHealthState:
         "asked_to_leave",
     )
     """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
-    fold, checkpoints, the error windows (event times) and GPU states, and who was asked to leave. Not
+    fold, checkpoints, the error windows (event times), the reports they counted and the GPU states,
+    and who was asked to leave. Not
     what heartbeats fill (``last_seq``, ``heard_at``, ``heard_since``, and ``last_seen`` beyond the
     registrations: the restore reads no heartbeats, and silence is counted from the run's start), nor
     ``last_check`` (a decision's), nor the settings (``silence``, ``check_every``, ``started``,
