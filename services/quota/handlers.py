@@ -319,14 +319,15 @@ class QuotaState:
         "unplaced",
         "history",
         "inventory.offers",
-        "inventory.version",
     )
     """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
     fold, quota's facts per job and their indexes, what it last told each waiting job, the decayed usage,
     and what each node offers. Not the settings (``topics``, ``queues``, ``half_life_s``); not
     ``stranded`` (only a decision fills it: a restore leaves it empty, and the next change of the nodes
     looks at every unplaced job); not the status board (read whole from queues.status at every start,
-    compacted to one record per queue); not what is worked out from the saved fields (the ledger,
+    compacted to one record per queue); not the inventory's ``version`` (a count of changes, only the
+    caches' key: how many a restore sees depends on the order it reads the node topics in, and the
+    caches start empty on load); not what is worked out from the saved fields (the ledger,
     whose figures are keyed by the queue tree's nodes in memory, and the inventory's hardware counts:
     :meth:`snapshot_loaded` rebuilds them) nor the per-job caches."""
     SNAPSHOT_VERSION: ClassVar[int] = 1
