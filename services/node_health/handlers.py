@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 from gangline.bus import Outgoing
 from gangline.core.silence import Hearing, silent
@@ -104,11 +105,39 @@ class NodeHealthState:
     """Each GPU's state as its agent last reported it."""
     degraded: set[GpuKey] = field(default_factory=set)
     """GPUs node_health itself drained for repeated errors."""
+    counted: dict[GpuKey, set[str]] = field(default_factory=dict)
+    """The ids of the reports each GPU's error windows counted since its node's latest registration."""
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
     def __post_init__(self) -> None:
         self.hearing = Hearing(self.outage_gap or self.silence / 2)
+
+    SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
+        *(f"cluster.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
+        "checkpoints",
+        "rates._windows",
+        "rates._epoch",
+        "gpu_state",
+        "counted",
+        "degraded",
+        "asked_to_leave",
+    )
+    """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
+    fold, checkpoints, the error windows (event times), the reports they counted and the GPU states,
+    and who was asked to leave. Not
+    what heartbeats fill (``last_seq``, ``hearing``, and ``last_seen`` beyond the
+    registrations: the restore reads no heartbeats, and silence is counted from the run's start), nor
+    ``last_check`` (a decision's), nor the settings (``silence``, ``check_every``, ``started``,
+    ``max_lag``, the drain policy). :meth:`snapshot_loaded` sets ``last_seen`` as a restore does."""
+    SNAPSHOT_VERSION: ClassVar[int] = 1
+
+    def snapshot_loaded(self) -> None:
+        """After a snapshot is loaded: every registered node was last seen at its latest registration or
+        at this run's start, whichever is later, as a restore from the log leaves it (the error windows
+        judge by the settings' policy, which the snapshot's config matches)."""
+        self.last_seen = {n: max(t, self.started) for n, t in self.cluster.registered_at.items()}
+        self.rates.adopt_policy()
 
     def restore(self, envelope: Envelope) -> None:
         self.fold(envelope)
@@ -154,6 +183,7 @@ class NodeHealthState:
             self.rates.reset_node(data.node)
             self.degraded = {k for k in self.degraded if k[0] != data.node}
             self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
+            self.counted = {k: v for k, v in self.counted.items() if k[0] != data.node}
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
@@ -165,15 +195,20 @@ class NodeHealthState:
         elif isinstance(data, GpuHealthChanged):
             self.cluster.fold(envelope)
             key = (data.node, data.gpu)
+            if self._before_registration(data.node, envelope.time):
+                return
             if envelope.source == SOURCE:
                 if data.state == "degraded":
                     self.degraded.add(key)
             else:
                 self.gpu_state[key] = data.state
-                self.rates.record(data, envelope.time)
+                self._count(key, envelope)
         elif isinstance(data, GpuErrorReported):
-            self.gpu_state[(data.node, data.gpu)] = data.state
-            self.rates.record(data, envelope.time)
+            if self._before_registration(data.node, envelope.time):
+                return
+            key = (data.node, data.gpu)
+            self.gpu_state[key] = data.state
+            self._count(key, envelope)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
         else:
@@ -183,6 +218,24 @@ class NodeHealthState:
                 self.asked_to_leave.discard(data.allocation_id)
             # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
             self.cluster.fold(envelope)
+
+    def _count(self, key: GpuKey, envelope: Envelope) -> None:
+        """Add an agent's report to the GPU's error windows, once per event id (a batch retried after an
+        aborted transaction hands its records to the handler again)."""
+        counted = self.counted.setdefault(key, set())
+        if envelope.id in counted:
+            return
+        counted.add(envelope.id)
+        data = envelope.data
+        assert isinstance(data, GpuHealthChanged | GpuErrorReported)
+        self.rates.record(data, envelope.time)
+
+    def _before_registration(self, node: NodeId, at: datetime) -> bool:
+        """Whether a GPU report at ``at`` is older than the node's latest registration: history, which
+        that registration reset, in whichever order the two are read (a restore reads nodes.inventory
+        before nodes.health; the running service may read them the other way round)."""
+        registered = self.cluster.registered_at.get(node)
+        return registered is not None and at < registered
 
     def _released(self, job_id: JobId, allocation_id: AllocationId) -> bool:
         record = self.cluster.jobs.get(job_id)

@@ -68,8 +68,17 @@ class GpuErrorRates:
         self._windows.record(self._key(report.node, report.gpu), error)
         return error.kind
 
+    def adopt_policy(self) -> None:
+        """The windows (loaded from a snapshot) judge by this ``policy`` object, as built ones do."""
+        self._windows.policy = self.policy
+
     def reset_node(self, node: NodeId) -> None:
-        self._epoch[node] = self._epoch.get(node, 0) + 1
+        """The node registered again: its GPUs' windows start afresh (the old ones are forgotten)."""
+        epoch = self._epoch.get(node, 0)
+        for key in self._windows.recorded():
+            if isinstance(key, tuple) and key[0] == node and key[2] == epoch:
+                self._windows.forget(key)
+        self._epoch[node] = epoch + 1
 
     def count(self, kind: ErrorKind, node: NodeId, gpu: GpuId, now: datetime) -> int:
         return self._windows.count(kind, self._key(node, gpu), now)

@@ -9,11 +9,12 @@ from pydantic import Field
 from gangline.core.health import DrainPolicy
 from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import LAZY_LINGER_MS, ServiceSettings
+from services.common.snapshots import SnapshotSettings
 
 _DRAIN = DrainPolicy()
 
 
-class NodeHealthSettings(ServiceSettings):
+class NodeHealthSettings(ServiceSettings, SnapshotSettings):
     """``silence_s``: a node that has not heartbeaten for this long (of the time the bus was heard:
     ``outage_gap_s``) is declared failed.
 

@@ -11,6 +11,8 @@ from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
 from services.common.select import select_types
 from services.common.shell import restore_and_process
+from services.common.snapshots import StateSnapshots
+from services.common.topics import TopicNames
 from services.node_health.handlers import NodeHealthState, decide
 from services.node_health.rates import GpuErrorRates
 from services.node_health.settings import NodeHealthSettings
@@ -61,6 +63,34 @@ def handler(
     return handle
 
 
+def restore_topics(topics: TopicNames) -> list[str]:
+    """What node_health restores its state from (old heartbeats say nothing about now)."""
+    return [topics.inventory, topics.health, topics.operator, topics.allocations, topics.events]
+
+
+def snapshot_config(settings: NodeHealthSettings) -> dict[str, object]:
+    """The settings node_health's fold depends on (the error windows' policy): a snapshot written under
+    others is not loaded."""
+    policy = settings.drain_policy()
+    return {
+        "error_window_s": policy.window.total_seconds(),
+        "job_fault_xids": policy.job_fault_xids,
+        "warning_xids": policy.warning_xids,
+        "correctable_ecc": policy.correctable_ecc,
+    }
+
+
+def state_snapshots(settings: NodeHealthSettings, state: NodeHealthState) -> StateSnapshots | None:
+    """node_health's snapshots under ``settings`` (None when they are off)."""
+    return settings.state_snapshots(
+        state,
+        topic=state.topics.snapshots(SERVICE),
+        service=SERVICE,
+        restore_topics=restore_topics(state.topics),
+        config=snapshot_config(settings),
+    )
+
+
 async def main(settings: NodeHealthSettings) -> None:
     metrics = ServiceMetrics(SERVICE)
     state = new_state(settings, now=datetime.now(UTC))
@@ -74,17 +104,13 @@ async def main(settings: NodeHealthSettings) -> None:
             state,
             handle,
             # Old heartbeats say nothing about now: restore counts silence from the service's start.
-            restore_topics=[
-                topics.inventory,
-                topics.health,
-                topics.operator,
-                topics.allocations,
-                topics.events,
-            ],
+            restore_topics=restore_topics(topics),
             select=select_types(dict.fromkeys(NODE_HEALTH_EVENTS, True)),
             lock_topic=topics.inventory,
             # Outputs name the batch, positions and run start (replayed: services/node_health/replay.py).
             record_inputs=True,
             started=state.started,
             metrics=metrics,
+            # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
+            snapshots=state_snapshots(settings, state),
         )

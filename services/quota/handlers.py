@@ -71,6 +71,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import ClassVar
 
 from gangline.bus import Outgoing
 from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, backdate
@@ -264,23 +265,23 @@ class QuotaJob:
 
 class _Settled(AbstractSet[JobId]):
     """The jobs nothing read about changes quota's state any more (its select skips their records):
-    those the lifecycle fold retired and those of unlimited queues."""
+    those the lifecycle fold retired and those of unlimited queues. It reads them off the state each time,
+    so a state loaded from a snapshot (new sets in its fields) is still what the select was given."""
 
-    __slots__ = ("_cluster", "_unlimited")
+    __slots__ = ("_state",)
 
-    def __init__(self, cluster: ClusterFold, unlimited: set[JobId]) -> None:
-        self._cluster = cluster
-        self._unlimited = unlimited
+    def __init__(self, state: QuotaState) -> None:
+        self._state = state
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._cluster.retired or job_id in self._unlimited
+        return job_id in self._state.cluster.retired or job_id in self._state.unlimited
 
     def __iter__(self) -> Iterator[JobId]:
-        yield from self._cluster.retired
-        yield from self._unlimited
+        yield from self._state.cluster.retired
+        yield from self._state.unlimited
 
     def __len__(self) -> int:
-        return len(self._cluster.retired) + len(self._unlimited)
+        return len(self._state.cluster.retired) + len(self._state.unlimited)
 
 
 @dataclass
@@ -311,10 +312,42 @@ class QuotaState:
     ledger: QuotaLedger = field(init=False)
     inventory: Inventory = field(init=False)
 
+    SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
+        *(f"cluster.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
+        "jobs",
+        "unlimited",
+        "waiting",
+        "last_pending",
+        "unplaced",
+        "history",
+        "inventory.offers",
+    )
+    """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
+    fold, quota's facts per job and their indexes, what it last told each waiting job, the decayed usage,
+    and what each node offers. Not the settings (``topics``, ``queues``, ``half_life_s``); not
+    ``stranded`` (only a decision fills it: a restore leaves it empty, and the next change of the nodes
+    looks at every unplaced job); not the status board (read whole from queues.status at every start,
+    compacted to one record per queue); not the inventory's ``version`` (a count of changes, only the
+    caches' key: how many a restore sees depends on the order it reads the node topics in, and the
+    caches start empty on load); not what is worked out from the saved fields (the ledger,
+    whose figures are keyed by the queue tree's nodes in memory, and the inventory's hardware counts:
+    :meth:`snapshot_loaded` rebuilds them) nor the per-job caches."""
+    SNAPSHOT_VERSION: ClassVar[int] = 1
+
+    def snapshot_loaded(self) -> None:
+        """After a snapshot is loaded: the ledger is the sum of the jobs' charges and the hardware the
+        sum of the nodes' offers, as the fold left them; the caches start empty, as after a restore."""
+        self.ledger = QuotaLedger(self.queues.tree)
+        for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
+            job.options = job.held = job.gate = job.pending = None
+            if job.charge is not None and job.charge.limited:
+                self.ledger.admit(Queue(job.charge.queue), job.charge.request)
+        self.inventory.hardware = Hardware(self.inventory.offers.values())
+
     def __post_init__(self) -> None:
         self.ledger = QuotaLedger(self.queues.tree)
         self.inventory = Inventory(self.cluster)
-        self.retired = _Settled(self.cluster, self.unlimited)
+        self.retired = _Settled(self)
         """Jobs whose records the select may skip: nothing read about them changes the state."""
         tree = self.queues.tree
         self._limited_queues = [Queue(q) for q in tree.queue_names()]

@@ -6,10 +6,11 @@ from pydantic import Field
 
 from gangline.telemetry.metrics import METRICS_PORTS
 from services.common.env import ServiceSettings
+from services.common.snapshots import SnapshotSettings
 from services.quota.status import STATUS_INTERVAL_S
 
 
-class QuotaSettings(ServiceSettings):
+class QuotaSettings(ServiceSettings, SnapshotSettings):
     """The queues and their quotas come from ``queues_file`` (GANGLINE_QUEUES_FILE, shared with admission
     and the API). ``fair_share_half_life_s`` (GANGLINE_FAIR_SHARE_HALF_LIFE_S): how fast past usage is
     forgotten when waiting jobs are ordered by fair share; 0 is plain DRF on what is charged now.

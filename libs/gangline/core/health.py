@@ -328,6 +328,14 @@ class GpuErrorWindows:
         counts = {kind: self.count(kind, key, now) for kind in ERROR_KINDS}
         return verdict_of_counts(counts, self.policy, last_xid=self._last_xid(key, now))
 
+    def recorded(self) -> list[Hashable]:
+        """Every key some error was recorded for (and not forgotten)."""
+        found: dict[Hashable, None] = {}
+        for counter in self._counters.values():
+            found.update(dict.fromkeys(counter.keys()))
+        found.update(dict.fromkeys(self._xid_times))
+        return list(found)
+
     def forget(self, key: Hashable) -> None:
         """After a reset or a repair: the GPU's history is gone."""
         for counter in self._counters.values():

@@ -39,7 +39,7 @@ DAY_MS = 24 * HOUR_MS
 DLQ_RETENTION_MS = 30 * DAY_MS
 HEARTBEAT_RETENTION_MS = 6 * HOUR_MS
 SNAPSHOTS_SUFFIX = ".snapshots"
-SNAPSHOTTED_SERVICES = ("placement", "preemption")
+SNAPSHOTTED_SERVICES = ("placement", "preemption", "quota", "node_health")
 """The decision services that write snapshots of their state (``<service>.snapshots``)."""
 
 

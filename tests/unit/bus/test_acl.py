@@ -109,7 +109,12 @@ def test_a_stream_app_owns_the_topics_and_transactional_ids_named_after_its_appl
 def test_a_services_snapshot_topic_is_read_and_written_by_that_service_alone() -> None:
     bindings = acl_bindings(load_access(ROOT / "deploy" / "kafka" / "access.yaml"), SPECS, topic_prefix="p.")
     snapshot_topics = [s.name for s in SPECS if s.name.endswith(".snapshots")]
-    assert snapshot_topics == ["placement.snapshots", "preemption.snapshots"]
+    assert snapshot_topics == [
+        "placement.snapshots",
+        "preemption.snapshots",
+        "quota.snapshots",
+        "node_health.snapshots",
+    ]
     for topic in snapshot_topics:
         service = topic.removesuffix(".snapshots")
         on_it = {(b.principal, b.operation) for b in bindings if b.resource_name == f"p.{topic}"}
