@@ -170,6 +170,20 @@ _JOB_COLUMNS = (
 _JOB_JSON = {"topology", "spec", "pending_reasons"}
 
 
+def _job_placeholder(i: int, column: str) -> str:
+    if column in _JOB_JSON:
+        return f"${i}::text::jsonb"
+    if column == "gpu_model":
+        # A job whose events name no GPU model (no gpu_type asked, an unlimited queue: quota charged no
+        # model) takes its latest allocation's, which is the grant's or its node's: what migration 0004
+        # filled in for the jobs before it. The batch's allocations are projected before its jobs.
+        return (
+            f"COALESCE(${i}, (SELECT gpu_model FROM allocations WHERE job_id = $1 "
+            "ORDER BY granted_at DESC, rank LIMIT 1))"
+        )
+    return f"${i}"
+
+
 async def upsert_job(conn: asyncpg.Connection, row: JobRow) -> None:
     values = []
     for column in _JOB_COLUMNS:
@@ -177,9 +191,7 @@ async def upsert_job(conn: asyncpg.Connection, row: JobRow) -> None:
         if column in _JOB_JSON:
             value = None if value is None else _as_json(list(value) if isinstance(value, tuple) else value)
         values.append(value)
-    placeholders = ", ".join(
-        f"${i}::text::jsonb" if c in _JOB_JSON else f"${i}" for i, c in enumerate(_JOB_COLUMNS, start=1)
-    )
+    placeholders = ", ".join(_job_placeholder(i, c) for i, c in enumerate(_JOB_COLUMNS, start=1))
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _JOB_COLUMNS if c != "job_id")
     await conn.execute(
         f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({placeholders}) "

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from integration.ledger.accounting_world import EXAMPLE_QUERIES, NODES, fill, world
+from integration.ledger.accounting_world import EXAMPLE_QUERIES, NODES, T0, _registration, fill, world
 
 from gangline.events import allocations, jobs
-from gangline.events.base import Envelope
+from gangline.events.base import Envelope, make_envelope
 from gangline.store.migrate import discover, migrate
 from gangline.store.pool import create_pool
 
@@ -105,8 +105,14 @@ async def test_the_ledger_writes_gpu_seconds_model_final_state_and_times_per_job
             assert row["final_state"] == "failed"
         elif row["state"] == "rejected":
             assert row["final_state"] == "rejected" and row["gpu_seconds"] == 0
-        assert row["gpu_model"] == row["spec"].get("gpu_type")
     allocated = await pool.fetch("SELECT * FROM allocations")
+    latest: dict[str, tuple[object, str]] = {}
+    for a in sorted(allocated, key=lambda a: (a["granted_at"], -a["rank"])):
+        latest[a["job_id"]] = (a["granted_at"], a["gpu_model"])
+    for job_id, row in rows.items():
+        # The model asked for, else (none asked) its latest allocation's, the node's: as migration 0004.
+        expected = row["spec"].get("gpu_type") or (latest[job_id][1] if job_id in latest else None)
+        assert row["gpu_model"] == expected, job_id
     assert all(a["queue"] in ("team-a", "team-b") for a in allocated)
     assert all(a["gpu_model"] == NODES[a["node"]][0] for a in allocated)
     total = sum(a["gpu_seconds"] for a in allocated)
@@ -191,3 +197,31 @@ async def test_0004_backfills_rows_projected_before_it(scratch: str) -> None:
         assert job["gpu_seconds"] == pytest.approx(2 * 2 * 3600)
     finally:
         await conn.close()
+
+
+async def test_a_job_that_names_no_gpu_model_takes_its_nodes(pool: asyncpg.Pool) -> None:
+    # No gpu_type asked, an unlimited queue (quota charged no model), a grant that names none: the job's
+    # model is its allocation's, the one its node registered (as migration 0004 filled in older rows).
+    node = next(iter(NODES))
+    model, count = NODES[node]
+    spec = jobs.JobSpec(queue="default", workers=1, gpus_per_worker=count)
+    placement = allocations.Placement(rank=0, node=node, gpus=tuple(f"gpu{g}" for g in range(count)))
+    events = [
+        _registration(node, model, count),
+        jobs.JobRequested(job_id="any-1", **spec.model_dump()),
+        jobs.JobAdmitted(job_id="any-1", spec=spec),
+        jobs.JobQueued(job_id="any-1", queue="default"),
+        allocations.AllocationGranted(
+            job_id="any-1", allocation_id="any-1.a1", queue="default", placements=(placement,)
+        ),
+        jobs.JobStarted(job_id="any-1", allocation_id="any-1.a1"),
+    ]
+    envelopes = [
+        make_envelope(e, event_id=f"any-{k}", source="tests/accounting", time=T0 + timedelta(seconds=k))
+        for k, e in enumerate(events)
+    ]
+    await fill(pool, envelopes, batch=2)  # the grant and the start in one batch, the job's model from it
+    job = await pool.fetchrow("SELECT gpu_model, state FROM jobs WHERE job_id = 'any-1'")
+    assert (job["state"], job["gpu_model"]) == ("running", model)
+    rows = await pool.fetch("SELECT gpu_model FROM job_waits WHERE job_id = 'any-1'")
+    assert [r["gpu_model"] for r in rows] == [model]
