@@ -46,10 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +63,7 @@ from gangline.events.types import NodeId
 from gangline.replay.invariants import Fault, Kill, check_log
 from gangline.replay.kafka import KafkaSource
 from services.agent.fake import FakeCluster
+from services.bench.wire import plain_event
 from services.common.replay import SOURCES, decider_topics
 from services.common.topics import TopicNames
 
@@ -125,18 +124,7 @@ def job_spec(rng: random.Random, k: int) -> dict[str, Any]:
 
 def request_bytes(job_id: str, spec: Mapping[str, Any]) -> bytes:
     """A job.requested envelope as any producer writes it (plain JSON)."""
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": str(uuid.uuid4()),
-            "source": "chaos/load",
-            "type": "gangline.job.requested.v1",
-            "time": datetime.now(UTC).isoformat(),
-            "subject": job_id,
-            "datacontenttype": "application/json",
-            "data": {"job_id": job_id, **spec},
-        }
-    ).encode()
+    return plain_event("job.requested", job_id, spec, source="chaos/load")
 
 
 # -- processes -------------------------------------------------------------------------------------

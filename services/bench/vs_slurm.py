@@ -45,9 +45,10 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from services.bench.wire import plain_event
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "deploy" / "clusters" / "vs-slurm.yaml"
@@ -415,33 +416,12 @@ def slurm_throughput(peer: Any, sizes: Sizes) -> dict[str, float]:
 
 def request_bytes(job_id: str, data: Mapping[str, Any]) -> bytes:
     """A job.requested envelope as any producer writes it: plain JSON."""
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": str(uuid.uuid4()),
-            "source": "bench/vs-slurm",
-            "type": "gangline.job.requested.v1",
-            "time": datetime.now(UTC).isoformat(),
-            "subject": job_id,
-            "datacontenttype": "application/json",
-            "data": {"job_id": job_id, **data},
-        }
-    ).encode()
+    return plain_event("job.requested", job_id, data, source="bench/vs-slurm")
 
 
 def cancel_bytes(job_id: str) -> bytes:
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": str(uuid.uuid4()),
-            "source": "bench/vs-slurm",
-            "type": "gangline.job.cancel_requested.v1",
-            "time": datetime.now(UTC).isoformat(),
-            "subject": job_id,
-            "datacontenttype": "application/json",
-            "data": {"job_id": job_id, "reason": "the bench phase is over"},
-        }
-    ).encode()
+    reason = {"reason": "the bench phase is over"}
+    return plain_event("job.cancel_requested", job_id, reason, source="bench/vs-slurm")
 
 
 CHECKPOINT_ON_TERM = "trap ': > \"$GANGLINE_CHECKPOINT_ACK\"; exit 0' TERM; "

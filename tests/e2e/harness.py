@@ -24,6 +24,7 @@ from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from services.agent.fake import FakeCluster
+from services.bench.wire import plain_event
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,21 +272,7 @@ def start_pipeline(
 
 def request_bytes(job_id: str, **data: Any) -> bytes:
     """A job.requested envelope as any producer would write it: plain JSON, no Gangline code."""
-    import json
-    from datetime import UTC, datetime
-
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": str(uuid.uuid4()),
-            "source": "test/raw-producer",
-            "type": "gangline.job.requested.v1",
-            "time": datetime.now(UTC).isoformat(),
-            "subject": job_id,
-            "datacontenttype": "application/json",
-            "data": {"job_id": job_id, **data},
-        }
-    ).encode()
+    return plain_event("job.requested", job_id, data, source="test/raw-producer")
 
 
 async def send_raw(
