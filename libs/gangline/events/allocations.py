@@ -90,6 +90,9 @@ class AllocationGranted(Event):
     queue: QueueNameField
     gpu_type: Label | None = None
     placements: Annotated[tuple[Placement, ...], Field(min_length=1)]
+    resizes: AllocationIdField | None = None
+    """The allocation this grant replaces at another size (an elastic resize, released ``resized`` in
+    the same transaction): the same run of the job, resumed from its checkpoint, not a new attempt."""
 
     @model_validator(mode="after")
     def _one_gang(self) -> Self:
@@ -128,7 +131,8 @@ class AllocationGranted(Event):
         return sum(len(p.gpus) for p in self.placements if not p.shared)
 
 
-ReleaseReason = Literal["completed", "failed", "preempted", "node_failed", "cancelled"]
+ReleaseReason = Literal["completed", "failed", "preempted", "node_failed", "cancelled", "resized"]
+"""``resized``: an elastic job's allocation replaced by a grant at another size (``resizes`` names it)."""
 
 
 class AllocationReleased(Event):

@@ -23,6 +23,7 @@ _SOURCES = {
     "job.placed": "gangline/placement",
     "allocation.granted": "gangline/placement",
     "job.preempting": "gangline/preemption",
+    "job.resizing": "gangline/preemption",
     "job.preempted": "gangline/preemption",
     "job.requeued": "gangline/preemption",
     "allocation.released": "gangline/preemption",
@@ -229,6 +230,16 @@ def example_events() -> list[Event]:
             drain_grace_s=600,
         ),
         nodes.NodeUncordoned(node="dgx-a02", reason="firmware updated", requested_by="sre-oncall"),
+        jobs.JobResizing(
+            job_id="elastic-bert-7",
+            allocation_id="elastic-bert-7.2",
+            from_workers=2,
+            to_workers=1,
+            placements=placements[:1],
+            deadline=EPOCH + timedelta(hours=2, minutes=2),
+            reason="elastic elastic-bert-7 shrinks to 1 worker(s) for waiting asr-urgent-3",
+            preemptor_job_id="asr-urgent-3",
+        ),
     ]
 
 

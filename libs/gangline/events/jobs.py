@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Self, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from gangline.events.allocations import Placement
 from gangline.events.base import MODEL_CONFIG, Event, UtcDatetime
 from gangline.events.types import (
     ENV_NAME_PATTERN,
@@ -359,6 +360,44 @@ class JobPreempting(_JobEvent):
     preemptor_job_id: JobIdField | None = None
 
 
+class JobResizing(_JobEvent):
+    """An elastic job is asked to checkpoint so it can restart at another size (shrink or grow).
+
+    The same request as ``job.preempting`` (the agents checkpoint and stop the ranks; ``job.checkpointed``
+    acknowledges it), but the job is not requeued: once it checkpointed (or at ``deadline``) preemption
+    releases ``allocation_id`` (reason ``resized``) and grants ``placements`` in one transaction, a new
+    allocation with ``to_workers`` ranks that names the old one (``allocation.granted.resizes``).
+    A shrink keeps the first ``to_workers`` placements; a grow's extra GPUs are held for the job (no
+    other job is granted them) from this event until the resize is done.
+    """
+
+    TYPE = "job.resizing"
+    VERSION = 1
+
+    allocation_id: AllocationIdField
+    from_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)]
+    to_workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)]
+    placements: Annotated[tuple[Placement, ...], Field(min_length=1, max_length=MAX_WORKERS)]
+    """Where the ranks run after the resize, ranks 0..to_workers-1."""
+    deadline: UtcDatetime
+    reason: Sentence
+    preemptor_job_id: JobIdField | None = None
+    """For a shrink: the waiting job the freed GPUs are for."""
+
+    @model_validator(mode="after")
+    def _sized(self) -> Self:
+        if len(self.placements) != self.to_workers or self.from_workers == self.to_workers:
+            raise ValueError(
+                f"a resize from {self.from_workers} to {self.to_workers} workers needs "
+                f"{self.to_workers} placements and another size (got {len(self.placements)})"
+            )
+        return self
+
+    @property
+    def grows(self) -> bool:
+        return self.to_workers > self.from_workers
+
+
 class JobCheckpointed(_JobEvent):
     """The agent confirms the job wrote a checkpoint (after job.preempting, or on its own schedule)."""
 
@@ -446,6 +485,7 @@ EVENTS: list[type[Event]] = [
     JobPlaced,
     JobStarted,
     JobPreempting,
+    JobResizing,
     JobCheckpointed,
     JobPreempted,
     JobRequeued,

@@ -110,6 +110,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
             jobs.JobPlaced,
             jobs.JobStarted,
             jobs.JobPreempting,
+            jobs.JobResizing,
             jobs.JobCheckpointed,
             jobs.JobPreempted,
             jobs.JobRequeued,
