@@ -74,15 +74,18 @@ def default_profile(registry: Registry | None = None) -> Profile:
 
 def planning_profile(profile: Profile) -> Profile:
     """The profile preemption plans with: the core's allocate, preempt and reclaim over ``profile``'s
-    plugins (quota's among them).
+    plugins (quota's among them), and the profile's elastic action when it lists one (its shrinks,
+    before anyone is stopped entirely; the planner never grows: ``PreemptionPolicy.grow_in_cycle``).
 
     Allocate first: a job that fits now needs no victims. The profile's own preempt and reclaim
     (their arguments) when it lists them; the quota plugin is added when it does not, so a job quota
     holds waits for quota in the cycle and the core's preempt or reclaim frees it some.
     """
     listed = {a.name: a for a in profile.actions}
+    shrink = (listed[elastic.NAME],) if elastic.NAME in listed else ()
     actions = (
         allocate.Allocate(),
+        *shrink,
         listed.get(preempt.NAME) or preempt.Preempt(),
         listed.get(reclaim.NAME) or reclaim.Reclaim(),
     )

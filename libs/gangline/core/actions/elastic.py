@@ -8,7 +8,7 @@ or whose queue borrows beyond its nominal quota, are shrunk — the same rule as
 decision is a `PreemptionPlan` of kind ``shrink`` (the elastic jobs checkpoint and restart with
 ``keep_workers``) plus a `Resize` per shrunk job.
 
-When nothing waits, each elastic job below its most workers, lowest fair share first, is offered
+When nothing waits (no job of the cycle is left pending, not even on a reservation), each elastic job below its most workers, lowest fair share first, is offered
 the idle GPUs: capped at what its quota admits, on its GPU model, if a placement with more workers
 exists (its own GPUs count as free), it gets a `Resize` to grow, through the same checkpoint-restart.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from gangline.core.actions.preempt import max_attempts, placement_oracle, preemptors
+from gangline.core.actions.preempt import blocked, max_attempts, placement_oracle
 from gangline.core.actions.queueing import (
     PreemptionPlan,
     QueueContext,
@@ -91,6 +91,14 @@ def _shrinkable(session: Session, ctx: QueueContext, job: Job) -> list[VictimCan
     return out
 
 
+def _anyone_waits(session: Session) -> bool:
+    """Whether a job of the cycle is left waiting for room (a reservation's wait included): idle GPUs
+    go to waiting work before any elastic job grows into them."""
+    return any(
+        p.code not in (StatusCode.UNRESOLVABLE, StatusCode.ERROR) for p in session.pending.values()
+    )
+
+
 class Elastic:
     """See module docstring."""
 
@@ -101,13 +109,12 @@ class Elastic:
 
     def execute(self, session: Session) -> None:
         ctx = context_of(session)
-        if not ctx.policy.evict_in_cycle:
-            return  # a resize restarts running work: the caller cannot carry it out
-        waiting = preemptors(session, ctx, self.max_preemptors)
+        waiting = blocked(session, ctx, self.max_preemptors)
         if waiting:
-            for job in waiting:
-                self._shrink_for(session, ctx, job)
-        else:
+            if ctx.policy.evict_in_cycle:  # a shrink takes GPUs from running work for a waiting job
+                for job in waiting:
+                    self._shrink_for(session, ctx, job)
+        elif ctx.policy.grow_in_cycle and not _anyone_waits(session):
             self._grow(session, ctx)
 
     def _shrink_for(self, session: Session, ctx: QueueContext, job: Job) -> None:

@@ -268,6 +268,12 @@ def preemptors(session: Session, ctx: QueueContext, limit: int | None = None) ->
     """
     if not ctx.policy.evict_in_cycle:
         return []
+    return blocked(session, ctx, limit)
+
+
+def blocked(session: Session, ctx: QueueContext, limit: int | None = None) -> list[Job]:
+    """Open jobs that waited in this cycle for capacity or quota (what :func:`preemptors` returns,
+    whether or not the cycle may evict), at most ``limit``."""
     out: list[Job] = []
     decisions = decisions_of(session)
     for job in session.open_jobs():

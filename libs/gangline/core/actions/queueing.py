@@ -87,7 +87,11 @@ class PreemptionPolicy:
     evict_in_cycle: bool = True
     """Whether the cycle's evictions take effect at once (the simulator). False where victims are
     asked to checkpoint by another service (live placement: the preemption service chooses and asks
-    them with the core's victim search): then no action plans an eviction or a resize."""
+    them with the core's victim search): then no action plans an eviction or a shrink."""
+    grow_in_cycle: bool = True
+    """Whether the elastic action grows running elastic jobs into idle GPUs in this cycle (placement's
+    cycle and the simulator: they own the idle GPUs). False where the cycle only plans for waiting
+    work (the preemption service's planner)."""
 
 
 @dataclass(frozen=True, slots=True)
