@@ -25,6 +25,13 @@ taken at once (nothing can be decided differently).
 Preemption is the core's, in the cycle (the placement stage may evict, as `CorePolicy` does); the
 services run it in their preemption service with the checkpoint protocol, so preemption is where the
 two engines still decide differently.
+
+Elastic resizes (the profile's ``elastic`` action: a shrink for a waiting job, a grow into idle GPUs
+when nothing waits) are applied as the cycle decides them (:func:`~gangline.core.resize.apply_resize`):
+the job's allocation is replaced by one at its new size, a grant that names the one it replaces
+(``Grant.resizes``); the job keeps its work (it checkpointed) and its end. The services apply the same
+resize once the job acknowledged its checkpoint (``job.resizing``), a checkpoint's time later. While an
+elastic job runs below its most workers, placement cycles even when nothing waits, as placement does.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dataclasses import dataclass, field
 from gangline.core.actions.queueing import (
     PreemptionPolicy,
     QueueContext,
+    Resize,
     RunFacts,
     job_request,
     open_context,
@@ -44,8 +52,9 @@ from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
-from gangline.core.model import Allocation, GpuModel, Job, JobId, Node, QueueName
+from gangline.core.model import Allocation, AllocationId, GpuModel, Job, JobId, Node, QueueName
 from gangline.core.quota_gate import Flavour, held_flavours
+from gangline.core.resize import apply_resize, may_grow
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.queues_file import Queues
@@ -58,6 +67,8 @@ class Grant:
 
     at: float
     allocation: Allocation
+    resizes: str | None = None
+    """For an elastic resize: the allocation this grant replaces (released ``resized`` at ``at``)."""
 
 
 def node_offer(node: Node) -> NodeOffer:
@@ -100,6 +111,10 @@ class GatedPolicy:
         self._held = 0.0
         self._cycle = 0
         self._shapes: dict[tuple[object, ...], list[Flavour]] = {}
+        self._elastic = any(a.name == "elastic" for a in self.profile.actions)
+        self._elastic_running: set[JobId] = set()
+        """Running elastic jobs (those a grow may concern)."""
+        self._resizes = 0
 
     # -- the simulator's calls ----------------------------------------------------------------------
 
@@ -119,8 +134,10 @@ class GatedPolicy:
         r = self.snapshot.release(job_id)
         if r is None:
             return None
-        self._held -= job_gpus(r.job)
+        placed = len(r.allocation.placements)
+        self._held -= job_gpus(r.job) * (placed / r.job.workers if placed != r.job.workers else 1)
         self._facts.pop(job_id, None)
+        self._elastic_running.discard(job_id)
         return self._charges.release(job_id, now) if self._charges is not None else None
 
     def limits(self, queue: str) -> bool:
@@ -130,6 +147,12 @@ class GatedPolicy:
     def pending(self) -> Sequence[Job]:
         return list(self._waiting.values())
 
+    def may_grow(self) -> bool:
+        """Whether an elastic job runs below its most workers under a profile that grows it (then a
+        release is worth a cycle even when nothing waits)."""
+        running = self.snapshot.running
+        return self._elastic and any(may_grow(running[j]) for j in self._elastic_running)
+
     def held_gpus(self) -> float:
         return self._held
 
@@ -138,7 +161,9 @@ class GatedPolicy:
         del new
         out = _Outcome()
         self._take(now, out)
-        return CycleOutcome(tuple(out.started), tuple(out.evicted), tuple(out.partial), tuple(out.problems))
+        return CycleOutcome(
+            tuple(out.started), tuple(out.evicted), tuple(out.partial), tuple(out.problems), tuple(out.resized)
+        )
 
     def _take(self, now: float, out: _Outcome) -> None:
         while self._inputs:
@@ -206,11 +231,11 @@ class GatedPolicy:
 
     def _place(self, now: float, out: _Outcome) -> None:
         """One placement cycle over the jobs let through; commit what it decided."""
-        if not self._placeable:
+        if not self._placeable and not self.may_grow():
             return
         self._cycle += 1
         snap = self.snapshot
-        plan, _ = placement_cycle(
+        plan, decisions = placement_cycle(
             snap,
             list(self._placeable.values()),
             self._submitted,
@@ -240,6 +265,29 @@ class GatedPolicy:
             self._held += job_gpus(job) * len(p.allocation.placements) / job.workers
             self._facts[job.id] = RunFacts(started_at=now)
             self.granted.append(Grant(now, p.allocation))
+            if job.min_workers is not None:
+                self._elastic_running.add(job.id)
+        for resize in decisions.resizes:
+            self._resize(resize, now, out)
+
+    def _resize(self, resize: Resize, now: float, out: _Outcome) -> None:
+        """Apply an elastic resize the cycle decided: the job's allocation replaced at its new size."""
+        running = self.snapshot.running.get(resize.job_id)
+        if running is None:
+            return
+        self._resizes += 1
+        new_id = AllocationId(f"{resize.job_id}.r{self._resizes}")
+        allocation = apply_resize(self.snapshot, resize, new_id)
+        if allocation is None:
+            out.problems.append(f"resize of {resize.job_id} to {resize.to_workers} workers could not be applied")
+            return
+        job = running.job
+        self._held += job_gpus(job) * (resize.to_workers - resize.from_workers) / job.workers
+        self._facts[job.id] = RunFacts(started_at=now)  # the new allocation's run: its minimum runtime anew
+        self.granted.append(Grant(now, allocation, resizes=str(running.allocation.id)))
+        out.resized.append(job.id)
+        if resize.to_workers < resize.from_workers:
+            self._inputs.append(_Released(None))  # GPUs freed (its quota charge stays): placement cycles
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,3 +303,4 @@ class _Outcome:
     evicted: list[JobId] = field(default_factory=list)
     partial: list[JobId] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    resized: list[JobId] = field(default_factory=list)

@@ -154,6 +154,8 @@ class CycleOutcome:
     partial: tuple[JobId, ...] = ()
     """Jobs that hold GPUs for some but not all of their workers after the cycle."""
     problems: tuple[str, ...] = ()
+    resized: tuple[JobId, ...] = ()
+    """Elastic jobs whose allocation was replaced at another size (a shrink frees GPUs)."""
 
 
 class Policy(Protocol):

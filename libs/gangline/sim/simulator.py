@@ -14,7 +14,9 @@ is not run again.
 
 Preempted jobs return to the queue with the work since their last checkpoint lost (checkpoints
 every `checkpoint_s` of run time); a cycle that evicted is followed by another at the same instant,
-so the jobs they were preempted for start on the GPUs they freed. The run ends when no event is
+so the jobs they were preempted for start on the GPUs they freed (and so after an elastic resize).
+A policy with elastic jobs that may grow (``may_grow()``) is cycled after a release even when nothing
+waits. The run ends when no event is
 left; jobs still waiting then (bigger than the cluster, or deadlocked pods) are reported as
 unfinished.
 """
@@ -64,6 +66,12 @@ class _Live:
     epoch: int = 0
     cut: bool = False
     """The current run ends at the job's time limit, before its work is done."""
+
+
+def _may_grow(policy: Policy) -> bool:
+    """Whether a release is worth a cycle with nothing waiting: a policy that grows elastic jobs says so."""
+    grows = getattr(policy, "may_grow", None)
+    return bool(grows()) if grows is not None else False
 
 
 class Simulator:
@@ -132,7 +140,7 @@ class Simulator:
                 rec.submitted(j)
                 arrived.append(j.id)
             follow_ups = 0
-            while (arrived or released) and rec.waiting:
+            while (arrived or released) and (rec.waiting or _may_grow(policy)):
                 out = policy.cycle(t, None if released else arrived)
                 for jid in out.evicted:
                     lv = live[jid]
@@ -159,7 +167,7 @@ class Simulator:
                 rec.cycle_done(out.partial, out.problems)
                 # Evicted jobs' GPUs are free now: the jobs they were preempted for take them at
                 # once, in another cycle at this instant (a few at most, so preemption cannot loop).
-                arrived, released = [], bool(out.evicted)
+                arrived, released = [], bool(out.evicted or out.resized)
                 follow_ups += 1
                 if follow_ups > MAX_FOLLOW_UP_CYCLES:
                     break

@@ -75,6 +75,8 @@ class TraceJob:
     time_limit_s: float | None = None
     """The limit the submitter gave (None: the trace gives none); not the run time, which the
     simulator alone knows."""
+    min_workers: int | None = None
+    """An elastic job: it runs with any worker count from this to ``workers`` (None: not elastic)."""
 
     @property
     def gpus(self) -> float:
@@ -99,6 +101,7 @@ class TraceJob:
             time_limit_s=Seconds(max(1, math.ceil(self.time_limit_s)))
             if self.time_limit_s is not None
             else None,
+            min_workers=self.min_workers,
         )
 
 

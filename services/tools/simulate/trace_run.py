@@ -90,6 +90,7 @@ def request_of(job: TraceJob) -> JobRequested:
         topology=Topology(level="node") if job.same_node else None,
         duration_hint_s=max(1, math.ceil(job.duration_s)),
         time_limit_s=min(MAX_TIME_LIMIT_S, max(1, math.ceil(limit))) if limit is not None else None,
+        min_workers=job.min_workers,
     )
 
 
