@@ -97,7 +97,16 @@ def _mig_layout(gpu: GpuInfo) -> tuple[MigSlot, ...] | None:
     return layout or None
 
 
+def elastic_range(spec: JobSpec) -> tuple[int, int] | None:
+    """An elastic job's fewest and most workers (None: not elastic): ``min_workers`` (else the size it
+    asks for) to ``max_workers`` (else that size), the core's ``min_workers`` and ``workers``."""
+    if not spec.elastic:
+        return None
+    return (spec.min_workers or spec.workers, spec.max_workers or spec.workers)
+
+
 def core_job(job_id: JobId, spec: JobSpec) -> Job:
+    elastic = elastic_range(spec)
     topology = (
         TopologyConstraint(TopologyLevel.parse(spec.topology.level), TopologyMode(spec.topology.mode))
         if spec.topology is not None
@@ -106,7 +115,7 @@ def core_job(job_id: JobId, spec: JobSpec) -> Job:
     return Job(
         id=CoreJobId(job_id),
         queue=CoreQueueName(spec.queue),
-        workers=spec.workers,
+        workers=elastic[1] if elastic is not None else spec.workers,
         gpus_per_worker=max(1, spec.gpus_per_worker),
         gpu_type=GpuModel(spec.gpu_type) if spec.gpu_type is not None else None,
         gpu_memory_mib=CoreMiB(spec.gpu_memory_mib) if spec.gpu_memory_mib is not None else None,
@@ -116,7 +125,7 @@ def core_job(job_id: JobId, spec: JobSpec) -> Job:
         preemptible=spec.preemptible,
         checkpoint_grace_s=Seconds(spec.checkpoint_grace_s),
         topology=topology,
-        min_workers=spec.min_workers,
+        min_workers=elastic[0] if elastic is not None else None,
         duration_hint_s=Seconds(spec.duration_hint_s) if spec.duration_hint_s is not None else None,
         time_limit_s=Seconds(spec.time_limit_s) if spec.time_limit_s is not None else None,
     )

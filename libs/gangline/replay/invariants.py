@@ -12,7 +12,7 @@
 * **gpus_double_held**: a grant of a GPU another live allocation holds (whole GPUs alone; MIG slices
   by GPU instance; shared slots up to 1,000 milli per GPU);
 * **partial_gangs**: a grant whose ranks are not 0..W-1 for the W workers the job asked for (an
-  elastic job: between its minimum and W);
+  elastic job: between its ``min_workers`` and its ``max_workers``, each bound W when not given);
 * **stuck**: an admitted job that is neither finished (completed, failed) nor waiting with a reason
   (a job that ended stays ended: what is written about it later is counted in **after_final**);
 * **recovery** per kill (`Kill`): how long the killed service took to be processing again (measured
@@ -271,8 +271,8 @@ class _Checker:
             p["rank"] for p in placements if isinstance(p, dict) and isinstance(p.get("rank"), int)
         )
         asked = self.offered.get(job, {})
-        workers = asked.get("workers")
-        least = asked.get("min_workers") or workers
+        workers = asked.get("max_workers") or asked.get("workers")
+        least = asked.get("min_workers") or asked.get("workers")
         if ranks != list(range(len(placements))):
             self.problem("partial_gangs", r, f"{alloc} of {job} has ranks {ranks}")
         elif isinstance(workers, int) and isinstance(least, int) and not least <= len(ranks) <= workers:
