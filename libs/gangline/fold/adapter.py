@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gangline.core.hardware import GpuOffer, NodeOffer, WorkerAsk
 from gangline.core.mig import MigProfileName
 from gangline.core.model import (
@@ -154,16 +156,21 @@ def core_allocation(granted: AllocationGranted) -> Allocation:
     return Allocation(
         id=CoreAllocationId(granted.allocation_id),
         job_id=CoreJobId(granted.job_id),
-        placements=tuple(
-            WorkerPlacement(
-                rank=p.rank,
-                node=CoreNodeId(p.node),
-                gpus=tuple(core_gpu_id(p.node, g) for g in p.gpus),
-                mig=_core_mig(p.mig),
-                milli=Milli(p.gpu_fraction_milli) if p.gpu_fraction_milli is not None else None,
-            )
-            for p in granted.placements
-        ),
+        placements=core_placements(granted.placements),
+    )
+
+
+def core_placements(placements: Sequence[Placement]) -> tuple[WorkerPlacement, ...]:
+    """The core's worker placements of a grant's (or a resize's) placements."""
+    return tuple(
+        WorkerPlacement(
+            rank=p.rank,
+            node=CoreNodeId(p.node),
+            gpus=tuple(core_gpu_id(p.node, g) for g in p.gpus),
+            mig=_core_mig(p.mig),
+            milli=Milli(p.gpu_fraction_milli) if p.gpu_fraction_milli is not None else None,
+        )
+        for p in placements
     )
 
 

@@ -16,6 +16,12 @@ marks the node cordoned in the snapshot until ``node.uncordoned``, as a failed n
 health filter gives it no new work, and its running work stays (node_health sends a drained node's
 work away once the drain's grace has passed).
 
+An elastic resize (``job.resizing``) is kept until the allocation it replaces is released (preemption
+releases it ``resized`` and grants the new size in one transaction): a grow's extra GPUs are held for
+its job in the snapshot meanwhile, a shrink's dropped GPUs are kept for the job it makes room for
+(``freeing``), and the job is in flight for the core (no second resize, no victim search). A grant
+that names the allocation it resizes (``resizes``) is the same attempt, not a new one.
+
 A registration whose hardware the core cannot model (``core.snapshot.node_problem``) leaves the node
 out (``refused``): its GPUs take no work, every other node is scheduled as before.
 
@@ -27,13 +33,14 @@ the GPUs a preemption in flight frees).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
+from gangline.core.model import Allocation, Job
+from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import GpuId as CoreGpuId
-from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.snapshot import RunningJob, Snapshot, node_problem
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -46,6 +53,7 @@ from gangline.events.jobs import (
     JobPreempting,
     JobQueued,
     JobRequeued,
+    JobResizing,
     JobSpec,
 )
 from gangline.events.nodes import (
@@ -57,7 +65,7 @@ from gangline.events.nodes import (
     NodeUncordoned,
 )
 from gangline.events.types import AllocationId, JobId, NodeId
-from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_node
+from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_node, core_placements
 from gangline.fold.cordons import CORDON_EVENTS, NodeCordons
 
 log = logging.getLogger(__name__)
@@ -75,6 +83,7 @@ FOLDED_EVENTS = (
     "job.completed",
     "job.failed",
     "job.preempting",
+    "job.resizing",
     "allocation.granted",
     "allocation.released",
 )
@@ -97,6 +106,9 @@ class JobRecord:
     on that model, so the quota it holds is the one used."""
     grants: dict[AllocationId, AllocationGranted] = field(default_factory=dict)
     released: set[AllocationId] = field(default_factory=set)
+    resized: set[AllocationId] = field(default_factory=set)
+    """Allocations released for an elastic resize (reason ``resized``): the run goes on in the grant
+    that names them, so they end no attempt."""
     finished: bool = False
     ended: dict[AllocationId, JobCompleted | JobFailed] = field(default_factory=dict)
     """The end the agents reported per allocation (the first one read), to release it with."""
@@ -117,6 +129,7 @@ class JobRecord:
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
         self.__dict__.update(saved)
+        self.__dict__.setdefault("resized", set())
         for name in self._CACHES:
             self.__dict__.setdefault(name, None)
 
@@ -150,10 +163,18 @@ class JobRecord:
     def allowed_attempts(self, gated: bool) -> int:
         return len(self.queued) if gated else self.requeued_attempt
 
+    def attempts_granted(self) -> int:
+        """Grants that started an attempt: not those of an elastic resize (``resizes``), the same run."""
+        return sum(1 for g in self.grants.values() if g.resizes is None)
+
+    def attempts_released(self) -> int:
+        """Releases that ended an attempt: not those of an elastic resize (reason ``resized``)."""
+        return len(self.released - self.resized)
+
     def waiting(self, gated: bool) -> bool:
         if self.spec is None or self.finished or self.live() is not None:
             return False
-        return len(self.grants) < self.allowed_attempts(gated)
+        return self.attempts_granted() < self.allowed_attempts(gated)
 
     def next_allocation_id(self) -> AllocationId:
         candidate = f"{self.job_id}.{len(self.grants) + 1}"
@@ -181,11 +202,12 @@ class ClusterFold:
         "refused",
         "rejections_sent",
         "cordons",
+        "resizing",
     )
     """What folding the log fills, all of it: a snapshot of these, read on to the end of the log, is the
     fold of the whole log. Not the settings (``gated``, ``unlimited_queues``), what only a running service
     fills (``last_pending``), nor the caches."""
-    SNAPSHOT_VERSION: ClassVar[int] = 1
+    SNAPSHOT_VERSION: ClassVar[int] = 2
 
     gated: bool = True
     unlimited_queues: frozenset[str] = frozenset()
@@ -218,6 +240,9 @@ class ClusterFold:
     """Registrations whose ``node.rejected`` is in the log (ours, read back) or sent by this run."""
     cordons: NodeCordons = field(default_factory=NodeCordons)
     """Operators' cordons and drains (nodes.operator): those nodes take no new work."""
+    resizing: dict[AllocationId, JobResizing] = field(default_factory=dict)
+    """Elastic resizes asked for and not done, by the allocation they replace (dropped when it is
+    released): a grow's extra GPUs are held for its job meanwhile (:meth:`snapshot`)."""
     _snapshot: Snapshot | None = None
     _run_facts: dict[CoreJobId, tuple[str, RunFacts]] = field(default_factory=dict, repr=False)
     """Running job → (its allocation, its run facts), so each cycle does not work them out again."""
@@ -316,6 +341,8 @@ class ClusterFold:
                 victims = self.preemptors.setdefault(data.preemptor_job_id, set())
                 victims.add((data.job_id, data.allocation_id))
             return False
+        if isinstance(data, JobResizing):
+            return self._fold_resizing(data)
         if isinstance(data, JobCompleted | JobFailed):
             record = self._record(data.job_id)
             record.finished = True
@@ -348,7 +375,12 @@ class ClusterFold:
                 return False
             was_live = record.live()
             record.released.add(data.allocation_id)
+            if data.reason == "resized":
+                record.resized.add(data.allocation_id)
             self.to_release.discard((data.job_id, data.allocation_id))
+            resize = self.resizing.pop(data.allocation_id, None)
+            if resize is not None and resize.grows:
+                self._snapshot = None  # the extra GPUs held for the grow: granted now, or free again
             if data.reason in FINAL_RELEASES:
                 record.finished = True
             if (
@@ -360,6 +392,44 @@ class ClusterFold:
             self._refresh(record)
             return True
         return False
+
+    def _fold_resizing(self, data: JobResizing) -> bool:
+        """An elastic resize asked for: kept until its allocation is released; never new capacity."""
+        record = self.jobs.get(data.job_id)
+        if record is None or data.allocation_id in record.released or data.allocation_id in self.resizing:
+            return False  # retired, released already (read again), or known
+        self.resizing[data.allocation_id] = data
+        if data.preemptor_job_id is not None and data.preemptor_job_id not in self.retired:
+            victims = self.preemptors.setdefault(data.preemptor_job_id, set())
+            victims.add((data.job_id, data.allocation_id))
+        if data.grows:
+            self._snapshot = None  # its extra GPUs are held for it from now on
+        return False
+
+    def resizing_jobs(self) -> frozenset[CoreJobId]:
+        """Jobs with a resize in flight: no other resize or victim search takes them meanwhile."""
+        return frozenset(CoreJobId(r.job_id) for r in self.resizing.values())
+
+    def _hold_grows(self, snap: Snapshot) -> None:
+        """Hold each grow's extra GPUs for its job in ``snap``, so no other job is granted them."""
+        for allocation_id, resize in sorted(self.resizing.items()):
+            running = snap.running.get(CoreJobId(resize.job_id))
+            if not resize.grows or running is None or str(running.allocation.id) != allocation_id:
+                continue
+            own = {g for p in running.allocation.placements for g in p.gpus}
+            extra = [
+                replace(p, gpus=(g,)) if p.mig is None and p.milli is None else p
+                for p in core_placements(resize.placements)
+                for g in (p.gpus if p.mig is None and p.milli is None else p.gpus[:1])
+                if g not in own
+            ]
+            slots = snap.slots_of(Allocation(CoreAllocationId(allocation_id), running.job.id, tuple(extra)))
+            if isinstance(slots, str):
+                log.warning("cannot hold the GPUs of %s's grow: %s", resize.job_id, slots)
+                continue
+            for slot in slots:
+                if snap.slot_conflict(running.job, slot) is None:
+                    snap.take(running.job, slot)
 
     def _absorbed_by_retired(self, data: AllocationGranted | AllocationReleased) -> bool:
         """Whether a retired job's allocation event is fully accounted for by what was kept of it.
@@ -392,6 +462,8 @@ class ClusterFold:
     def _retire(self, record: JobRecord) -> None:
         del self.jobs[record.job_id]
         self.retired[record.job_id] = tuple(sorted(record.released))
+        for allocation_id in record.grants:
+            self.resizing.pop(allocation_id, None)
         self.preemptors.pop(record.job_id, None)
 
     def _record(self, job_id: JobId) -> JobRecord:
@@ -448,6 +520,8 @@ class ClusterFold:
                 log.warning("node %s is left out of the cluster: %s", node, why)
             for record, live in self._holders():
                 self._grant_in_snapshot(snap, record, live)
+            if self.resizing:
+                self._hold_grows(snap)
             self._snapshot = snap
         return self._snapshot
 
@@ -525,6 +599,7 @@ class ClusterFold:
             now=now.timestamp(),
             submit_time=submit_time,
             run_facts=run_facts,
+            in_flight=self.resizing_jobs(),
             freeing=self.freeing(),
             policy=policy,
         )
@@ -541,5 +616,8 @@ class ClusterFold:
                 granted = record.grants.get(allocation_id) if record is not None else None
                 if granted is not None:
                     gpus.update(core_gpu_id(p.node, g) for p in granted.placements for g in p.gpus)
+                resize = self.resizing.get(allocation_id)
+                if resize is not None:  # a shrink keeps these: only the rest is freed
+                    gpus.difference_update(core_gpu_id(p.node, g) for p in resize.placements for g in p.gpus)
             out[CoreJobId(preemptor)] = frozenset(gpus)
         return out
