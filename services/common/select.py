@@ -39,6 +39,23 @@ def select_types(wanted: Wanted, *, not_ours: frozenset[str] = frozenset()) -> C
     return select
 
 
+RESIZE_GRANT = b'"resizes":"'
+"""How the codec writes a grant that names the allocation it resizes (``resizes`` not null)."""
+
+
+def or_resize_grants(select: Callable[[KafkaRecord], bool]) -> Callable[[KafkaRecord], bool]:
+    """``select``, and every ``allocation.granted`` of an elastic resize (written by preemption, so news
+    to placement, which skips the grants it wrote itself)."""
+
+    def wanted(record: KafkaRecord) -> bool:
+        if select(record):
+            return True
+        value = record.value
+        return value is not None and RESIZE_GRANT in value and wire_type_of(value) == "allocation.granted"
+
+    return wanted
+
+
 def unless_keyed_by(
     ids: Container[str], select: Callable[[KafkaRecord], bool]
 ) -> Callable[[KafkaRecord], bool]:

@@ -15,7 +15,10 @@ event, so a restore that finds a job ended while placement was down releases it 
 
 Each cycle is the core's (:func:`schedule`): the profile's actions over the snapshot, with the queue
 facts of the fold. It emits, per placed gang, ``allocation.granted`` (one placement per rank) and
-``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change.
+``job.placed``; per job left waiting, ``job.pending`` with the core's reasons when they change; per
+elastic job the profile's ``elastic`` action grows into idle GPUs (only when nothing waits),
+``job.resizing`` (:func:`grow`; preemption finishes the resize once the job checkpointed). While such a
+job may grow, a batch that frees GPUs runs a cycle even when nothing waits.
 
 A registration whose hardware the core cannot model leaves the node out (the fold's ``refused``):
 :func:`fold_event` answers it with ``node.rejected`` on nodes.health (once per registration: our own
@@ -31,16 +34,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gangline.bus import Outgoing
-from gangline.core.actions.queueing import PreemptionPolicy, placement_cycle
+from gangline.core.actions.elastic import NAME as ELASTIC
+from gangline.core.actions.queueing import PreemptionPolicy, Resize, placement_cycle
 from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.status import Reason
+from gangline.core.model import Allocation
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
+from gangline.core.resize import may_grow as may_grow_job
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
@@ -52,6 +58,7 @@ from gangline.events.jobs import (
     JobFailed,
     JobPending,
     JobPlaced,
+    JobResizing,
     PendingReason,
 )
 from gangline.events.nodes import NodeRegistered, NodeRejected
@@ -64,7 +71,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = "gangline/placement"
 LIVE_POLICY = PreemptionPolicy(evict_in_cycle=False)
-"""Placement plans no eviction: the preemption service picks victims and runs the checkpoint protocol."""
+"""Placement plans no eviction and no shrink: the preemption service picks victims and runs the
+checkpoint protocol. It grows elastic jobs into idle GPUs (it owns them): :func:`grow`."""
 UNSUPPORTED_HARDWARE = "unsupported_hardware"
 """The ``node.rejected`` (and dead-letter) code of a node whose hardware the core cannot model."""
 
@@ -139,12 +147,21 @@ def end_batch(state: PlacementState, *, cause: str, now: datetime) -> list[Outgo
     their GPUs. One cycle sees every waiting job that could be placed (see :func:`schedule`).
     """
     outputs = release_ended(state, now=now)
-    if not state.cycle_due or not state.waiting:
+    if not state.cycle_due or not (state.waiting or may_grow(state)):
         state.cycle_due = False
         return outputs
     state.cycle_due = False
     state.needs_cycle = False
     return outputs + schedule(state, cause=cause, now=now)
+
+
+def may_grow(state: PlacementState) -> bool:
+    """Whether the profile grows elastic jobs and one runs below its most workers, no resize in flight
+    (then a cycle is worth running with nothing waiting: idle GPUs may grow it)."""
+    if not any(a.name == ELASTIC for a in state.profile.actions):
+        return False
+    resizing = state.resizing_jobs()
+    return any(may_grow_job(r) and r.job.id not in resizing for r in state.snapshot().running.values())
 
 
 def release_ended(state: PlacementState, *, now: datetime) -> list[Outgoing]:
@@ -221,7 +238,7 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
         return CoreAllocationId(state.jobs[JobId(job)].next_allocation_id())
 
     state.cycle += 1
-    plan, _ = placement_cycle(
+    plan, decisions = placement_cycle(
         snap,
         waiting,
         admitted_at,
@@ -260,6 +277,7 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
         state._refresh(record)
         outputs.append(_out(state.topics.allocations, granted, cause, "granted", now))
         outputs.append(_out(state.topics.events, job_placed, cause, "placed", now))
+    outputs += grow(state, decisions.resizes, cause=cause, now=now)
     for pending in plan.pending:
         job_id = JobId(pending.job_id)
         reasons = tuple(_pending_reason(r) for r in pending.reasons) or (
@@ -271,6 +289,35 @@ def schedule(state: PlacementState, *, cause: str, now: datetime) -> list[Outgoi
         state.last_pending[job_id] = key
         event = JobPending(job_id=job_id, cycle=state.cycle, reasons=reasons)
         outputs.append(_out(state.topics.events, event, cause, "pending", now))
+    return outputs
+
+
+def grow(state: PlacementState, resizes: Sequence[Resize], *, cause: str, now: datetime) -> list[Outgoing]:
+    """``job.resizing`` for each grow the cycle decided: the job is asked to checkpoint, and its extra GPUs
+    are held for it (the fold, folded at once) until preemption releases it ``resized`` and grants the new
+    size. Placement only grows (its policy plans no shrink: preemption does, for waiting jobs)."""
+    outputs: list[Outgoing] = []
+    for resize in resizes:
+        record = state.jobs.get(JobId(resize.job_id))
+        live = record.live() if record is not None else None
+        if record is None or live is None or record.spec is None or resize.to_workers <= resize.from_workers:
+            continue
+        target = Allocation(CoreAllocationId(live.allocation_id), resize.job_id, resize.placements)
+        event = JobResizing(
+            job_id=record.job_id,
+            allocation_id=live.allocation_id,
+            from_workers=resize.from_workers,
+            to_workers=resize.to_workers,
+            placements=wire_placements(target),
+            deadline=now + timedelta(seconds=record.spec.checkpoint_grace_s),
+            reason=(
+                f"elastic {record.job_id} grows from {resize.from_workers} to {resize.to_workers} "
+                "workers on idle GPUs"
+            ),
+        )
+        envelope = _out(state.topics.events, event, cause, "resizing", now)
+        state.fold(envelope[1])
+        outputs.append(envelope)
     return outputs
 
 

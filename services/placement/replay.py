@@ -41,9 +41,9 @@ from gangline.bus.positions import format_positions
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
 from gangline.core.waiting import FRONT_OF_LINE
-from gangline.events.allocations import AllocationReleased
+from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced
+from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced, JobResizing
 from gangline.fold.cluster import FOLDED_EVENTS
 from gangline.replay.log import LogRecord
 from services.common.replay import (
@@ -206,12 +206,14 @@ class PlacementReplayer:
         elif record.topic == self.topics.heartbeats:
             wanted = kind == "node.heartbeat" and self._state.needs_cycle
         else:
-            wanted = kind in LIVE_EVENTS
+            wanted = kind in LIVE_EVENTS or kind == AllocationGranted.TYPE
         if not wanted:
             return []
         envelope = decoded(record)
         if envelope is None:
             return []
+        if isinstance(envelope.data, AllocationGranted) and envelope.data.resizes is None:
+            return []  # its own grant: the live service skips it (a resize's, preemption's, it reads)
         self._fed += 1
         recorded = by_cause.get(envelope.id)
         now = recorded[0].time if recorded else envelope.time
@@ -225,7 +227,7 @@ def _decided_at_batch_end(envelope: Envelope) -> bool:
     data = envelope.data
     if isinstance(data, AllocationReleased):
         return data.reason in ("completed", "failed")  # a cancellation's release is its own event's
-    return isinstance(data, JobPlaced | JobPending)
+    return isinstance(data, JobPlaced | JobPending | JobResizing)
 
 
 def replay_placement(

@@ -13,7 +13,7 @@ from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
 from services.common.queues import Queues, unlimited_queues
-from services.common.select import select_types
+from services.common.select import or_resize_grants, select_types
 from services.common.shell import restore_and_process
 from services.placement import metrics as placement_metrics
 from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
@@ -72,15 +72,17 @@ async def main(settings: PlacementSettings) -> None:
             state,
             handle,
             restore_topics=inputs,
-            # Placement is the only writer of grants: read back while running they change nothing.
-            select=select_types(
-                {
-                    **dict.fromkeys(FOLDED_EVENTS, True),
-                    "allocation.granted": False,
-                    "job.cancel_requested": True,
-                    "node.heartbeat": lambda: state.needs_cycle,
-                },
-                not_ours=frozenset({topics.requests}),
+            # Placement writes the grants but a resize's: its own, read back while running, change nothing.
+            select=or_resize_grants(
+                select_types(
+                    {
+                        **dict.fromkeys(FOLDED_EVENTS, True),
+                        "allocation.granted": False,
+                        "job.cancel_requested": True,
+                        "node.heartbeat": lambda: state.needs_cycle,
+                    },
+                    not_ours=frozenset({topics.requests}),
+                )
             ),
             restore_select=select_types(dict.fromkeys(FOLDED_EVENTS, True)),
             lock_topic=topics.inventory,

@@ -137,6 +137,7 @@ def granted_payload(placed: Placed, snapshot: Snapshot) -> JsonObject:
         "queue": placed.job.queue,
         "gpu_type": model,
         "placements": placements,
+        "resizes": None,  # this model places jobs; it never resizes one
     }
 
 
