@@ -370,7 +370,7 @@ def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: da
     """Release every live allocation on ``node`` (or only those using ``gpu`` there) and requeue its job."""
     out: list[Outgoing] = []
     hit = [
-        (granted, len(record.grants))
+        (granted, record.attempts_granted())
         for record in state.cluster.jobs.values()
         if (granted := record.live()) is not None
         and any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)

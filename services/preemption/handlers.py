@@ -50,10 +50,12 @@ from datetime import datetime, timedelta
 from typing import ClassVar
 
 from gangline.bus import Outgoing
+from gangline.core.actions.elastic import NAME as ELASTIC
 from gangline.core.actions.preempt import MAX_HELD_PLANNED, HeldJob, gpu_share, held_to_plan
 from gangline.core.actions.queueing import (
     PreemptionPlan,
     PreemptionPolicy,
+    Resize,
     RunFacts,
     build_context,
     run_queue_cycle,
@@ -61,7 +63,8 @@ from gangline.core.actions.queueing import (
 from gangline.core.actions.reclaim import NAME as RECLAIM
 from gangline.core.defaults import default_profile, planning_profile
 from gangline.core.framework.profile import Profile
-from gangline.core.model import GpuModel, Job
+from gangline.core.model import Allocation, GpuModel, Job
+from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.queues import QuotaTree
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -76,10 +79,11 @@ from gangline.events.jobs import (
     JobPreempting,
     JobQueued,
     JobRequeued,
+    JobResizing,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import AllocationId, JobId, Seconds
-from gangline.fold.adapter import core_job
+from gangline.fold.adapter import core_job, wire_placements
 from gangline.fold.cluster import ClusterFold, JobRecord
 from gangline.queues_file import load_queues
 from services.common.topics import TopicNames
@@ -122,7 +126,10 @@ class PreemptionState:
     tree: QuotaTree = field(default_factory=lambda: load_queues(None).whole_tree)
     """The queues file's quota tree, unlimited queues included (``Queues.whole_tree``); without a
     file, one unlimited ``default`` queue."""
-    policy: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(default_grace_s=0.0))
+    policy: PreemptionPolicy = field(
+        default_factory=lambda: PreemptionPolicy(default_grace_s=0.0, grow_in_cycle=False)
+    )
+    """The planner shrinks elastic jobs for waiting work but never grows one: placement does."""
     planner: Profile | None = None
     """:func:`~gangline.core.defaults.planning_profile` of the mirror's profile (built on first use)."""
     started_at: dict[AllocationId, datetime] = field(default_factory=dict)
@@ -217,6 +224,10 @@ class PreemptionState:
             else:
                 self.asked_before_granted.setdefault(data.allocation_id, flight)
 
+    def awaits_deadline(self) -> bool:
+        """Whether a victim or a resizing job is asked to checkpoint (heartbeats are then its clock)."""
+        return bool(self.in_flight or self.mirror.resizing)
+
     def _record(self, job_id: JobId) -> JobRecord | None:
         return self.mirror.jobs.get(job_id)
 
@@ -261,6 +272,9 @@ def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> 
         flight = state.in_flight.get(data.allocation_id)
         if flight is not None:
             out += finish(state, flight, checkpointed=True, now=now)
+        resize = state.mirror.resizing.get(data.allocation_id)
+        if resize is not None:
+            out += finish_resize(state, resize, now=now)
     elif isinstance(data, JobPending) and not any(r.code == "quota" for r in data.reasons):
         state.pending[data.job_id] = None
     return out + finish_overdue(state, now=now)
@@ -272,6 +286,9 @@ def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
     for flight in sorted(state.in_flight.values(), key=lambda f: f.allocation_id):
         if now >= flight.deadline:
             out += finish(state, flight, checkpointed=False, now=now)
+    for _, resize in sorted(state.mirror.resizing.items()):
+        if now >= resize.deadline:
+            out += finish_resize(state, resize, now=now)
     return out
 
 
@@ -328,8 +345,8 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
     """
     mirror = state.mirror
     snap = mirror.snapshot()
-    if not snap.nodes or not snap.preemptible_running:
-        return []  # no preemptible job running: the core's preempt and reclaim find no victim
+    if not snap.nodes or not (snap.preemptible_running or _shrinkable_running(state)):
+        return []  # no preemptible or elastic job running: the core's actions find no victim
     if state.planner is None:
         state.planner = planning_profile(mirror.profile)
     run_facts: dict[CoreJobId, RunFacts] = {}
@@ -342,7 +359,11 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
         facts = state.run_facts(live.job_id, live)
         if facts is not None:
             run_facts[core_id] = facts
-        if live.allocation_id in state.in_flight or live.allocation_id in state.asked:
+        if (
+            live.allocation_id in state.in_flight
+            or live.allocation_id in state.asked
+            or live.allocation_id in mirror.resizing
+        ):
             in_flight.add(core_id)
     submit_time = {
         j.id: record.admitted_at.timestamp()
@@ -360,9 +381,90 @@ def plan_preemptions(state: PreemptionState, jobs: list[Job], *, now: datetime) 
     )
     _, decisions = run_queue_cycle(snap, jobs, state.planner, ctx, cycle=mirror.cycle)
     out: list[Outgoing] = []
+    resizes = {r.job_id: r for r in decisions.resizes}
     for plan in decisions.preemptions:
-        out += _carry_out(state, plan, now=now)
+        if plan.kind == SHRINK:
+            out += _ask_to_shrink(state, plan, resizes, now=now)
+        else:
+            out += _carry_out(state, plan, now=now)
     return out
+
+
+SHRINK = "shrink"
+"""The kind of the elastic action's plans: its victims keep their first workers (``job.resizing``)."""
+
+
+def _shrinkable_running(state: PreemptionState) -> bool:
+    """Whether the planner shrinks elastic jobs and one runs above its fewest workers."""
+    planner = state.planner or planning_profile(state.mirror.profile)
+    if not any(a.name == ELASTIC for a in planner.actions):
+        return False
+    return any(
+        r.job.min_workers is not None and len(r.allocation.placements) > r.job.fewest_workers
+        for r in state.mirror.snapshot().running.values()
+    )
+
+
+def _ask_to_shrink(
+    state: PreemptionState, plan: PreemptionPlan, resizes: dict[CoreJobId, Resize], *, now: datetime
+) -> list[Outgoing]:
+    """``job.resizing`` for each elastic job the core's shrink plan takes ranks from (checkpoint within
+    its grace; :func:`finish_resize` then releases it ``resized`` and grants the ranks it keeps)."""
+    out: list[Outgoing] = []
+    for victim in plan.victims:
+        resize = resizes.get(victim.job_id)
+        record = state.mirror.jobs.get(JobId(victim.job_id))
+        live = record.live() if record is not None else None
+        if resize is None or record is None or live is None or record.spec is None:
+            continue
+        if live.allocation_id in state.mirror.resizing or live.allocation_id in state.asked:
+            continue
+        if live.allocation_id in record.ended or live.workers != resize.from_workers:
+            continue  # it ended by itself, or runs at another size than the plan read
+        target = Allocation(CoreAllocationId(live.allocation_id), resize.job_id, resize.placements)
+        event = JobResizing(
+            job_id=record.job_id,
+            allocation_id=live.allocation_id,
+            from_workers=resize.from_workers,
+            to_workers=resize.to_workers,
+            placements=wire_placements(target),
+            deadline=now + timedelta(seconds=record.spec.checkpoint_grace_s),
+            reason=f"job {plan.preemptor} needs the GPUs ({victim.reason})",
+            preemptor_job_id=JobId(plan.preemptor),
+        )
+        envelope = _envelope(event, live.allocation_id, "resizing", now)
+        state.fold(envelope)
+        out.append((state.mirror.topics.events, envelope))
+    return out
+
+
+def finish_resize(state: PreemptionState, resize: JobResizing, *, now: datetime) -> list[Outgoing]:
+    """The resize, once the job checkpointed (or its deadline passed): its allocation released
+    ``resized`` and its new size granted, one transaction, the grant naming the allocation it replaces.
+
+    Nothing when the allocation was released or its end read meanwhile (placement releases an end)."""
+    record = state.mirror.jobs.get(resize.job_id)
+    live = record.live() if record is not None else None
+    if record is None or live is None or live.allocation_id != resize.allocation_id:
+        state.mirror.resizing.pop(resize.allocation_id, None)
+        return []
+    if resize.allocation_id in record.ended:
+        return []  # it ended by itself: placement releases it, which closes the resize
+    released = AllocationReleased(job_id=resize.job_id, allocation_id=resize.allocation_id, reason="resized")
+    granted = AllocationGranted(
+        job_id=resize.job_id,
+        allocation_id=record.next_allocation_id(),
+        queue=live.queue,
+        gpu_type=live.gpu_type,
+        placements=resize.placements,
+        resizes=resize.allocation_id,
+    )
+    release_envelope = _envelope(released, resize.allocation_id, "released-resized", now)
+    grant_envelope = _envelope(granted, resize.allocation_id, "granted-resized", now)
+    state.fold(release_envelope)
+    state.fold(grant_envelope)
+    topic = state.mirror.topics.allocations
+    return [(topic, release_envelope), (topic, grant_envelope)]
 
 
 RECLAIMS = "reclaims the quota its queue lent to the cohort"
@@ -458,7 +560,7 @@ def finish(state: PreemptionState, flight: InFlight, *, checkpointed: bool, now:
     requeued = JobRequeued(
         job_id=flight.job_id,
         reason="preempted",
-        attempt=len(record.grants) + 1,
+        attempt=record.attempts_granted() + 1,
         resume_from=checkpoint[1] if checkpoint is not None else None,
     )
     topics = state.mirror.topics

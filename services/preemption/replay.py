@@ -92,7 +92,7 @@ class PreemptionModel(ServiceModel[PreemptionState]):
 
     def selects(self, state: PreemptionState, record: LogRecord, kind: str) -> bool:
         if kind == "node.heartbeat":
-            return bool(state.in_flight)
+            return state.awaits_deadline()
         return kind in WANTED or not kind
 
     def restore(self, state: PreemptionState, envelope: Envelope) -> None:

@@ -81,7 +81,7 @@ async def main(settings: PreemptionSettings) -> None:
                     **dict.fromkeys(FOLDED_EVENTS, True),
                     "job.pending": True,
                     "job.checkpointed": True,
-                    "node.heartbeat": lambda: bool(state.in_flight),
+                    "node.heartbeat": state.awaits_deadline,
                 }
             ),
             lock_topic=topics.inventory,

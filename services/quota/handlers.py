@@ -9,7 +9,8 @@ then DRF dominant share over decayed usage, then admitted time, then job id; the
 fair order runs too). This module folds the facts, calls the gate and writes what it decided.
 
 Charging. A job is charged to its queue from its ``job.queued`` until the allocation of that attempt
-is released, for any reason, or the job ends (``job.completed``, ``job.failed``, a final release).
+is released, for any reason but an elastic resize (``resized``: the run goes on at another size, in
+the grant that names it), or the job ends (``job.completed``, ``job.failed``, a final release).
 What is charged is remembered per job (the GPU model quota chose and the resource vector), so a
 release uncharges exactly that. A requeued job (preempted, node failed: a release, then
 ``job.requeued``) is uncharged and waits again like a newly admitted job, keeping its admitted time;
@@ -244,12 +245,12 @@ class QuotaJob:
     def due(self) -> bool:
         """Whether its latest queued attempt holds quota (queued, not released, not finished)."""
         r = self.record
-        return r.spec is not None and not r.finished and len(r.queued) > len(r.released)
+        return r.spec is not None and not r.finished and len(r.queued) > r.attempts_released()
 
     @property
     def unplaced(self) -> bool:
         """Charged (``due``) and its latest attempt not granted yet (placement has not placed it)."""
-        return self.due and len(self.record.grants) < self.attempts
+        return self.due and self.record.attempts_granted() < self.attempts
 
     @property
     def waiting(self) -> bool:
