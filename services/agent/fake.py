@@ -46,6 +46,7 @@ from gangline.events.jobs import (
     JobCompleted,
     JobFailed,
     JobPreempting,
+    JobResizing,
     JobStarted,
 )
 from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
@@ -56,7 +57,7 @@ from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
-AGENT_EVENTS = ("job.admitted", "job.preempting", "allocation.granted", "allocation.released")
+AGENT_EVENTS = ("job.admitted", "job.preempting", "job.resizing", "allocation.granted", "allocation.released")
 
 
 @dataclass
@@ -277,7 +278,7 @@ class FakeCluster:
                 gone.timer.cancel()
             if self._undated.get(data.job_id) == data.allocation_id:
                 del self._undated[data.job_id]
-        elif isinstance(data, JobPreempting):
+        elif isinstance(data, JobPreempting | JobResizing):
             holding = self._running.get(data.allocation_id)
             if holding is None or holding.granted.placements[0].node in self.silent:
                 return
@@ -352,7 +353,7 @@ class FakeCluster:
         self.stats.checkpointed += 1
         self._flush_soon()
 
-    def _checkpointed(self, asked: JobPreempting, event_id: str) -> None:
+    def _checkpointed(self, asked: JobPreempting | JobResizing, event_id: str) -> None:
         holding = self._running.get(asked.allocation_id)
         if holding is None:
             return

@@ -34,6 +34,10 @@ What it does:
   The outcome carries the GPU-seconds the gang held (``gpu_seconds``). The agent never writes
   allocations.log: placement reads the outcome and releases the allocation (``allocation.released``
   completed / failed), so the log's releases have the writers DESIGN §3 names.
+- **Resizes elastic jobs**: ``job.resizing`` is a checkpoint request like ``job.preempting`` (the ranks
+  checkpoint and stop, ``job.checkpointed``); the grant that ``resizes`` the allocation then launches
+  the new size (its own ``WORLD_SIZE`` and ranks) from the same checkpoint directory, once the old
+  ranks here have stopped.
 - **Restarts gangs across nodes**: a peer's ``worker.exited`` with a failure tears this node's ranks of
   the same attempt down (``peer_failed``); every node then applies the same restart policy.
 
@@ -86,6 +90,7 @@ from gangline.events.jobs import (
     JobFailed,
     JobPreempting,
     JobRequeued,
+    JobResizing,
     JobSpec,
     JobStarted,
     WorkerExited,
@@ -410,6 +415,8 @@ class NodeAgent:
         self._job_attempts: OrderedDict[str, int] = OrderedDict()
         self._jobs: dict[str, LocalJob] = {}
         self._pending: dict[str, _PendingGrant] = {}
+        self._after_stop: dict[str, Envelope] = {}
+        """Resize grants waiting for the ranks of the allocation they replace to stop here."""
 
         self._outbox: asyncio.Queue[tuple[str, Envelope]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -616,7 +623,7 @@ class NodeAgent:
             await self._retry_pending()
         elif isinstance(data, JobRequeued):
             self._remember(self._job_attempts, data.job_id, data.attempt)
-        elif isinstance(data, JobPreempting):
+        elif isinstance(data, JobPreempting | JobResizing):
             self._on_preempting(envelope, data)
         elif isinstance(data, WorkerExited):
             self._on_worker_exited(data)
@@ -652,6 +659,11 @@ class NodeAgent:
 
     def _launch(self, envelope: Envelope, grant: AllocationGranted) -> None:
         s = self.settings
+        running = self._jobs.get(grant.job_id)
+        if running is not None and grant.resizes == running.allocation_id and running.stopping is not None:
+            # An elastic resize: the ranks of the allocation it replaces are still stopping here.
+            self._after_stop[grant.job_id] = envelope
+            return
         self._seen_allocations.add(grant.allocation_id)
         if grant.job_id in self._jobs:
             log.warning(
@@ -765,6 +777,11 @@ class NodeAgent:
                 job.limit_timer.cancel()
             if self._jobs.get(job.job_id) is job:
                 del self._jobs[job.job_id]
+            resized = self._after_stop.pop(job.job_id, None)
+            if resized is not None and not self._closed:
+                grant = resized.data
+                assert isinstance(grant, AllocationGranted)
+                self._launch(resized, grant)  # the new size, from the checkpoint just written
 
     def _arm_time_limit(self, job: LocalJob, spec: JobSpec) -> None:
         assert spec.time_limit_s is not None
@@ -804,7 +821,9 @@ class NodeAgent:
             job.stopping, job.cause_id = "released", envelope.id
         self._spawn(self._stop_job(job, "released", envelope.id))
 
-    def _on_preempting(self, envelope: Envelope, preempting: JobPreempting) -> None:
+    def _on_preempting(self, envelope: Envelope, preempting: JobPreempting | JobResizing) -> None:
+        """Checkpoint and stop the ranks by the deadline: for a preemption, or for an elastic resize
+        (the job comes back at its new size in the grant that names this allocation)."""
         job = self._jobs.get(preempting.job_id)
         if job is None or job.allocation_id != preempting.allocation_id or job.stopping is not None:
             return

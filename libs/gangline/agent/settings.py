@@ -30,7 +30,7 @@ class AgentTopics(BaseModel):
     allocations: str = catalogue.ALLOCATIONS_LOG
     """Read: allocation.granted / allocation.released."""
     events: str = catalogue.JOBS_EVENTS
-    """Read: job.admitted (the job's spec), job.preempting, job.requeued, peers' worker.exited.
+    """Read: job.admitted (the job's spec), job.preempting, job.resizing, job.requeued, peers' worker.exited.
     Written: job.started, worker.exited, job.checkpointed, job.completed, job.failed."""
     inventory: str = catalogue.NODES_INVENTORY
     heartbeats: str = catalogue.NODES_HEARTBEATS

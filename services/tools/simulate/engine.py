@@ -61,6 +61,7 @@ from gangline.events.jobs import (
     JobCompleted,
     JobPreempting,
     JobRequested,
+    JobResizing,
     JobStarted,
 )
 from gangline.events.nodes import (
@@ -188,6 +189,8 @@ class Placement(Consumer):
             return kind_of(envelope) == JobCancelRequested.TYPE
         if topic == self._heartbeats:
             return self.state.needs_cycle
+        if isinstance(envelope.data, AllocationGranted):
+            return envelope.data.resizes is not None  # a resize's grant is preemption's
         return kind_of(envelope) in self._kinds
 
     def handle(self, envelope: Envelope, now: datetime) -> Sequence[Outgoing]:
@@ -209,7 +212,7 @@ class Preemption(Consumer):
 
     def selects(self, topic: str, envelope: Envelope) -> bool:
         if topic == self._heartbeats:
-            return bool(self.state.in_flight)
+            return self.state.awaits_deadline()
         return kind_of(envelope) in self._kinds
 
     def handle(self, envelope: Envelope, now: datetime) -> Sequence[Outgoing]:
@@ -326,7 +329,7 @@ class SimNodes(Consumer):
                 self.lost_s[data.allocation_id] = ran - (kept if resumed and kept is not None else 0.0)
             if self.undated.get(data.job_id) == data.allocation_id:
                 del self.undated[data.job_id]
-        elif isinstance(data, JobPreempting):
+        elif isinstance(data, JobPreempting | JobResizing):
             holding = self.running.get(data.allocation_id)
             if holding is None or holding.granted.placements[0].node in self.silent:
                 return []
@@ -405,7 +408,7 @@ class SimNodes(Consumer):
             ],
         )
 
-    def _checkpoint(self, asked: JobPreempting, event_id: str) -> None:
+    def _checkpoint(self, asked: JobPreempting | JobResizing, event_id: str) -> None:
         holding = self.running.get(asked.allocation_id)
         if holding is None:
             return
@@ -662,7 +665,7 @@ class ServiceSimulation:
         failed = self.node_health.state.failed
         if any(n not in failed for n in self.sim_nodes.silent):
             return True
-        if self.preemption.state.in_flight:
+        if self.preemption.state.awaits_deadline():
             return True
         health = self.node_health.state
         if any(set(health.live_on(n)) - health.asked_to_leave for n in health.cordons.evicts_at):
