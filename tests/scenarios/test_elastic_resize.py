@@ -14,7 +14,7 @@ from scenarios.dsl import gpus
 from gangline.core.actions.queueing import PreemptionPolicy
 from gangline.core.model import JobId, QueueName
 from gangline.core.queue_profile import fair_profile
-from gangline.sim.gated import Grant, GatedPolicy
+from gangline.sim.gated import GatedPolicy, Grant
 from gangline.sim.simulator import Simulator
 from gangline.sim.trace import TraceJob
 

@@ -1,11 +1,11 @@
 """Carrying out an elastic resize: a running job's allocation replaced by one at its new size (pure).
 
-The elastic action (:mod:`gangline.core.actions.elastic`) decides a :class:`~gangline.core.actions.queueing.Resize`
-in its cycle's working snapshot, which the cycle leaves as it was. Whoever applies it (the core's
-simulator at once; the services once the job checkpointed: ``job.resizing``, then
-``allocation.released`` reason ``resized`` and ``allocation.granted`` with ``resizes``) replaces the
-job's allocation with one at ``Resize.placements`` through :func:`apply_resize`, the same rule for
-both, so the GPUs a shrink frees and those a grow takes are the ones the core chose.
+The elastic action (:mod:`gangline.core.actions.elastic`) decides a
+:class:`~gangline.core.actions.queueing.Resize` in its cycle's working snapshot, which the cycle
+leaves as it was. Whoever applies it replaces the job's allocation with one at ``Resize.placements``
+through :func:`apply_resize`: the core's simulator at once; the services once the job checkpointed
+(``job.resizing``, then ``allocation.released`` reason ``resized`` and ``allocation.granted`` with
+``resizes``, one transaction). So the GPUs a shrink frees and those a grow takes are the core's choice.
 """
 
 from __future__ import annotations

@@ -162,7 +162,11 @@ class GatedPolicy:
         out = _Outcome()
         self._take(now, out)
         return CycleOutcome(
-            tuple(out.started), tuple(out.evicted), tuple(out.partial), tuple(out.problems), tuple(out.resized)
+            tuple(out.started),
+            tuple(out.evicted),
+            tuple(out.partial),
+            tuple(out.problems),
+            tuple(out.resized),
         )
 
     def _take(self, now: float, out: _Outcome) -> None:
@@ -279,7 +283,9 @@ class GatedPolicy:
         new_id = AllocationId(f"{resize.job_id}.r{self._resizes}")
         allocation = apply_resize(self.snapshot, resize, new_id)
         if allocation is None:
-            out.problems.append(f"resize of {resize.job_id} to {resize.to_workers} workers could not be applied")
+            out.problems.append(
+                f"resize of {resize.job_id} to {resize.to_workers} workers could not be applied"
+            )
             return
         job = running.job
         self._held += job_gpus(job) * (resize.to_workers - resize.from_workers) / job.workers

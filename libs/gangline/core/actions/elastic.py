@@ -8,9 +8,14 @@ or whose queue borrows beyond its nominal quota, are shrunk — the same rule as
 decision is a `PreemptionPlan` of kind ``shrink`` (the elastic jobs checkpoint and restart with
 ``keep_workers``) plus a `Resize` per shrunk job.
 
-When nothing waits (no job of the cycle is left pending, not even on a reservation), each elastic job below its most workers, lowest fair share first, is offered
-the idle GPUs: capped at what its quota admits, on its GPU model, if a placement with more workers
-exists (its own GPUs count as free), it gets a `Resize` to grow, through the same checkpoint-restart.
+When nothing waits (no job of the cycle is left pending, not even on a reservation), each elastic
+job below its most workers, lowest fair share first, is offered the idle GPUs: capped at what its
+quota admits, on its GPU model, if a placement with more workers exists (its own GPUs count as
+free), it gets a `Resize` to grow, through the same checkpoint-restart.
+
+A shrink needs a cycle that may evict (``PreemptionPolicy.evict_in_cycle``: the simulator, the
+preemption service's planner); a grow one that owns the idle GPUs (``grow_in_cycle``: the simulator,
+placement). :mod:`gangline.core.resize` applies either.
 
 Runs right after backfill and before preempt/reclaim in the fair profile, so a waiting job takes
 ranks from elastic jobs before it stops anyone entirely.
@@ -94,9 +99,7 @@ def _shrinkable(session: Session, ctx: QueueContext, job: Job) -> list[VictimCan
 def _anyone_waits(session: Session) -> bool:
     """Whether a job of the cycle is left waiting for room (a reservation's wait included): idle GPUs
     go to waiting work before any elastic job grows into them."""
-    return any(
-        p.code not in (StatusCode.UNRESOLVABLE, StatusCode.ERROR) for p in session.pending.values()
-    )
+    return any(p.code not in (StatusCode.UNRESOLVABLE, StatusCode.ERROR) for p in session.pending.values())
 
 
 class Elastic:
