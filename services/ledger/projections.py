@@ -33,6 +33,7 @@ _STATE_OF: dict[type[Event], JobState] = {
     jobs.JobPlaced: "placed",
     jobs.JobStarted: "running",
     jobs.JobPreempting: "preempting",
+    jobs.JobResizing: "resizing",
     jobs.JobPreempted: "preempted",
     jobs.JobRequeued: "requeued",
     jobs.JobCompleted: "completed",
@@ -211,6 +212,8 @@ def _apply_job_event(row: JobRow, event: StoredEvent) -> JobRow:
         changes |= {"started_at": event.time, "attempt": data.attempt, "allocation_id": data.allocation_id}
     elif isinstance(data, jobs.JobPreempting):
         changes |= {"reason": data.reason, "reason_code": "preempting"}
+    elif isinstance(data, jobs.JobResizing):
+        changes |= {"reason": data.reason, "reason_code": "resizing"}
     elif isinstance(data, jobs.JobRequeued):
         changes |= {"attempt": data.attempt, "reason": f"requeued: {data.reason}", "reason_code": data.reason}
     elif isinstance(data, jobs.JobCompleted):

@@ -210,9 +210,9 @@ async def _project_allocation(conn: asyncpg.Connection, envelope: Envelope) -> N
         await conn.executemany(
             """
             INSERT INTO allocations (allocation_id, job_id, rank, node, gpus, granted_at, granted_event_id,
-                                     queue, gpu_model, gpu_share)
+                                     queue, gpu_model, gpu_share, resizes)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-                    COALESCE($9, (SELECT gpu_model FROM nodes WHERE node = $4)), $10)
+                    COALESCE($9, (SELECT gpu_model FROM nodes WHERE node = $4)), $10, $11)
             ON CONFLICT (allocation_id, rank) DO NOTHING
             """,
             [
@@ -227,6 +227,7 @@ async def _project_allocation(conn: asyncpg.Connection, envelope: Envelope) -> N
                     data.queue,
                     data.gpu_type,
                     p.gpu_share,
+                    data.resizes,
                 )
                 for p in data.placements
             ],

@@ -279,3 +279,36 @@ def test_a_live_job_has_no_final_state_and_no_charge_before_its_release() -> Non
     row = fold_job(JOB, LIFE)
     assert row is not None
     assert (row.final_state, row.gpu_seconds) == (None, 0.0)
+
+
+def test_an_elastic_resize_counts_each_size_for_its_time_and_is_one_run() -> None:
+    """Granted 2 workers x 4 GPUs at t=5, resized to 1 worker at t=65 (release resized, the grant naming
+    it), completed at t=125: 8 GPUs x 60 s + 4 GPUs x 60 s, one attempt, resizing while asked."""
+    small = allocations.AllocationGranted(
+        job_id=JOB, allocation_id="a2", queue="research", placements=granted().placements[:1], resizes="a1"
+    )
+    resizing = jobs.JobResizing(
+        job_id=JOB,
+        allocation_id="a1",
+        from_workers=2,
+        to_workers=1,
+        placements=small.placements,
+        deadline=T0 + timedelta(seconds=90),
+        reason="job urgent needs the GPUs (elastic job-7 shrinks to 1 worker(s) for waiting urgent)",
+    )
+    asked = fold_job(JOB, [*LIFE, at(60, resizing)])
+    assert asked is not None and (asked.state, asked.reason_code) == ("resizing", "resizing")
+    history = [
+        *LIFE,
+        at(60, resizing),
+        at(65, allocations.AllocationReleased(job_id=JOB, allocation_id="a1", reason="resized")),
+        at(65, small, "e65-grant"),
+        at(66, jobs.JobStarted(job_id=JOB, allocation_id="a2")),
+        at(125, jobs.JobCompleted(job_id=JOB, allocation_id="a2")),
+        at(125, allocations.AllocationReleased(job_id=JOB, allocation_id="a2", reason="completed"), "e125-r"),
+    ]
+    for order in (history, history[::-1]):
+        row = fold_job(JOB, order)
+        assert row is not None
+        assert row.state == "completed" and row.attempt == 1
+        assert row.gpu_seconds == pytest.approx(8 * 60 + 4 * 60)
