@@ -104,6 +104,8 @@ class Grant:
     gpu_model: str | None
     released_at: float | None = None
     reason: str | None = None
+    resizes: str | None = None
+    """The allocation this grant replaces at another size (an elastic resize: no wait of its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ class JobFacts:
             "charged_model": self.charged_model,
             "waits_from": list(self.waits_from),
             "grants": [
-                [g.allocation_id, g.granted_at, g.gpus, g.gpu_model, g.released_at, g.reason]
+                [g.allocation_id, g.granted_at, g.gpus, g.gpu_model, g.released_at, g.reason, g.resizes]
                 for g in self.grants
             ],
             "preempted": [list(p) for p in self.preempted],
@@ -146,8 +148,8 @@ class JobFacts:
             charged_model=data.get("charged_model"),
             waits_from=tuple(float(t) for t in data.get("waits_from", ())),
             grants=tuple(
-                Grant(str(a), float(t), float(n), m, None if r is None else float(r), why)
-                for a, t, n, m, r, why in data.get("grants", ())
+                Grant(str(a), float(t), float(n), m, None if r is None else float(r), why, *rest[:1])
+                for a, t, n, m, r, why, *rest in data.get("grants", ())
             ),
             preempted=tuple((str(a), float(t), float(v)) for a, t, v in data.get("preempted", ())),
             final=None if final is None else (str(final[0]), float(final[1]), final[2]),
@@ -208,7 +210,7 @@ def _apply(facts: JobFacts, envelope: Envelope) -> JobFacts:
     if isinstance(data, allocations.AllocationGranted):
         if any(g.allocation_id == data.allocation_id and not _early(g) for g in facts.grants):
             return facts
-        grant = Grant(data.allocation_id, at, data.gpu_share, data.gpu_type)
+        grant = Grant(data.allocation_id, at, data.gpu_share, data.gpu_type, resizes=data.resizes)
         grants = _merge_early_releases((*facts.grants, grant))
         return replace(facts, queue=facts.queue or data.queue, grants=grants)
     if isinstance(data, allocations.AllocationReleased):
@@ -274,7 +276,8 @@ def _measures(job_id: str, facts: JobFacts) -> list[Measure]:
             out.append(_final(job_id, UNKNOWN_QUEUE, ANY_MODEL, facts.final))
         return out
     granted = [g for g in facts.grants if not _early(g)]
-    for index, grant in enumerate(granted):
+    runs = 0
+    for grant in granted:
         model = facts.model_of(grant)
         if grant.released_at is not None:
             for hour, seconds in hour_pieces(grant.granted_at, grant.released_at):
@@ -288,7 +291,10 @@ def _measures(job_id: str, facts: JobFacts) -> list[Measure]:
                         seconds * grant.gpus,
                     )
                 )
-        # Grant k waited since the k-th wait start; read out of order, wait until that start is known.
+        if grant.resizes is not None:
+            continue  # an elastic resize: the same run at another size, no wait of its own
+        # Run k waited since the k-th wait start; read out of order, wait until that start is known.
+        index, runs = runs, runs + 1
         starts = [t for t in facts.waits_from if t <= grant.granted_at]
         if len(starts) > index:
             out.append(

@@ -165,3 +165,31 @@ def test_the_figures_module_imports_no_stream_or_io_client() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     for name in ("faust", "aiokafka", "asyncpg", "prometheus_client"):
         assert f"'{name}'" not in loaded
+
+
+def test_an_elastic_resize_counts_each_size_for_its_time_and_waits_once() -> None:
+    """2 workers x 4 GPUs from minute 1, resized to 1 worker at minute 11 (released resized, the grant
+    naming it), preempted at 31, requeued at 32 and granted again at 40 until 50: 8 GPUs x 10 min +
+    4 GPUs x 20 min + 8 GPUs x 10 min; a wait per run (the resize is none), the second from the requeue."""
+    one = (Placement(rank=0, node="n0", gpus=tuple(f"g{i}" for i in range(4))),)
+    resized = allocations.AllocationGranted(
+        job_id="j1", allocation_id="a2", queue="team-a", gpu_type="H100", placements=one, resizes="a1"
+    )
+    requeued = jobs.JobRequeued(job_id="j1", reason="preempted", attempt=2)
+    events = [
+        admitted(),
+        grant("a1", 1),
+        release("a1", 11, "resized"),
+        env(resized, "grant-a2", at(11)),
+        release("a2", 31, "preempted"),
+        env(requeued, "requeued", at(32)),
+        grant("a3", 40),
+        completed("a3", 50),
+        release("a3", 50),
+    ]
+    for order in (events, events[::-1]):
+        _, measures = fold_all(order)
+        used = sum(m.value for m in measures if m.kind == "gpu_seconds")
+        assert used == pytest.approx(8 * 600 + 4 * 1200 + 8 * 600)
+        waits = sorted((m.id, m.value) for m in measures if m.kind == "wait")
+        assert waits == [("j1/a1/wait", 60.0), ("j1/a3/wait", 480.0)]
