@@ -252,7 +252,7 @@ def why(job: dict[str, Any]) -> dict[str, Any]:
     elif state in ("admitted", "queued", "requeued"):
         summary = f"waiting in queue {job['queue']!r} for the next scheduling cycle"
         reasons = []
-    elif state in ("rejected", "failed", "cancelled", "preempting"):
+    elif state in ("rejected", "failed", "cancelled", "preempting", "resizing"):
         summary = f"{state}: {job['reason']}" if job.get("reason") else state
         reasons = []
     else:
@@ -543,14 +543,17 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=problems(*READ, 403, 404))
     async def get_job(caller: Caller, job_id: JobIdPath) -> dict[str, Any]:
-        """The job, its events in order, its allocations, and why it is (not) pending."""
+        """The job, its events in order, its allocations, its size history (an elastic job's resizes:
+        one entry per allocation, ``workers_now`` the live one's), and why it is (not) pending."""
         async with res().pool.acquire() as conn:
             job = await readable_job(conn, job_id, caller)
             events = await queries.job_events(conn, job_id)
             allocs, _ = await queries.allocations(
                 conn, seen=None, job_id=job_id, node=None, held=None, limit=MAX_PAGE, after=None
             )
-        return {"job": job, "why": why(job), "events": events, "allocations": allocs}
+        sizes = queries.size_history(allocs)
+        job["workers_now"] = next((s["workers"] for s in sizes if s["released_at"] is None), None)
+        return {"job": job, "why": why(job), "events": events, "allocations": allocs, "sizes": sizes}
 
     def seen_by(caller: Principal) -> queries.Visible | None:
         own = caller.own_queues()

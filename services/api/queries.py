@@ -207,7 +207,7 @@ async def history(
         FROM jobs j
         LEFT JOIN LATERAL (
             SELECT min(a.granted_at) AS first_granted_at,
-                   count(DISTINCT a.allocation_id) AS runs,
+                   count(DISTINCT a.allocation_id) FILTER (WHERE a.resizes IS NULL) AS runs,
                    array_agg(DISTINCT a.node ORDER BY a.node) AS nodes,
                    sum(
                        (CASE WHEN j.spec ? 'gpu_fraction_milli' AND j.spec->>'gpu_fraction_milli' IS NOT NULL
@@ -258,7 +258,7 @@ async def allocations(
     rows = await conn.fetch(
         f"""
         SELECT a.allocation_id, a.job_id, j.queue, a.rank, a.node, a.gpus, a.granted_at, a.released_at,
-               a.release_reason, a.granted_event_id, a.released_event_id
+               a.release_reason, a.granted_event_id, a.released_event_id, a.resizes
         FROM allocations a LEFT JOIN jobs j ON j.job_id = a.job_id
         WHERE {_VISIBLE.format(q="j.queue", by="j.submitted_by")}
           AND ($3::text IS NULL OR a.job_id = $3)
@@ -285,6 +285,25 @@ async def allocations(
         else None
     )
     return page, cursor
+
+
+def size_history(allocation_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A job's sizes over time from its allocation rows (one per rank, in grant order): per allocation
+    its workers, when it was granted and released, why, and the allocation it resized (None: a run)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in allocation_rows:
+        entry = out.get(row["allocation_id"])
+        if entry is None:
+            entry = out[row["allocation_id"]] = {
+                "allocation_id": row["allocation_id"],
+                "workers": 0,
+                "granted_at": row["granted_at"],
+                "released_at": row["released_at"],
+                "release_reason": row["release_reason"],
+                "resizes": row.get("resizes"),
+            }
+        entry["workers"] += 1
+    return list(out.values())
 
 
 async def nodes(conn: asyncpg.Connection) -> list[dict[str, Any]]:

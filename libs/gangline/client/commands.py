@@ -66,12 +66,19 @@ def run_submit(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
 
 
 def _gpus(job: dict[str, Any]) -> str:
+    """``workers x per-worker [model]``; an elastic job's current size and its range (``2(1..4)x1``)."""
     spec = job.get("spec") or {}
     each = spec.get("mig_profile") or (
         f"{spec['gpu_fraction_milli']}m" if spec.get("gpu_fraction_milli") else job.get("gpus_per_worker")
     )
     kind = f" {job['gpu_type']}" if job.get("gpu_type") else ""
-    return f"{job.get('workers', '?')}x{each}{kind}"
+    workers = job.get("workers", "?")
+    if spec.get("min_workers") is not None or spec.get("max_workers") is not None:
+        now = job.get("workers_now")
+        least = spec.get("min_workers") or workers
+        most = spec.get("max_workers") or workers
+        workers = f"{now if now is not None else '-'}({least}..{most})"
+    return f"{workers}x{each}{kind}"
 
 
 def run_status(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -95,6 +102,26 @@ def run_status(client: ApiClient, args: argparse.Namespace, out: TextIO) -> None
         ),
         file=out,
     )
+    sizes = body.get("sizes") or []
+    if any(s.get("resizes") for s in sizes):
+        print(
+            "\n"
+            + table(
+                ["ALLOCATION", "WORKERS", "GRANTED", "RELEASED", "WHY", "RESIZES"],
+                [
+                    [
+                        s["allocation_id"],
+                        s["workers"],
+                        s["granted_at"],
+                        s["released_at"],
+                        s["release_reason"],
+                        s.get("resizes"),
+                    ]
+                    for s in sizes
+                ],
+            ),
+            file=out,
+        )
     if body["allocations"]:
         print(
             "\n"

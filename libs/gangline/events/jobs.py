@@ -57,6 +57,7 @@ JobState = Literal[
     "placed",
     "running",
     "preempting",
+    "resizing",
     "preempted",
     "requeued",
     "completed",

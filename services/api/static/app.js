@@ -6,7 +6,7 @@
 
 const TOKEN_KEY = "gangline-token";
 const FINAL = new Set(["completed", "failed", "cancelled", "rejected"]);
-const RUNNING = new Set(["placed", "running", "preempting"]);
+const RUNNING = new Set(["placed", "running", "preempting", "resizing"]);
 const $ = (sel, root = document) => root.querySelector(sel);
 
 let me = null;

@@ -150,6 +150,52 @@ async def test_a_job_shows_its_events_and_why_it_is_pending(world: World, pg_poo
     assert missing.status_code == 404
 
 
+async def test_a_job_shows_its_size_history_across_elastic_resizes(
+    world: World, pg_pool: asyncpg.Pool
+) -> None:
+    """A 1..4-worker job granted 1 worker, grown to 4, shrunk to 2: three sizes, the live one now."""
+    job_id = uid("el")
+    request = jobs.JobRequested(
+        job_id=job_id, queue=world.research, workers=1, min_workers=1, max_workers=4, gpus_per_worker=1
+    )
+
+    def grant(n: int, workers: int) -> allocations.AllocationGranted:
+        ranks = tuple(allocations.Placement(rank=r, node="n0", gpus=(f"gpu{r}",)) for r in range(workers))
+        return allocations.AllocationGranted(
+            job_id=job_id,
+            allocation_id=f"{job_id}.{n}",
+            queue=world.research,
+            placements=ranks,
+            resizes=f"{job_id}.{n - 1}" if n > 1 else None,
+        )
+
+    def resized(n: int) -> allocations.AllocationReleased:
+        return allocations.AllocationReleased(job_id=job_id, allocation_id=f"{job_id}.{n}", reason="resized")
+
+    await seed(
+        pg_pool,
+        envelopes(
+            (0, request),
+            (1, jobs.JobAdmitted(job_id=job_id, spec=request.spec())),
+            (2, grant(1, 1)),
+            (3, resized(1)),
+            (3, grant(2, 4)),
+            (4, resized(2)),
+            (4, grant(3, 2)),
+        ),
+    )
+    response = await world.client.get(f"/v1/jobs/{job_id}", headers=world.auth(world.research_token))
+    assert response.status_code == 200
+    body = response.json()
+    assert [(s["workers"], s["release_reason"], s["resizes"]) for s in body["sizes"]] == [
+        (1, "resized", None),
+        (4, "resized", f"{job_id}.1"),
+        (2, None, f"{job_id}.2"),
+    ]
+    assert body["job"]["workers_now"] == 2
+    assert len(body["allocations"]) == 1 + 4 + 2
+
+
 async def test_cancel_publishes_a_cancel_request_for_a_job_the_caller_may_act_on(
     world: World, pg_pool: asyncpg.Pool, kafka_bootstrap: str
 ) -> None:

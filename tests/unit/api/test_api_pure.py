@@ -196,3 +196,48 @@ def test_an_integral_number_is_an_integer_as_json_schema_says_and_a_string_is_no
     for untouched in (b'{"workers": 2}', b"{not json", b'{"a": "\\ud800", "b": 1}', b"[" * 5000):
         assert integral_numbers_as_integers(untouched) == untouched
     assert json.loads(integral_numbers_as_integers(b'{"a": "\\ud800", "b": 1.0}')) == {"a": "\ud800", "b": 1}
+
+
+def test_a_jobs_size_history_is_one_entry_per_allocation_with_its_workers() -> None:
+    from services.api.queries import size_history
+
+    t0, t1 = datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 1, 0, 5, tzinfo=UTC)
+
+    def row(
+        allocation: str,
+        rank: int,
+        granted: datetime,
+        released: datetime | None,
+        why: str | None,
+        of: str | None,
+    ) -> dict[str, object]:
+        return {
+            "allocation_id": allocation,
+            "rank": rank,
+            "granted_at": granted,
+            "released_at": released,
+            "release_reason": why,
+            "resizes": of,
+        }
+
+    rows = [row("el.1", 0, t0, t1, "resized", None)] + [
+        row("el.2", r, t1, None, None, "el.1") for r in range(4)
+    ]
+    assert size_history(rows) == [
+        {
+            "allocation_id": "el.1",
+            "workers": 1,
+            "granted_at": t0,
+            "released_at": t1,
+            "release_reason": "resized",
+            "resizes": None,
+        },
+        {
+            "allocation_id": "el.2",
+            "workers": 4,
+            "granted_at": t1,
+            "released_at": None,
+            "release_reason": None,
+            "resizes": "el.1",
+        },
+    ]
