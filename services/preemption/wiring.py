@@ -40,7 +40,9 @@ def new_state(settings: PreemptionSettings, queues: Queues | None = None) -> Pre
         ),
         tree=queues.whole_tree,
         # The deadline is the victim's own grace (0: at once), as the checkpoint protocol says.
-        policy=PreemptionPolicy(min_runtime_s=settings.min_runtime_s, default_grace_s=0.0),
+        policy=PreemptionPolicy(
+            min_runtime_s=settings.min_runtime_s, default_grace_s=0.0, grow_in_cycle=False
+        ),
     )
 
 
