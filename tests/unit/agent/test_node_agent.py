@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from gangline.events.jobs import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobResizing,
     JobStarted,
     WorkerExited,
 )
@@ -207,6 +209,47 @@ async def test_preempting_checkpoints_and_a_requeued_run_resumes_from_the_same_d
         await wait_for(lambda: len(bus.of(JobCheckpointed)) == 2, "the second checkpoint")
         resumed = json.loads((tmp_path / "ckpt" / "j4" / PROGRESS_FILE).read_text())["progress_s"]
         assert resumed > saved  # progress carried over, not restarted from zero
+    finally:
+        await agent.stop()
+
+
+async def test_a_resize_checkpoints_then_relaunches_the_new_size_from_the_same_dir(tmp_path: Path) -> None:
+    """job.resizing is a checkpoint request; the grant that resizes the allocation, read while the old
+    ranks may still be stopping, launches 2 ranks (WORLD_SIZE 2) once they have, from the checkpoint."""
+    bus = FakeBus()
+    runner = SimulatedRunner(time_scale=0.001, checkpoint_delay_s=0.01)
+    agent = make_agent(tmp_path, bus, runner=runner)
+    await agent.start()
+    try:
+        await agent.handle(admitted("el", duration_s=LONG_S, min_workers=1, max_workers=2))
+        await agent.handle(grant("el", "el.1", [(0, "n0", ("gpu0",))]))
+        await wait_for(lambda: bus.of(JobStarted), "job.started")
+        await asyncio.sleep(0.05)  # some simulated progress
+        two = (Placement(rank=0, node="n0", gpus=("gpu0",)), Placement(rank=1, node="n0", gpus=("gpu1",)))
+        ask = envelope(
+            JobResizing(
+                job_id="el",
+                allocation_id="el.1",
+                from_workers=1,
+                to_workers=2,
+                placements=two,
+                deadline=datetime.now(UTC) + timedelta(seconds=5),
+                reason="elastic el grows from 1 to 2 workers on idle GPUs",
+            )
+        )
+        await agent.handle(ask)
+        await wait_for(lambda: bus.of(JobCheckpointed), "job.checkpointed")
+        assert bus.envelopes(JobCheckpointed)[0].causationid == ask.id
+        await agent.handle(released("el", "el.1", "resized"))
+        resized = AllocationGranted(
+            job_id="el", allocation_id="el.2", queue="default", placements=two, resizes="el.1"
+        )
+        await agent.handle(envelope(resized))
+        await wait_for(lambda: len(runner.launches) == 2, "the launch at the new size")
+        launch = runner.launches[1]
+        assert launch.allocation_id == "el.2" and launch.rendezvous.world_size == 2
+        assert len(launch.ranks) == 2 and launch.checkpoint_dir == runner.launches[0].checkpoint_dir
+        assert not bus.of(JobCompleted)
     finally:
         await agent.stop()
 
