@@ -160,7 +160,7 @@ class PreemptionState:
     )
     """What folding the log fills (services.common.snapshots): not ``pending`` (placement's pending
     reasons seen live since the last plan), the settings, nor the planner built from them."""
-    SNAPSHOT_VERSION: ClassVar[int] = 1
+    SNAPSHOT_VERSION: ClassVar[int] = 2  # 2: the lifecycle fold keeps elastic resizes
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: plan for the held jobs, as after a restore from the log (which
@@ -304,11 +304,13 @@ def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
 
 
 def _to_plan(state: PreemptionState) -> list[Job]:
-    """The core's jobs to plan for: placement's pending (capacity), then, when something changed since
+    """The core's jobs to plan for (not those an earlier plan frees room for: victims asked to checkpoint,
+    elastic jobs asked to shrink): placement's pending (capacity), then, when something changed since
     the last plan, the jobs quota holds that the core's :func:`~gangline.core.actions.preempt.held_to_plan`
     picks (owed their nominal quota, or outranking preemptible work of their queue)."""
     mirror = state.mirror
     preempting = {f.preemptor for f in state.in_flight.values()}
+    preempting |= {r.preemptor_job_id for r in mirror.resizing.values() if r.preemptor_job_id is not None}
     jobs: list[Job] = []
     seen: set[JobId] = set()
     for job_id in state.pending:
