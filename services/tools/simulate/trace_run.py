@@ -153,6 +153,8 @@ class _Measure:
                     if job is None or data.allocation_id in self.live:
                         continue
                     self.live[data.allocation_id] = data.job_id
+                    if data.resizes is not None:
+                        continue  # an elastic resize: the same run goes on at another size
                     self.waiting.pop(job.id, None)
                     rec.started(job, t)
                 elif isinstance(data, AllocationReleased):
@@ -160,6 +162,8 @@ class _Measure:
                     if job_id is None:
                         continue
                     job = self.info[job_id]
+                    if data.reason == "resized":
+                        continue  # the run goes on in the grant that resizes it
                     if data.reason in ("preempted", "node_failed"):
                         lost = self.sim.sim_nodes.lost_s.get(data.allocation_id, 0.0)
                         rec.preempted(job, t, lost_s=lost)

@@ -85,3 +85,19 @@ def test_both_engines_grow_and_shrink_the_elastic_job_alike() -> None:
     sizes = [(t, workers) for t, job, workers, _, _ in core if job == "el"]
     assert sizes == [(10, 2), (100, 4), (500, 1), (500, 2), (700, 4)]
     assert [resized for _, job, _, resized, _ in core if job == "el"] == [False, True, True, True, True]
+
+
+def test_both_engines_count_the_elastic_job_as_one_run() -> None:
+    """A resize is neither an end nor a start: each job finishes once, the elastic one when it is done."""
+    from gangline.sim.metrics import summarize
+
+    spec = load_cluster_spec(WORLD / "elastic-cluster.yaml")
+    options = SimulateOptions(nodes=NodeOptions(checkpoint_delay_s=0.0))
+    run = simulate_services(_jobs(), spec, profile_path=PROFILE, options=options)
+    policy = GatedPolicy("fair", load_profile_file(PROFILE, placement_registry()), spec.build_nodes())
+    core = Simulator(_jobs(), policy, float(spec.total_gpus)).run()
+    for result in (run.result, core):
+        figures = summarize(result)
+        assert (figures["completed"], figures["unfinished"]) == (4, 0), figures
+        assert min(result.series.waiting) == 0  # a resize grant is no start of a waiting job
+    assert summarize(run.result)["mean_jct_s"] == summarize(core)["mean_jct_s"]
