@@ -412,6 +412,13 @@ async function drawJob(jobId) {
     ["submitted by", job.submitted_by || "-"], ["attempt", job.attempt ?? "-"],
     ["trace id", traceId || "-"],
   ];
+  const spec = job.spec || {};
+  if (spec.min_workers != null || spec.max_workers != null) {
+    // An elastic job: its workers now, its range, and every size it ran at (one per allocation).
+    const range = `${spec.min_workers ?? job.workers}..${spec.max_workers ?? job.workers}`;
+    const history = (view.sizes || []).map((s) => s.workers).join(" → ");
+    facts.splice(2, 0, ["size", `${job.workers_now ?? "-"} of ${range} workers (${history || "not placed"})`]);
+  }
   $("#job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-k": k, id: k === "trace id" ? "job-trace" : null, text: v })]));
   const why = el("div", { class: view.why.pending ? "why pending" : "why" }, el("p", { class: "why-summary", text: view.why.summary }));
   if (view.why.reasons.length) {
