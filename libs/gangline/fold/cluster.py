@@ -16,11 +16,13 @@ marks the node cordoned in the snapshot until ``node.uncordoned``, as a failed n
 health filter gives it no new work, and its running work stays (node_health sends a drained node's
 work away once the drain's grace has passed).
 
-An elastic resize (``job.resizing``) is kept until the allocation it replaces is released (preemption
-releases it ``resized`` and grants the new size in one transaction): a grow's extra GPUs are held for
-its job in the snapshot meanwhile, a shrink's dropped GPUs are kept for the job it makes room for
-(``freeing``), and the job is in flight for the core (no second resize, no victim search). A grant
-that names the allocation it resizes (``resizes``) is the same attempt, not a new one.
+An elastic resize (``job.resizing``) is kept until the grant at the new size is read (preemption
+releases the allocation ``resized`` and grants the new size in one transaction; until the grant is
+read, the released allocation's GPUs stay held, so a cycle between the two never sees them free): a
+grow's extra GPUs are held for its job in the snapshot meanwhile, a shrink's dropped GPUs are kept
+for the job it makes room for (``freeing``), and the job is in flight for the core (no second resize,
+no victim search). A grant that names the allocation it resizes (``resizes``) is the same attempt,
+not a new one; a shrink's is new capacity.
 
 A registration whose hardware the core cannot model (``core.snapshot.node_problem``) leaves the node
 out (``refused``): its GPUs take no work, every other node is scheduled as before.
@@ -160,6 +162,16 @@ class JobRecord:
                 return granted
         return None
 
+    def holding(self) -> AllocationGranted | None:
+        """The allocation whose GPUs the job holds: its live one, or one released ``resized`` whose
+        grant at the new size (written with it, in one transaction) is not read yet, so no cycle in
+        between sees the GPUs free."""
+        live = self.live()
+        if live is not None or not self.resized:
+            return live
+        replaced = {g.resizes for g in self.grants.values()}
+        return next((g for a, g in self.grants.items() if a in self.resized and a not in replaced), None)
+
     def allowed_attempts(self, gated: bool) -> int:
         return len(self.queued) if gated else self.requeued_attempt
 
@@ -241,8 +253,9 @@ class ClusterFold:
     cordons: NodeCordons = field(default_factory=NodeCordons)
     """Operators' cordons and drains (nodes.operator): those nodes take no new work."""
     resizing: dict[AllocationId, JobResizing] = field(default_factory=dict)
-    """Elastic resizes asked for and not done, by the allocation they replace (dropped when it is
-    released): a grow's extra GPUs are held for its job meanwhile (:meth:`snapshot`)."""
+    """Elastic resizes asked for and not done, by the allocation they replace (dropped when the grant
+    at the new size is read, or the allocation is released for another reason): a grow's extra GPUs
+    are held for its job meanwhile (:meth:`snapshot`)."""
     _snapshot: Snapshot | None = None
     _run_facts: dict[CoreJobId, tuple[str, RunFacts]] = field(default_factory=dict, repr=False)
     """Running job → (its allocation, its run facts), so each cycle does not work them out again."""
@@ -357,6 +370,13 @@ class ClusterFold:
                 return False
             record.grants[data.allocation_id] = data
             record.granted_at.setdefault(data.allocation_id, envelope.time)
+            freed = False
+            if data.resizes is not None:
+                # The resize is done: the allocation it replaces, and a grow's held GPUs, give way to it.
+                self.resizing.pop(data.resizes, None)
+                self._snapshot = None
+                replaced = record.grants.get(data.resizes)
+                freed = replaced is not None and replaced.gpu_share > data.gpu_share  # a shrink frees GPUs
             mirrored = self._snapshot
             # Its GPUs may look taken (a release not read yet): then the snapshot is rebuilt from the
             # records when next wanted, by the same rule whenever that is (see _holders).
@@ -368,16 +388,19 @@ class ClusterFold:
                 self._snapshot = None
             self._note_end(record, data.allocation_id)
             self._refresh(record)
-            return False
+            return freed
         if isinstance(data, AllocationReleased):
             record = self._record(data.job_id)
             if data.allocation_id in record.released:
                 return False
             was_live = record.live()
             record.released.add(data.allocation_id)
-            if data.reason == "resized":
-                record.resized.add(data.allocation_id)
             self.to_release.discard((data.job_id, data.allocation_id))
+            if data.reason == "resized":
+                # Its GPUs stay held until the grant at the new size, in the same transaction, is read.
+                record.resized.add(data.allocation_id)
+                self._refresh(record)
+                return False
             resize = self.resizing.pop(data.allocation_id, None)
             if resize is not None and resize.grows:
                 self._snapshot = None  # the extra GPUs held for the grow: granted now, or free again
@@ -533,7 +556,9 @@ class ClusterFold:
         the grant was written after its writer read that release. Which of the two is mirrored must not
         depend on the order the facts were read in, or a restarted service and its replay see two clusters.
         """
-        live = [(record, granted) for record in self.jobs.values() if (granted := record.live()) is not None]
+        live = [
+            (record, granted) for record in self.jobs.values() if (granted := record.holding()) is not None
+        ]
 
         def written(item: tuple[JobRecord, AllocationGranted]) -> tuple[datetime, str, str]:
             record, granted = item

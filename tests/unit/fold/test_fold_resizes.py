@@ -72,9 +72,9 @@ def test_a_grow_holds_its_extra_gpus_until_the_resize_grant() -> None:
     assert not fold.fold(env(grow, "grow", 2))
     assert owners(fold) == ["el", "el", "el", None]  # no other job is granted them meanwhile
     assert fold.resizing_jobs() == {"el"}
-    fold.fold(
-        env(AllocationReleased(job_id=EL, allocation_id=AllocationId("el.1"), reason="resized"), "r1", 3)
-    )
+    released = AllocationReleased(job_id=EL, allocation_id=AllocationId("el.1"), reason="resized")
+    assert not fold.fold(env(released, "r1", 3))
+    assert owners(fold) == ["el", "el", "el", None]  # until the grant at the new size is read
     resized = AllocationGranted(
         job_id=EL,
         allocation_id=AllocationId("el.2"),
@@ -122,3 +122,15 @@ def test_a_shrink_frees_only_the_gpus_it_gives_up_for_the_job_it_makes_room_for(
     fold.fold(env(shrink, "shrink", 4))
     assert fold.freeing() == {"gang": frozenset({"n0/gpu1", "n0/gpu2", "n0/gpu3"})}
     assert owners(fold) == ["el"] * 4  # held by the job until the resize is done
+    released = AllocationReleased(job_id=EL, allocation_id=AllocationId("el.2"), reason="resized")
+    assert not fold.fold(env(released, "r2", 5))  # no room yet: a cycle now must not see them free
+    assert owners(fold) == ["el"] * 4
+    one = AllocationGranted(
+        job_id=EL,
+        allocation_id=AllocationId("el.3"),
+        queue="default",
+        placements=ranks("gpu0"),
+        resizes=AllocationId("el.2"),
+    )
+    assert fold.fold(env(one, "g3", 5))  # the shrink's GPUs are free now
+    assert owners(fold) == ["el", None, None, None] and not fold.resizing
