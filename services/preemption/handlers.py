@@ -45,6 +45,7 @@ the job. A re-delivered event about a released allocation or a retired job adds 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
@@ -67,7 +68,7 @@ from gangline.core.model import Allocation, GpuModel, Job
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.queues import QuotaTree
-from gangline.events.allocations import AllocationGranted, AllocationReleased
+from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
 from gangline.events.jobs import (
@@ -440,11 +441,24 @@ def _ask_to_shrink(
     return out
 
 
+def _usable(mirror: Mirror, placements: Sequence[Placement], live: AllocationGranted) -> bool:
+    """Whether every GPU of ``placements`` the job does not hold already may take work: its node not
+    failed or cordoned, the GPU not failed or degraded (the grow's extra GPUs, held since it was asked)."""
+    own = {(p.node, g) for p in live.placements for g in p.gpus}
+    for p in placements:
+        unusable = mirror.failed_gpus.get(p.node, set()) | mirror.degraded_gpus.get(p.node, set())
+        for g in p.gpus:
+            if (p.node, g) not in own and (mirror.cordoned(p.node) or g in unusable):
+                return False
+    return True
+
+
 def finish_resize(state: PreemptionState, resize: JobResizing, *, now: datetime) -> list[Outgoing]:
     """The resize, once the job checkpointed (or its deadline passed): its allocation released
     ``resized`` and its new size granted, one transaction, the grant naming the allocation it replaces.
 
-    Nothing when the allocation was released or its end read meanwhile (placement releases an end)."""
+    Nothing when the allocation was released or its end read meanwhile (placement releases an end); a
+    grow whose extra GPUs failed (or whose nodes were cordoned) meanwhile is granted its old placements."""
     record = state.mirror.jobs.get(resize.job_id)
     live = record.live() if record is not None else None
     if record is None or live is None or live.allocation_id != resize.allocation_id:
@@ -452,13 +466,16 @@ def finish_resize(state: PreemptionState, resize: JobResizing, *, now: datetime)
         return []
     if resize.allocation_id in record.ended:
         return []  # it ended by itself: placement releases it, which closes the resize
+    placements = resize.placements
+    if resize.grows and not _usable(state.mirror, resize.placements, live):
+        placements = live.placements  # a GPU it was to grow onto failed meanwhile: back at its old size
     released = AllocationReleased(job_id=resize.job_id, allocation_id=resize.allocation_id, reason="resized")
     granted = AllocationGranted(
         job_id=resize.job_id,
         allocation_id=record.next_allocation_id(),
         queue=live.queue,
         gpu_type=live.gpu_type,
-        placements=resize.placements,
+        placements=placements,
         resizes=resize.allocation_id,
     )
     release_envelope = _envelope(released, resize.allocation_id, "released-resized", now)
