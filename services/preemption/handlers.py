@@ -446,7 +446,7 @@ def _usable(mirror: Mirror, placements: Sequence[Placement], live: AllocationGra
     failed or cordoned, the GPU not failed or degraded (the grow's extra GPUs, held since it was asked)."""
     own = {(p.node, g) for p in live.placements for g in p.gpus}
     for p in placements:
-        unusable = mirror.failed_gpus.get(p.node, set()) | mirror.degraded_gpus.get(p.node, set())
+        unusable = mirror.unusable_gpus(p.node)
         for g in p.gpus:
             if (p.node, g) not in own and (mirror.cordoned(p.node) or g in unusable):
                 return False

@@ -521,6 +521,10 @@ class ClusterFold:
         """No new work on ``node``: it failed (since its latest registration) or an operator cordoned it."""
         return self.cordons.cordoned(node) or self.node_failed(node)
 
+    def unusable_gpus(self, node: NodeId) -> frozenset[str]:
+        """The GPUs of ``node`` that take no new work: failed or degraded."""
+        return frozenset(self.failed_gpus.get(node, set()) | self.degraded_gpus.get(node, set()))
+
     def node_failed(self, node: NodeId) -> bool:
         """Whether ``node`` failed since its latest registration (whatever order the two were read in)."""
         failed = self.failed_at.get(node)
@@ -532,9 +536,7 @@ class ClusterFold:
                 core_node(
                     n,
                     cordoned=self.cordoned(n.node),
-                    unusable_gpus=frozenset(
-                        self.failed_gpus.get(n.node, set()) | self.degraded_gpus.get(n.node, set())
-                    ),
+                    unusable_gpus=self.unusable_gpus(n.node),
                 )
                 for n in self.nodes.values()
             ]
