@@ -110,6 +110,9 @@ class FakeCluster:
         """Allocations running per job (a requeued job may be granted again before its release is read)."""
         self._undated: dict[JobId, AllocationId] = {}
         """Running allocations whose job.admitted (the duration hint) has not been read yet."""
+        self._ended: set[AllocationId] = set()
+        """Allocations that ran here and stopped: a grant read again (the consumer group's offsets lost
+        in a long broker outage) starts nothing, as a real agent's seen allocations do."""
         self._seq: dict[NodeId, int] = dict.fromkeys(self.nodes, 0)
         self._producer: EventProducer | None = None
         self._source = f"gangline/agent/{self.spec.name}"
@@ -258,7 +261,11 @@ class FakeCluster:
             if undated is not None:
                 self._start_timer(undated)
         elif isinstance(data, AllocationGranted):
-            if data.allocation_id in self._running or data.placements[0].node not in self.nodes:
+            if (
+                data.allocation_id in self._running
+                or data.allocation_id in self._ended
+                or data.placements[0].node not in self.nodes
+            ):
                 return
             if any(p.node in self.silent for p in data.placements):
                 return  # a dead node starts nothing
@@ -312,6 +319,7 @@ class FakeCluster:
     def _stop(self, allocation_id: AllocationId) -> _Running | None:
         running = self._running.pop(allocation_id, None)
         if running is not None:
+            self._ended.add(allocation_id)
             job_id = running.granted.job_id
             left = self._running_jobs.pop(job_id, 1) - 1
             if left > 0:

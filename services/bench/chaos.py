@@ -14,7 +14,8 @@ data dir: ``--port``, 19192 by default; never the shared one), for a bounded tim
    broker is restarted once on the data it keeps (``kafka.sh restart``) and frozen once (SIGSTOP) for
    ``--pause-s`` (8 s: an outage shorter than node_health's 10 s silence, which must fail no node),
    one node goes silent and another reports XID 79 on a GPU;
-4. the load stops and the run waits (``--drain-s`` at most) until every job is finished or waits
+4. the load stops and the run waits (``--drain-s``; on past it, up to twice that, while the jobs left
+   keep finishing) until every job is finished or waits
    with a reason;
 5. the log is read from the beginning (read_committed) and :func:`gangline.replay.invariants.check_log`
    counts what must be 0 (lost, duplicated grants, GPUs double-held, partial gangs, stuck jobs) and the
@@ -86,6 +87,10 @@ NODE_HEALTH = {"GANGLINE_SILENCE_S": "10", "GANGLINE_CHECK_EVERY_S": "0.5"}
 """node_health's defaults: a node is failed after 10 s of silence, counted over the time the bus was heard
 (the broker's restart, shorter or longer than the silence, is a pause of every node's heartbeats, which
 counts toward no node: services/node_health/handlers.py)."""
+
+
+PROGRESS_S = 30.0
+"""Past ``--drain-s`` the drain goes on while fewer jobs are left unfinished within this long."""
 
 
 def now_ms() -> int:
@@ -263,6 +268,8 @@ class Chaos:
         """Per job request the load sent, the (partition, offset) the broker acknowledged it at."""
         self.sent_ms: dict[str, int] = {}
         self.broker_killed_ms: int | None = None
+        self.drained_s: float | None = None
+        """How long the drain waited for the jobs left to finish."""
         self.broker_killed_node: int | None = None
         self.recovering: dict[str, asyncio.Task[None]] = {}
         """Per service, the timing of its recovery from the latest kill."""
@@ -582,14 +589,24 @@ class Chaos:
         }
 
     async def drain(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self.args.drain_s
+        """Wait until the log holds no violation: ``--drain-s``, and on past it for as long as the jobs left
+        keep moving (fewer of them unfinished within ``PROGRESS_S``; a starved machine drains slowly, a
+        stuck job never moves), at most ``--drain-s`` more."""
+        started = time.monotonic()
+        deadline, cap = started + self.args.drain_s, started + 2 * self.args.drain_s
+        left, moved = None, started
         while True:
             records = await KafkaSource(self.bootstrap).fetch(decider_topics(""))
             kills = sorted(self.kills, key=lambda k: k.at_ms)
             summary = check_log(records, kills=kills, faults=self.faults)
-            if summary.ok or time.monotonic() > deadline:
+            now = time.monotonic()
+            unfinished = len(summary.problems) + summary.waiting
+            if left is None or unfinished < left:
+                left, moved = unfinished, now
+            if summary.ok or now > cap or (now > deadline and now - moved > PROGRESS_S):
                 break
             await asyncio.sleep(2)
+        self.drained_s = round(time.monotonic() - started, 1)
         figures = summary.to_json()
         failed = sorted(
             {
@@ -605,6 +622,7 @@ class Chaos:
         figures["broker_down_s"] = self.broker_down_s
         figures["broker_paused_s"] = self.broker_paused_s
         figures["silence_s"] = float(NODE_HEALTH["GANGLINE_SILENCE_S"])
+        figures["drained_s"] = self.drained_s
         return figures
 
     def replay(self) -> dict[str, Any]:

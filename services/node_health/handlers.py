@@ -17,8 +17,11 @@ operators.)
 
 For a failed node (declared here, reported by an agent, or by an operator) or a failed GPU, every
 live allocation that uses it is released (``node_failed``) and its job requeued as its next attempt
-(the gang is whole again elsewhere; placement decides where). Ids derive from the node, its last
-heartbeat sequence and the allocation, so a retried or repeated decision has the same ids.
+(the gang is whole again elsewhere; placement decides where), except one whose end was already
+reported (placement releases it for that end). A grant read after the failure of a node or GPU it
+uses is released the same way (:func:`release_stranded`): placement may read the requeue before the
+failure and put the job back where it was. Ids derive from the node, its last heartbeat sequence and
+the allocation, so a retried or repeated decision has the same ids.
 
 The drain policy is the core's (:mod:`gangline.core.health`); node_health applies its rate rule, and
 only node_health does. Agents classify single events themselves (an XID 79 is ``failed`` at once, in
@@ -70,7 +73,7 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
-from gangline.fold.cluster import ClusterFold
+from gangline.fold.cluster import ClusterFold, FailureKind
 from gangline.fold.cordons import NodeCordons
 from services.common.topics import TopicNames
 from services.node_health.rates import GpuErrorRates, GpuKey
@@ -272,6 +275,9 @@ def _decide(
     if isinstance(data, GpuErrorReported):
         state.fold(envelope)
         return check_error_rate(state, data.node, data.gpu, cause=envelope.id, at=envelope.time)
+    if isinstance(data, AllocationGranted):
+        state.fold(envelope)
+        return release_stranded(state, data, now=now)
     state.fold(envelope, heard_at=heard_at)
     if isinstance(data, NodeHeartbeat):
         if now - envelope.time > (state.max_lag or state.silence / 2):
@@ -368,31 +374,62 @@ def drain(state: NodeHealthState, *, now: datetime) -> list[Outgoing]:
 
 def release_on(state: NodeHealthState, node: NodeId, gpu: str | None, *, now: datetime) -> list[Outgoing]:
     """Release every live allocation on ``node`` (or only those using ``gpu`` there) and requeue its job."""
-    out: list[Outgoing] = []
     hit = [
-        (granted, record.attempts_granted())
+        granted
         for record in state.cluster.jobs.values()
         if (granted := record.live()) is not None
         and any(p.node == node and (gpu is None or gpu in p.gpus) for p in granted.placements)
     ]
-    for granted, grants in sorted(hit, key=lambda g: g[0].allocation_id):
-        released = AllocationReleased(
-            job_id=granted.job_id, allocation_id=granted.allocation_id, reason="node_failed"
-        )
-        attempt = grants + 1
-        requeued = JobRequeued(
-            job_id=granted.job_id,
-            reason="node_failed" if gpu is None else "gpu_failed",
-            attempt=max(2, attempt),
-            resume_from=state.checkpoints.get(granted.job_id),
-        )
-        release_envelope = _envelope(released, granted.allocation_id, "released-node-failed", now)
-        state.fold(release_envelope)
-        out.append((state.topics.allocations, release_envelope))
-        out.append(
-            (state.topics.events, _envelope(requeued, granted.allocation_id, "requeued-node-failed", now))
-        )
+    out: list[Outgoing] = []
+    for granted in sorted(hit, key=lambda g: g.allocation_id):
+        out += release(state, granted, "node_failed" if gpu is None else "gpu_failed", now=now)
     return out
+
+
+def release_stranded(state: NodeHealthState, granted: AllocationGranted, *, now: datetime) -> list[Outgoing]:
+    """A live grant onto a node or GPU already failed is released and its job requeued, as if the failure
+    had come after it.
+
+    Placement grants on what it has read: the failure is on nodes.health, the release and requeue it
+    caused on allocations.log and jobs.events, so placement may read the requeue first and put the job
+    back onto the failed node's freed GPUs. The failure was decided before that grant was read, so
+    nothing else would release it (the silent node never reports its end).
+    """
+    record = state.cluster.jobs.get(granted.job_id)
+    live = record.live() if record is not None else None
+    why = state.cluster.failure_under(granted)
+    if live is None or live.allocation_id != granted.allocation_id or why is None:
+        return []
+    return release(state, granted, why, now=now)
+
+
+def release(
+    state: NodeHealthState, granted: AllocationGranted, why: FailureKind, *, now: datetime
+) -> list[Outgoing]:
+    """``allocation.released`` (node_failed) for ``granted`` and its job's requeue as the next attempt; the
+    ids derive from the allocation, so whichever path releases it writes the same events.
+
+    An allocation whose end was read (its job completed or failed there before the failure) is left to
+    placement, which releases it for that end: requeueing it would restart a finished job.
+    """
+    record = state.cluster.jobs[granted.job_id]
+    if granted.allocation_id in record.ended:
+        return []
+    released = AllocationReleased(
+        job_id=granted.job_id, allocation_id=granted.allocation_id, reason="node_failed"
+    )
+    requeued = JobRequeued(
+        job_id=granted.job_id,
+        reason=why,
+        attempt=max(2, record.attempts_granted() + 1),
+        resume_from=state.checkpoints.get(granted.job_id),
+    )
+    release_envelope = _envelope(released, granted.allocation_id, "released-node-failed", now)
+    state.fold(release_envelope)
+    return [
+        (state.topics.allocations, release_envelope),
+        (state.topics.events, _envelope(requeued, granted.allocation_id, "requeued-node-failed", now)),
+    ]
 
 
 def _envelope(event: Event, cause: str, kind: str, now: datetime) -> Envelope:

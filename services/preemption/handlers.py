@@ -26,11 +26,12 @@ As in the simulator, priority takes only lower-priority work of the job's own qu
 only what a queue borrows is taken back. Each plan's victims (``decisions.preemptions``) are asked as before.
 
 Each victim gets ``job.preempting`` with a deadline (now + its ``checkpoint_grace_s``). On the
-agent's ``job.checkpointed``, or when the deadline passes (checked on every event consumed;
+agent's ``job.checkpointed``, or when the deadline passes (checked at the end of every batch;
 heartbeats are the clock), the victim's allocation is released (``preempted``), ``job.preempted``
 says whether it checkpointed, and ``job.requeued`` sends it back to its queue to resume from the
-checkpoint. A victim whose end (``job.completed`` / ``job.failed`` of that allocation) is read first
-is left alone: placement releases it for that end, and a second release would requeue a finished job.
+checkpoint. A victim whose end (``job.completed`` / ``job.failed`` of that allocation) is read first,
+or in the same batch as its checkpoint, is left alone: placement releases it for that end, and a
+second release would requeue a finished job.
 Placement, seeing the release, places the urgent job first (it orders by priority, and
 keeps the GPUs its victims free for it).
 
@@ -149,6 +150,8 @@ class PreemptionState:
     ``job.queued``)."""
     replan: bool = False
     """Something folded since the last plan may change the plans of the jobs quota holds."""
+    checkpointed: set[AllocationId] = field(default_factory=set)
+    """Victims whose ``job.checkpointed`` was read in this batch: :func:`end_batch` finishes them."""
 
     SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
         *(f"mirror.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
@@ -160,7 +163,8 @@ class PreemptionState:
         "held",
     )
     """What folding the log fills (services.common.snapshots): not ``pending`` (placement's pending
-    reasons seen live since the last plan), the settings, nor the planner built from them."""
+    reasons seen live since the last plan) nor ``checkpointed`` (this batch's, finished at its end), the
+    settings, nor the planner built from them."""
     SNAPSHOT_VERSION: ClassVar[int] = 2  # 2: the lifecycle fold keeps elastic resizes
 
     def snapshot_loaded(self) -> None:
@@ -265,43 +269,48 @@ def decide(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list
 
 
 def fold_event(envelope: Envelope, state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Fold one event: finish checkpointed victims and those past their deadline; note pending jobs."""
+    """Fold one event: note checkpointed victims and pending jobs (the batch's end acts on them)."""
     data = envelope.data
     state.fold(envelope)
-    out: list[Outgoing] = []
-    if isinstance(data, JobCheckpointed):
-        flight = state.in_flight.get(data.allocation_id)
-        if flight is not None:
-            out += finish(state, flight, checkpointed=True, now=now)
-        resize = state.mirror.resizing.get(data.allocation_id)
-        if resize is not None:
-            out += finish_resize(state, resize, now=now)
+    if isinstance(data, JobCheckpointed) and (
+        data.allocation_id in state.in_flight or data.allocation_id in state.mirror.resizing
+    ):
+        state.checkpointed.add(data.allocation_id)
     elif isinstance(data, JobPending) and not any(r.code == "quota" for r in data.reasons):
         state.pending[data.job_id] = None
-    return out + finish_overdue(state, now=now)
+    return []
 
 
-def finish_overdue(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Release the victims whose deadline passed without a checkpoint (any event's time is the clock)."""
+def finish_victims(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
+    """Release the victims that checkpointed in this batch, and those whose deadline passed without one.
+
+    Once per batch, after every event of it was folded: a victim whose own end (``job.completed`` /
+    ``job.failed``) is read in the same batch as its checkpoint is left to placement, which releases it
+    for that end (an agent reports a job that finishes in its grace right after its checkpoint).
+    """
     out: list[Outgoing] = []
     for flight in sorted(state.in_flight.values(), key=lambda f: f.allocation_id):
-        if now >= flight.deadline:
-            out += finish(state, flight, checkpointed=False, now=now)
+        checkpointed = flight.allocation_id in state.checkpointed
+        if checkpointed or now >= flight.deadline:
+            out += finish(state, flight, checkpointed=checkpointed, now=now)
     for _, resize in sorted(state.mirror.resizing.items()):
-        if now >= resize.deadline:
+        if resize.allocation_id in state.checkpointed or now >= resize.deadline:
             out += finish_resize(state, resize, now=now)
+    state.checkpointed.clear()
     return out
 
 
 def end_batch(state: PreemptionState, *, now: datetime) -> list[Outgoing]:
-    """Plan for the jobs found pending since the last plan, and for those quota holds when due."""
+    """Finish the victims due, then plan for the jobs found pending since the last plan, and for those
+    quota holds when due."""
+    out = finish_victims(state, now=now)
     jobs = _to_plan(state)
     state.pending.clear()
     state.replan = False
-    out = plan_preemptions(state, jobs, now=now) if jobs else []
-    if out:
-        out += finish_overdue(state, now=now)  # a victim with no grace period is released at once
-    return out
+    planned = plan_preemptions(state, jobs, now=now) if jobs else []
+    if planned:
+        planned += finish_victims(state, now=now)  # a victim with no grace period is released at once
+    return out + planned
 
 
 def _to_plan(state: PreemptionState) -> list[Job]:

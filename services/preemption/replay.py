@@ -6,11 +6,11 @@
 The profile and ``gated`` are the service's settings, not in the log: the replay reads them as the
 service does (``GANGLINE_PROFILE_PATH``; ``--ungated``), or is given them (:func:`replay_preemption`).
 
-Preemption folds every event (:func:`~services.preemption.handlers.fold_event`: a checkpoint, or any
-event once a victim's deadline passed, finishes the victim: released, preempted, requeued) and
-plans once per batch (:func:`~services.preemption.handlers.end_batch`: the core's preempt and reclaim
-for the jobs placement said were pending in it and those quota holds: ``job.preempting``). The
-plan's outputs name the batch's last event as their cause, as do that event's own. It is replayed by
+Preemption folds every event (:func:`~services.preemption.handlers.fold_event`) and decides once per
+batch (:func:`~services.preemption.handlers.end_batch`): first it finishes the victims that
+checkpointed in the batch or whose deadline passed (released, preempted, requeued), then it runs the
+core's preempt and reclaim for the jobs placement said were pending in it and those quota holds
+(``job.preempting``). Those outputs name the batch's last event as their cause. It is replayed by
 :class:`~services.common.replay.EventReplayer` from the batches its outputs record. What that
 guarantees here:
 
@@ -18,19 +18,15 @@ guarantees here:
   re-decided by the same core cycle over the same mirror of the cluster, for the same waiting jobs,
   with ``now`` = the time on those outputs;
 * every finish (``allocation.released`` ``preempted``, ``job.preempted``, ``job.requeued`` with its
-  checkpoint and attempt) is re-decided on the event the log names as its cause with ``now`` = its
-  outputs' time: on a checkpoint, or on the event that found the deadline passed. Events with no
-  outputs are handled at their own time, earlier than the live clock, so a finish the replay takes
-  there the live run must have taken too (it is reported);
+  checkpoint and attempt) is re-decided at the end of the batch the log names, with ``now`` = its
+  outputs' time: a checkpoint read in that batch (and no end of the victim's), or the deadline passed
+  by then. A batch that left no outputs finished nothing, which the replay takes from the log;
 * the mirror is the one lifecycle fold (order-independent, see :mod:`gangline.fold.cluster`); the
   rest of the state is keyed by allocation and job, so the records between recorded transactions
   leave the same state however they were batched. Those batches each searched and found nothing (they
   left no outputs): the replay takes that from the log rather than searching again, so a search that
   should have found victims and did not is not detected;
-* where the batch's last event finished a victim *and* the search found more, the two ``now`` are
-  told apart by time (earliest for the event, latest for the search); a victim whose deadline fell
-  between those two clock reads, microseconds apart, could be finished by the replay one step early
-  (reported as a difference, never hidden).
+* the finishes and the search of one batch share one clock read, so one ``now`` replays both.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ from services.common.replay import (
     EventReplayer,
     ReplayReport,
     ServiceModel,
-    earliest,
     latest,
     main,
     verify_with,
@@ -101,7 +96,7 @@ class PreemptionModel(ServiceModel[PreemptionState]):
     def handle(
         self, state: PreemptionState, envelope: Envelope, caused: Sequence[Envelope]
     ) -> Sequence[Outgoing]:
-        return fold_event(envelope, state, now=earliest(caused) or envelope.time)
+        return fold_event(envelope, state, now=envelope.time)
 
     def end_batch(
         self, state: PreemptionState, last: Envelope, caused: Sequence[Envelope]
@@ -111,6 +106,7 @@ class PreemptionModel(ServiceModel[PreemptionState]):
     def after_quiet_batches(self, state: PreemptionState) -> None:
         state.pending.clear()  # each of those batches planned for its pending jobs and found nothing
         state.replan = False
+        state.checkpointed.clear()  # nor finished a victim
 
 
 def replay_preemption(records: Sequence[LogRecord], settings: PreemptionSettings) -> ReplayReport:

@@ -10,8 +10,10 @@ may exit, and valid jobs sent afterwards must be granted.
 
 The services (admission, quota, placement, preemption, node_health) run as subprocesses on topics of
 their own (``e2e-fuzz-<run>.``), with fake nodes in this process. Used by test_fuzz_requests.py (a
-bounded slice) and by ``make fuzz`` (``python tests/e2e/fuzz_requests.py --inputs 70000``), which runs
-the API's schemathesis fuzz (tests/integration/api/fuzz_api.py) beside it and ends with one JSON line.
+bounded slice) and by ``make fuzz`` (``python tests/e2e/fuzz_requests.py --inputs 100000``), which runs
+the API's schemathesis fuzz (tests/integration/api/fuzz_api.py) beside it and ends with one JSON line:
+``inputs_sent`` (records the broker acknowledged plus the API's cases) and ``inputs_answered`` (each
+record matched to an answer of its own, each API case that got a response) must be equal.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 import types
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -445,6 +447,8 @@ class Figures:
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
     by_kind_and_answer: Counter[str] = field(default_factory=Counter)
     unanswered: int = 0
+    sharing_an_id: int = 0
+    """Inputs whose event id another input has too (each was still answered on its own)."""
     decoder_crashes: Counter[str] = field(default_factory=Counter)
     """Inputs on which this process's decoder raised something other than a DecodeError (bugs)."""
     unanswered_examples: list[str] = field(default_factory=list)
@@ -456,8 +460,10 @@ class Figures:
     def summary(self) -> dict[str, Any]:
         return {
             "inputs_sent": self.inputs,
+            "inputs_answered": sum(self.answered.values()),
             "answered": dict(self.answered),
             "unanswered": self.unanswered,
+            "sharing_an_id": self.sharing_an_id,
             "service_restarts": self.service_restarts,
             "valid_after_sent": self.valid_after_sent,
             "valid_after_granted": self.valid_after_granted,
@@ -514,8 +520,8 @@ class _Answers:
             max_partition_fetch_bytes=4 * 2**20,
             fetch_max_bytes=16 * 2**20,
         )
-        self.by_cause: dict[str, tuple[str, str, str]] = {}
-        """causationid → (answer kind, code, reason) of admission's output about it."""
+        self.by_cause: dict[str, list[tuple[str, str, str]]] = {}
+        """causationid → (answer kind, code, reason) of each of admission's answers naming it, in order."""
         self.letters: dict[tuple[int, int], tuple[str, str]] = {}
         """(partition, offset) of a request → (code, reason) of admission's dead letter of it."""
         self.granted: set[str] = set()
@@ -553,17 +559,29 @@ class _Answers:
                         else:
                             answer = ("admitted", "", "")
                             self.admitted.add(str(data.job_id))
-                        self.by_cause.setdefault(envelope.causationid, answer)
+                        self.by_cause.setdefault(envelope.causationid, []).append(answer)
         self.seen += n
         return n
 
-    def answer(self, sent: Sent) -> tuple[str, str, str] | None:
-        letter = self.letters.get((sent.partition, sent.offset))
-        if letter is not None:
-            return ("dead_letter", *letter)
-        if sent.event_id is not None:
-            return self.by_cause.get(sent.event_id)
-        return None
+    def answers(self, sent: Sequence[Sent]) -> list[tuple[str, str, str] | None]:
+        """Each input's own answer (None: none yet): its dead letter, found by its position, else one of
+        the answers naming its event id as their cause. Inputs may share an id (a mutation can make two
+        alike): each answer answers one input only, so every one of them needs its own."""
+        used: Counter[str] = Counter()
+        out: list[tuple[str, str, str] | None] = []
+        for s in sent:
+            letter = self.letters.get((s.partition, s.offset))
+            if letter is not None:
+                out.append(("dead_letter", *letter))
+                continue
+            found = self.by_cause.get(s.event_id, []) if s.event_id is not None else []
+            k = used[s.event_id] if s.event_id is not None else 0
+            if k < len(found) and s.event_id is not None:
+                used[s.event_id] += 1
+                out.append(found[k])
+            else:
+                out.append(None)
+        return out
 
 
 async def fuzz_requests(
@@ -584,8 +602,7 @@ async def fuzz_requests(
     base_count = bases if bases is not None else max(50, min(80, inputs // 100))
     progress(f"drawing {base_count} schema-derived envelopes")
     mutator = Mutator(schema_derived(base_count, seed), seed, run)
-    generated = [mutator.next() for _ in range(inputs)]
-    progress(f"{len(generated)} inputs ready ({time.monotonic() - started:.0f} s)")
+    progress(f"envelopes drawn ({time.monotonic() - started:.0f} s); inputs are made as they are sent")
     async with private_topics(bootstrap, "fuzz") as topics:
         env = service_env(bootstrap, topics, log_level="WARNING")
         procs = [Proc(f"services.{s}", env, workdir / f"{s}.log") for s in SERVICES]
@@ -627,8 +644,8 @@ async def fuzz_requests(
             progress(f"pipeline up ({time.monotonic() - started:.0f} s); sending")
             sent: list[Sent] = []
             chunk = 500
-            for at in range(0, len(generated), chunk):
-                part = generated[at : at + chunk]
+            for at in range(0, inputs, chunk):
+                part = [mutator.next() for _ in range(min(chunk, inputs - at))]  # not all 1 MiB ones at once
                 futures = [
                     await producer.send(
                         topics.requests,
@@ -656,14 +673,16 @@ async def fuzz_requests(
             progress(f"all {len(sent)} sent ({time.monotonic() - started:.0f} s); reading answers")
             loop = asyncio.get_running_loop()
             quiet_since = loop.time()
-            pending = list(sent)
-            while pending and loop.time() - quiet_since < answer_timeout_s:
+            figures.sharing_an_id = sum(
+                n for n in Counter(s.event_id for s in sent if s.event_id is not None).values() if n > 1
+            )
+            found_all = reader.answers(sent)
+            while None in found_all and loop.time() - quiet_since < answer_timeout_s:
                 if await reader.poll():
                     quiet_since = loop.time()
-                pending = [s for s in pending if reader.answer(s) is None]
+                    found_all = reader.answers(sent)
                 alive()
-            for s in sent:
-                found = reader.answer(s)
+            for s, found in zip(sent, found_all, strict=True):
                 if found is None:
                     figures.unanswered += 1
                     if len(figures.unanswered_examples) < 10:
@@ -744,7 +763,7 @@ def _signed(signer: Any, topic: str, key: bytes | None, value: bytes | None) -> 
 
 async def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--inputs", type=int, default=70_000, help="records sent to jobs.requests")
+    parser.add_argument("--inputs", type=int, default=100_000, help="records sent to jobs.requests")
     parser.add_argument("--seed", type=int, default=20261202)
     parser.add_argument(
         "--api-examples", type=int, default=0, help="schemathesis examples per operation (0: no API fuzz)"
@@ -781,15 +800,20 @@ async def _main(argv: list[str]) -> int:
             summary["api"] = api
         print(json.dumps(summary, indent=2))
         api_cases = int(api.get("cases", 0))
+        api_answered = api_cases - int(api.get("errored", 0))
         api_failures = int(api.get("failures", 0))
         line = {
+            # What was sent: records the broker acknowledged on jobs.requests, and the API's test cases.
             "inputs_sent": figures.inputs + api_cases,
+            # What was answered: each record by its own answer (figures.answered), each API case with a
+            # response (schemathesis' cases less those that errored before one came).
+            "inputs_answered": sum(figures.answered.values()) + api_answered,
             "jobs_requests_inputs": figures.inputs,
             "api_cases": api_cases,
             # An API case is answered as its OpenAPI promises (schemathesis' checks: no 5xx, a documented
             # status and body; what the schema refuses, a 4xx); a failed check counts under api_failures.
-            "answered": {**dict(figures.answered), "api_as_documented": api_cases - api_failures},
-            "unanswered": figures.unanswered,
+            "answered": {**dict(figures.answered), "api_as_documented": api_answered - api_failures},
+            "unanswered": figures.unanswered + api_cases - api_answered,
             "api_failures": api_failures,
             "service_restarts": figures.service_restarts + api.get("restarts", 0),
             "valid_after_granted": f"{figures.valid_after_granted}/{figures.valid_after_sent}",
@@ -798,6 +822,7 @@ async def _main(argv: list[str]) -> int:
         ok = (
             figures.unanswered == 0
             and line["unanswered"] == 0
+            and line["inputs_answered"] == line["inputs_sent"]
             and line["service_restarts"] == 0
             and figures.valid_after_granted == figures.valid_after_sent
             and api_failures == 0
@@ -839,6 +864,7 @@ def api_figures(report: dict[str, Any], code: int) -> dict[str, Any]:
     failures = {f"{f.get('code')} {f.get('title')}": f.get("count", 1) for f in report.get("failures", [])}
     return {
         "cases": int(cases.get("generated", 0)) if isinstance(cases, dict) else 0,
+        "errored": int(cases.get("errored", 0)) if isinstance(cases, dict) else 0,
         "failures": sum(failures.values()) + len(report.get("errors", [])),
         "failures_by_check": failures,
         "errors": report.get("errors", []),

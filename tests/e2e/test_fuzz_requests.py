@@ -26,3 +26,19 @@ async def test_every_fuzzed_request_is_answered_and_valid_jobs_are_granted_after
     # admissions (the schema-derived requests pinned to what the cluster can run).
     assert {"dead_letter", "rejected", "admitted"} <= set(figures.answered), summary
     assert sum(figures.answered.values()) == INPUTS, summary
+
+
+def test_inputs_sharing_an_event_id_each_need_an_answer_of_their_own() -> None:
+    """Two records a mutation left with one id, and one answer naming it: one of them is unanswered."""
+    from types import SimpleNamespace
+
+    from e2e.fuzz_requests import Sent, _Answers
+
+    sent = [Sent("a", 0, 1, "same"), Sent("b", 0, 2, "same"), Sent("c", 1, 3, None), Sent("d", 1, 4, "x")]
+    reader = SimpleNamespace(
+        letters={(1, 3): ("undecodable", "not JSON")}, by_cause={"same": [("admitted", "", "")]}
+    )
+    answers = _Answers.answers(reader, sent)  # type: ignore[arg-type]
+    assert answers == [("admitted", "", ""), None, ("dead_letter", "undecodable", "not JSON"), None]
+    reader.by_cause["same"].append(("rejected", "duplicate_event_id", "seen before"))
+    assert _Answers.answers(reader, sent)[1] == ("rejected", "duplicate_event_id", "seen before")  # type: ignore[arg-type]

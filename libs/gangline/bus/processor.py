@@ -35,10 +35,12 @@ announce the run (the restore's headers) nor make a batch count as one that publ
 
 Outputs, dead letters and offsets become visible together or not at all: downstream readers use
 ``isolation_level="read_committed"``, so a crash at any instant loses nothing and duplicates
-nothing. On a failure the transaction is aborted, the consumer is rewound to the batch's first
-offsets (the last committed ones) and the batch is retried after a short backoff. A record
-whose handler raises ``max_handler_attempts`` times is a poison message: it goes to the DLQ
-with the exception as its reason and the loop moves on. A record the handler read but refused,
+nothing. On a failure the transaction is aborted and the batch is retried after a short backoff,
+with the same records (a handler that decides once per batch decided on those:
+:meth:`Processor._until_committed`); the consumer is rewound to the batch's first offsets (the last
+committed ones) only when those retries stop without a commit. A record whose handler raises
+``max_handler_attempts`` times is a poison message: it goes to the DLQ with the exception as its
+reason and the loop moves on. A record the handler read but refused,
 as its outputs say (``refusal``: e.g. a ``node.rejected`` about it), goes to the DLQ too, with the
 handler's reason, next to those outputs.
 
@@ -513,7 +515,7 @@ class Processor:
 
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         if not self._isolate_until:
-            await self._attempt(batch)
+            await self._until_committed(batch)
             return
         # The records of a batch that kept failing go one per transaction; what follows them, together.
         pending = {tp: list(records) for tp, records in batch.items()}
@@ -544,8 +546,24 @@ class Processor:
         self._poison.clear()
         self._bare_poison.clear()
 
-    async def _attempt(self, batch: dict[TopicPartition, list[Any]]) -> bool:
-        """Handle ``batch`` in one transaction; False when it was aborted (and rewound to be read again)."""
+    async def _until_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Handle ``batch`` until its transaction commits, each retry with the same records.
+
+        A handler that decides once per batch (``flush``) has decided on these records when an attempt
+        aborts, and its state holds that decision: a retry of a different batch (a fresh poll may hold more
+        records, or fewer) would publish a decision no replay of the committed batch makes. So the
+        records polled are retried as they are, and only when the retries stop without a commit (a stop
+        is requested, or the batch keeps failing and its records go one per transaction) is the consumer
+        rewound for a fresh poll to read them again.
+        """
+        while not await self._attempt(batch, rewind=False):
+            if self._stop.is_set() or self._isolate_until:
+                self._rewind(batch)
+                return
+
+    async def _attempt(self, batch: dict[TopicPartition, list[Any]], *, rewind: bool = True) -> bool:
+        """Handle ``batch`` in one transaction; False when it was aborted (and, with ``rewind``, rewound to
+        be read again)."""
         self._batch_attempt += 1
         try:
             await self._transact(batch)
@@ -563,9 +581,10 @@ class Processor:
                 await self._abort()
             if self._snapshot_sent and self._snapshots is not None:
                 self._snapshots.aborted(error)
-            self._rewind(batch)
+            if rewind:
+                self._rewind(batch)
             log.warning(
-                "batch aborted, retrying from the last committed offsets: %s",
+                "batch aborted, retrying it: %s",
                 error,
                 exc_info=not isinstance(error, _HandlerFailed),
             )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
 from gangline.core.model import Allocation, Job
@@ -93,6 +93,8 @@ FOLDED_EVENTS = (
 
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 """Release reasons after which the job is over."""
+FailureKind = Literal["node_failed", "gpu_failed"]
+"""What failed under an allocation (a requeue's reason)."""
 
 
 @dataclass
@@ -529,6 +531,16 @@ class ClusterFold:
         """Whether ``node`` failed since its latest registration (whatever order the two were read in)."""
         failed = self.failed_at.get(node)
         return failed is not None and failed >= self.registered_at.get(node, failed)
+
+    def failure_under(self, granted: AllocationGranted) -> FailureKind | None:
+        """What failed under ``granted``, as a requeue names it: a node it has a rank on (``node_failed``),
+        else a GPU it holds (``gpu_failed``), each since the node's latest registration; None when sound."""
+        nodes = {p.node for p in granted.placements}
+        if any(self.node_failed(n) for n in sorted(nodes)):
+            return "node_failed"
+        if any(set(p.gpus) & self.failed_gpus.get(p.node, set()) for p in granted.placements):
+            return "gpu_failed"
+        return None
 
     def snapshot(self) -> Snapshot:
         if self._snapshot is None:

@@ -92,9 +92,12 @@ class Summary:
     requeued: int = 0
     waiting: int = 0
     after_final: int = 0
-    """Lifecycle events written about a job after it completed or failed (a preemption racing the end)."""
+    """Lifecycle events written about a job after it completed or failed: a preemption decided before its
+    decider read the end (``job.preempting``; ``job.preempted`` and ``job.requeued`` of a victim whose
+    checkpoint was read in a batch before its completion)."""
     released_again: int = 0
-    """Releases of an allocation already released (preemption's and placement's racing one end)."""
+    """Releases of an allocation already released: two writers racing one end (placement's for the
+    victim's completion, preemption's for its checkpoint; node_health's for a failure)."""
     problems: list[Problem] = field(default_factory=list)
     recovery: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)

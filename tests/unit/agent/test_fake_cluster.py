@@ -108,6 +108,27 @@ async def test_a_redelivered_grant_is_started_once() -> None:
     assert [type(e) for e in nodes.events()] == [JobStarted]
 
 
+async def test_a_grant_read_again_after_its_job_ended_here_starts_nothing() -> None:
+    """The chaos run's case: after a long broker outage the nodes' consumer group lost its offsets and
+    read old grants again; a job that completed here, or was released, does not start again."""
+    nodes = cluster()
+    nodes.on_event(admitted("done"))
+    nodes.on_event(granted("done"))
+    nodes.on_event(admitted("stopped", duration_s=None))
+    nodes.on_event(granted("stopped", gpu="gpu1"))
+    await nodes.flush()
+    await until(lambda: nodes.stats.completed == 1)
+    release = AllocationReleased(
+        job_id=JobId("stopped"), allocation_id=AllocationId("stopped.1"), reason="preempted"
+    )
+    nodes.on_event(envelope(release, "released-stopped"))
+    for job, gpu in (("done", "gpu0"), ("stopped", "gpu1")):
+        nodes.on_event(granted(job, gpu=gpu))
+    await nodes.flush()
+    assert [type(e) for e in nodes.events()].count(JobStarted) == 2
+    assert nodes.running_allocations() == []
+
+
 async def test_a_job_completes_after_its_start_and_leaves_the_release_to_placement() -> None:
     nodes = cluster()
     nodes.on_event(admitted("j"))

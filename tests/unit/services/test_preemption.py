@@ -30,7 +30,7 @@ from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState
 from services.placement.handlers import decide as place
-from services.preemption.handlers import Mirror, PreemptionState, decide
+from services.preemption.handlers import Mirror, PreemptionState, decide, end_batch, fold_event
 
 TOPICS = TopicNames()
 H100 = "H100-SXM5-80GB"
@@ -332,3 +332,37 @@ def test_a_victim_that_completes_before_it_is_released_is_not_released_preempted
     )
     out = decide(env(released, at=3), preemption, now=T0 + timedelta(seconds=3))
     assert [e.data for _, e in out if isinstance(e.data, JobPreempting | AllocationReleased)] == []
+
+
+def test_a_victim_whose_checkpoint_and_completion_come_in_one_batch_is_left_to_placement() -> None:
+    """The chaos run's case: the agent checkpoints a victim and then reports it completed (it finished in
+    its grace); preemption reads both in one poll. It finishes victims at the batch's end, so the end
+    wins: no release as preempted (placement releases it completed), nothing after the job's end."""
+    placement, preemption = setup()
+    run_job(
+        placement, preemption, admitted("cheap", gpus_per_worker=8, preemptible=True, checkpoint_grace_s=5)
+    )
+    run_job(placement, preemption, admitted("urgent", gpus_per_worker=8, priority=5))
+    [(_, asking)] = decide(pending("urgent"), preemption, now=T0)
+    assert isinstance(asking.data, JobPreempting)
+    ack = JobCheckpointed(
+        job_id=JobId("cheap"), allocation_id=AllocationId("cheap.1"), node=NodeId("a-0"), checkpoint="c"
+    )
+    completed = JobCompleted(job_id=JobId("cheap"), allocation_id=AllocationId("cheap.1"))
+    now = T0 + timedelta(seconds=2)
+    batch = [env(ack, at=1), env(completed, at=1)]
+    out = [o for envelope in batch for o in fold_event(envelope, preemption, now=now)]
+    out += end_batch(preemption, now=now)
+    assert out == []
+    # Checkpointed alone in its batch, a victim is finished at that batch's end.
+    placement, preemption = setup()
+    run_job(
+        placement, preemption, admitted("cheap", gpus_per_worker=8, preemptible=True, checkpoint_grace_s=5)
+    )
+    run_job(placement, preemption, admitted("urgent", gpus_per_worker=8, priority=5))
+    decide(pending("urgent"), preemption, now=T0)
+    assert fold_event(env(ack, at=1), preemption, now=now) == []
+    finished = end_batch(preemption, now=now)
+    assert [type(e.data) for _, e in finished] == [AllocationReleased, JobPreempted, JobRequeued]
+    [preempted] = [e.data for _, e in finished if isinstance(e.data, JobPreempted)]
+    assert preempted.checkpointed
