@@ -104,6 +104,7 @@ from gangline.events.jobs import (
     PendingReason,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
+from gangline.events.queues import QuotaTicked
 from gangline.events.types import JobId, NodeId, QueueName
 from gangline.fold.adapter import node_offer, worker_ask
 from gangline.fold.cluster import ClusterFold, JobRecord
@@ -600,6 +601,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
     if isinstance(data, NODE_EVENT_TYPES):
         reconsidered = _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
         return reconsidered + queue_statuses(state, envelope, now)
+    if isinstance(data, QuotaTicked):
+        return queue_statuses(state, envelope, now)  # the clock: what the throttle held back is due now
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
     if isinstance(data, JobAdmitted | JobRequeued):

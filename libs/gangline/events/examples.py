@@ -229,6 +229,7 @@ def example_events() -> list[Event]:
             drain_grace_s=600,
         ),
         nodes.NodeUncordoned(node="dgx-a02", reason="firmware updated", requested_by="sre-oncall"),
+        queues.QuotaTicked(cohort="research"),
     ]
 
 

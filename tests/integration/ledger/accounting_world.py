@@ -25,6 +25,8 @@ from services.ledger.store import project_batch
 
 T0 = datetime(2026, 11, 30, 20, 0, tzinfo=UTC)
 NODES = {"h0": ("H100-SXM5-80GB", 8), "h1": ("H100-SXM5-80GB", 8), "a0": ("A100-SXM4-40GB", 4)}
+
+
 def _envelope(data: Event, n: int, time: datetime) -> Envelope:
     return make_envelope(data, event_id=f"acct-{n}", source="tests/accounting", time=time)
 
@@ -155,7 +157,7 @@ async def _main(dsn: str) -> None:
         await fill(pool, world())
     finally:
         await pool.close()
-    print(f"filled; the README's example queries on it: python tests/integration/ledger/readme_examples.py {dsn}")
+    print(f"filled; the README's queries on it: python tests/integration/ledger/readme_examples.py {dsn}")
 
 
 if __name__ == "__main__":
