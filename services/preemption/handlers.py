@@ -153,7 +153,8 @@ class PreemptionState:
     )
     """What folding the log fills (services.common.snapshots): not ``pending`` (placement's pending
     reasons seen live since the last plan), the settings, nor the planner built from them."""
-    SNAPSHOT_VERSION: ClassVar[int] = 1
+    SNAPSHOT_VERSION: ClassVar[int] = 2
+    """2: the fold's retired jobs packed (gangline.fold.retired)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: plan for the held jobs, as after a restore from the log (which

@@ -333,7 +333,8 @@ class QuotaState:
     caches start empty on load); not what is worked out from the saved fields (the ledger,
     whose figures are keyed by the queue tree's nodes in memory, and the inventory's hardware counts:
     :meth:`snapshot_loaded` rebuilds them) nor the per-job caches."""
-    SNAPSHOT_VERSION: ClassVar[int] = 1
+    SNAPSHOT_VERSION: ClassVar[int] = 2
+    """2: the fold's retired jobs packed (gangline.fold.retired)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: the ledger is the sum of the jobs' charges and the hardware the
