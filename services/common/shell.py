@@ -187,13 +187,19 @@ async def read_to_end(
             read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
         for topic in topics:
             tps = [TopicPartition(topic, p) for p in layout[topic]]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
             begin = {tp: (start or {}).get((tp.topic, tp.partition)) for tp in tps}
-            for tp, offset in begin.items():
+            remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
+            if not remaining:
+                continue  # read to its end already (a snapshot covers it, or it is empty): no request
+            consumer.assign(sorted(remaining))
+            # Only a partition read from its beginning asks the broker where that is (one request).
+            fresh = [tp for tp in remaining if begin[tp] is None]
+            if fresh:
+                await consumer.seek_to_beginning(*fresh)
+            for tp in remaining:
+                offset = begin[tp]
                 if offset is not None:
                     consumer.seek(tp, offset)
-            remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
                 for tp, records in batch.items():
