@@ -56,7 +56,7 @@ from gangline.bus import (
     Select,
 )
 from gangline.bus.consumer import decode_or_dead_letter
-from gangline.bus.processor import InputRecording
+from gangline.bus.processor import InputRecording, transactional_producer
 from gangline.bus.records import DeadLetter
 from gangline.bus.security import client_options
 from gangline.events.base import Envelope
@@ -133,16 +133,16 @@ class Replayed:
         return outputs
 
 
-async def fence(settings: ProcessorSettings) -> None:
-    """Abort whatever transaction an earlier incarnation of this replica left open."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
-        **client_options(),
-        transactional_id=settings.transactional_id,
-        enable_idempotence=True,
-    )
-    await producer.start()
-    await producer.stop()
+async def fence(settings: ProcessorSettings) -> AIOKafkaProducer:
+    """Abort whatever transaction an earlier incarnation of this replica left open: start the processor's
+    transactional producer, which the processor then uses (one producer start fewer before it runs)."""
+    producer = transactional_producer(settings)
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()
+        raise
+    return producer
 
 
 async def read_to_end(
@@ -367,7 +367,46 @@ async def _restore_and_process(
 ) -> None:
     if metrics is not None:
         metrics.phase = "restoring"
-    await fence(settings)
+    producer = await fence(settings)
+    try:
+        processor = await _restore(
+            settings,
+            state,
+            decide,
+            restore_topics,
+            dead_letter_outputs,
+            select,
+            restore_select,
+            record_inputs,
+            state_started,
+            refusal,
+            snapshots,
+            producer,
+        )
+    except BaseException:
+        await producer.stop()
+        raise
+    if metrics is not None:
+        metrics.watch(processor)
+        metrics.phase = "processing"
+    await processor.run()
+
+
+async def _restore(
+    settings: ProcessorSettings,
+    state: Restorable,
+    decide: Replayed,
+    restore_topics: Sequence[str],
+    dead_letter_outputs: DeadLetterOutputs | None,
+    select: Select | None,
+    restore_select: Select | None,
+    record_inputs: bool,
+    state_started: datetime | None,
+    refusal: Refusal | None,
+    snapshots: StateSnapshots | None,
+    producer: AIOKafkaProducer,
+) -> Processor:
+    """Restore ``state`` (the predecessor fenced by ``producer``), and the processor to run on it."""
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
     start = await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
@@ -393,7 +432,7 @@ async def _restore_and_process(
     settle_garbage_collector()
     # One id per run: a replay sees where the state was rebuilt from the log.
     inputs = InputRecording(uuid.uuid4().hex, restored, state_started) if record_inputs else None
-    processor = Processor(
+    return Processor(
         settings,
         decide,
         dead_letter_outputs=dead_letter_outputs,
@@ -403,8 +442,5 @@ async def _restore_and_process(
         refusal=refusal,
         snapshots=snapshots,
         chain_resume=snapshots.chain if snapshots is not None else None,
+        producer=producer,
     )
-    if metrics is not None:
-        metrics.watch(processor)
-        metrics.phase = "processing"
-    await processor.run()

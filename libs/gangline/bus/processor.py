@@ -238,6 +238,21 @@ class _HandlerFailed(Exception):
     """A handler raised; the batch is aborted and retried (counted against the record)."""
 
 
+def transactional_producer(settings: ProcessorSettings) -> AIOKafkaProducer:
+    """The processor's producer under ``settings``, not started (starting it fences every earlier producer
+    of its transactional id, aborting what one left open)."""
+    return AIOKafkaProducer(
+        **client_options(settings.security),
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=f"{settings.service}-{settings.instance_id}",
+        transactional_id=settings.transactional_id,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+        request_timeout_ms=settings.request_timeout_ms,
+        retry_backoff_ms=settings.producer_retry_backoff_ms,
+        enable_idempotence=True,
+    )
+
+
 class Processor:
     """Runs ``handler`` over the input topics, exactly once per committed record."""
 
@@ -256,7 +271,11 @@ class Processor:
         refusal: Refusal | None = None,
         snapshots: SnapshotWriter | None = None,
         chain_resume: ChainResume | None = None,
+        producer: AIOKafkaProducer | None = None,
     ) -> None:
+        """``producer``: a :func:`transactional_producer` of these settings, started already (the one
+        that fenced the predecessor before a restore): used instead of starting another; the processor
+        stops it."""
         if snapshots is not None and inputs is None:
             raise ValueError("snapshots name the input positions they cover: they need input recording")
         self._settings = settings
@@ -307,6 +326,7 @@ class Processor:
         self._in_transaction = False
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._started_producer = producer
         self._chain = (
             ChainStamper(
                 settings.bootstrap_servers,
@@ -384,16 +404,8 @@ class Processor:
 
     async def _start(self) -> None:
         settings = self._settings
-        producer = AIOKafkaProducer(
-            **client_options(settings.security),
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id=f"{settings.service}-{settings.instance_id}",
-            transactional_id=settings.transactional_id,
-            transaction_timeout_ms=settings.transaction_timeout_ms,
-            request_timeout_ms=settings.request_timeout_ms,
-            retry_backoff_ms=settings.producer_retry_backoff_ms,
-            enable_idempotence=True,
-        )
+        given, self._started_producer = self._started_producer, None
+        producer = given if given is not None else transactional_producer(settings)
         consumer = AIOKafkaConsumer(
             **client_options(settings.security),
             bootstrap_servers=settings.bootstrap_servers,
@@ -408,11 +420,12 @@ class Processor:
             request_timeout_ms=settings.request_timeout_ms,
         )
         # Producer first: InitProducerId fences a previous incarnation before we read anything.
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
+        if given is None:
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
         self._producer = producer
         self._joining = consumer  # the first assignment may come before start() returns
         if settings.group_membership:
