@@ -275,7 +275,7 @@ async def restore_and_process(
             }
         )
 
-    def restore_and_process() -> Coroutine[Any, Any, None]:
+    def restore_and_process(warm: WarmStandby | None = None) -> Coroutine[Any, Any, None]:
         return _restore_and_process(
             settings,
             state,
@@ -289,6 +289,7 @@ async def restore_and_process(
             refusal,
             metrics,
             snapshots,
+            warm,
         )
 
     if lock_topic is None:
@@ -303,9 +304,20 @@ async def restore_and_process(
         member=settings.instance_id,
         session_timeout_ms=settings.lock_session_timeout_ms,
     )
+    # With snapshots, a state restored ahead of the lock (a snapshot and the log after it) is one a restart
+    # could load: the standby keeps it read up to the log's end, and the leader it becomes reads only what
+    # came after (WarmStandby). Without, the fold may depend on reading the log in one pass: cold.
+    warm = (
+        WarmStandby(settings, state, restore_topics, restore_select or select, snapshots)
+        if snapshots
+        else None
+    )
+    warming = asyncio.create_task(warm.run()) if warm is not None else None
     try:
         await leadership.acquire()
-        work = asyncio.create_task(restore_and_process())
+        if warm is not None and warming is not None:
+            await warm.finish(warming)
+        work = asyncio.create_task(restore_and_process(warm))
         lost = asyncio.create_task(leadership.lost.wait())
         try:
             done, _ = await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -319,7 +331,77 @@ async def restore_and_process(
             raise LeadershipLost(f"{settings.service} {settings.instance_id} lost the leadership; exiting")
         work.result()
     finally:
+        if warming is not None and not warming.done():
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warming
         await leadership.release()
+
+
+WARM_REFRESH_S = 1.0
+"""How often a warm standby reads what the leader's log gained since its last pass."""
+
+
+class WarmStandby:
+    """A standby's state, restored while it waits for the lock: the latest snapshot loaded, then the log
+    read to its end again every ``WARM_REFRESH_S``. Taking over, the leader fences its predecessor and
+    reads only the log after :attr:`positions`, exactly as a restart reads the tail after a snapshot's
+    positions (so this is offered only to states that snapshot: their fold of a snapshot and the tail is
+    the fold of the whole log)."""
+
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        state: Restorable,
+        topics: Sequence[str],
+        select: Select | None,
+        snapshots: StateSnapshots,
+    ) -> None:
+        self._settings, self._state, self._topics, self._select = settings, state, topics, select
+        self._snapshots = snapshots
+        self._stopping = asyncio.Event()
+        self._failed: BaseException | None = None
+        self.positions: dict[tuple[str, int], int] = {}
+        """Where the state has read each partition of the restore topics up to."""
+        self.events = 0
+        """Events folded since the snapshot (for when the next one is due)."""
+
+    async def run(self) -> None:
+        """Load the snapshot, then pass over the log's new end until :meth:`finish` (each pass whole)."""
+        settings = self._settings
+        try:
+            self.positions = await self._snapshots.load(
+                settings.bootstrap_servers, security=settings.security
+            )
+            while True:
+                reached: dict[tuple[str, int], int] = {}
+                self.events += await read_to_end(
+                    settings.bootstrap_servers,
+                    self._topics,
+                    self._state.restore,
+                    service=settings.service,
+                    select=self._select,
+                    read_up_to=reached,
+                    start=self.positions,
+                )
+                self.positions = reached
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), WARM_REFRESH_S)
+                if self._stopping.is_set():
+                    return
+        except Exception as error:  # a pass cut short leaves the state ahead of its positions
+            self._failed = error
+            log.warning("the standby's warm state is unusable: %r", error)
+
+    async def finish(self, task: asyncio.Task[None]) -> None:
+        """Stop after the pass in hand; raises when the state cannot be used (the process then starts
+        again, cold)."""
+        self._stopping.set()
+        await task
+        if self._failed is not None:
+            raise RuntimeError(
+                "the standby's warm state is unusable; exiting to start cold"
+            ) from self._failed
 
 
 RESTORE_FETCH_WAIT_MS = 20
@@ -364,6 +446,7 @@ async def _restore_and_process(
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
+    warm: WarmStandby | None = None,
 ) -> None:
     if metrics is not None:
         metrics.phase = "restoring"
@@ -382,6 +465,7 @@ async def _restore_and_process(
             refusal,
             snapshots,
             producer,
+            warm,
         )
     except BaseException:
         await producer.stop()
@@ -405,12 +489,20 @@ async def _restore(
     refusal: Refusal | None,
     snapshots: StateSnapshots | None,
     producer: AIOKafkaProducer,
+    warm: WarmStandby | None = None,
 ) -> Processor:
-    """Restore ``state`` (the predecessor fenced by ``producer``), and the processor to run on it."""
+    """Restore ``state`` (the predecessor fenced by ``producer``), and the processor to run on it. A
+    ``warm`` state (restored while standing by) only reads the log after where it got to."""
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
-    start = await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
-    events = await read_to_end(
+    if warm is not None:
+        start, before = warm.positions, warm.events
+    else:
+        start = (
+            await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
+        )
+        before = 0
+    events = before + await read_to_end(
         settings.bootstrap_servers,
         restore_topics,
         state.restore,
@@ -427,6 +519,7 @@ async def _restore(
             "events": events,
             "seconds": round(time.perf_counter() - started, 3),
             "snapshot": snapshots.loaded if snapshots is not None else None,
+            "warm": warm is not None,
         },
     )
     settle_garbage_collector()
