@@ -56,7 +56,7 @@ from gangline.bus import (
     Select,
 )
 from gangline.bus.consumer import decode_or_dead_letter
-from gangline.bus.processor import InputRecording
+from gangline.bus.processor import InputRecording, transactional_producer
 from gangline.bus.records import DeadLetter
 from gangline.bus.security import client_options
 from gangline.events.base import Envelope
@@ -133,16 +133,16 @@ class Replayed:
         return outputs
 
 
-async def fence(settings: ProcessorSettings) -> None:
-    """Abort whatever transaction an earlier incarnation of this replica left open."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
-        **client_options(),
-        transactional_id=settings.transactional_id,
-        enable_idempotence=True,
-    )
-    await producer.start()
-    await producer.stop()
+async def fence(settings: ProcessorSettings) -> AIOKafkaProducer:
+    """Abort whatever transaction an earlier incarnation of this replica left open: start the processor's
+    transactional producer, which the processor then uses (one producer start fewer before it runs)."""
+    producer = transactional_producer(settings)
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()
+        raise
+    return producer
 
 
 async def read_to_end(
@@ -187,13 +187,19 @@ async def read_to_end(
             read_up_to.update({(tp.topic, tp.partition): offset for tp, offset in ends.items()})
         for topic in topics:
             tps = [TopicPartition(topic, p) for p in layout[topic]]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
             begin = {tp: (start or {}).get((tp.topic, tp.partition)) for tp in tps}
-            for tp, offset in begin.items():
+            remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
+            if not remaining:
+                continue  # read to its end already (a snapshot covers it, or it is empty): no request
+            consumer.assign(sorted(remaining))
+            # Only a partition read from its beginning asks the broker where that is (one request).
+            fresh = [tp for tp in remaining if begin[tp] is None]
+            if fresh:
+                await consumer.seek_to_beginning(*fresh)
+            for tp in remaining:
+                offset = begin[tp]
                 if offset is not None:
                     consumer.seek(tp, offset)
-            remaining = {tp for tp in tps if ends[tp] > (begin[tp] or 0)}
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500, max_records=5000)
                 for tp, records in batch.items():
@@ -269,7 +275,7 @@ async def restore_and_process(
             }
         )
 
-    def restore_and_process() -> Coroutine[Any, Any, None]:
+    def restore_and_process(warm: WarmStandby | None = None) -> Coroutine[Any, Any, None]:
         return _restore_and_process(
             settings,
             state,
@@ -283,6 +289,7 @@ async def restore_and_process(
             refusal,
             metrics,
             snapshots,
+            warm,
         )
 
     if lock_topic is None:
@@ -297,9 +304,20 @@ async def restore_and_process(
         member=settings.instance_id,
         session_timeout_ms=settings.lock_session_timeout_ms,
     )
+    # With snapshots, a state restored ahead of the lock (a snapshot and the log after it) is one a restart
+    # could load: the standby keeps it read up to the log's end, and the leader it becomes reads only what
+    # came after (WarmStandby). Without, the fold may depend on reading the log in one pass: cold.
+    warm = (
+        WarmStandby(settings, state, restore_topics, restore_select or select, snapshots)
+        if snapshots
+        else None
+    )
+    warming = asyncio.create_task(warm.run()) if warm is not None else None
     try:
         await leadership.acquire()
-        work = asyncio.create_task(restore_and_process())
+        if warm is not None and warming is not None:
+            await warm.finish(warming)
+        work = asyncio.create_task(restore_and_process(warm))
         lost = asyncio.create_task(leadership.lost.wait())
         try:
             done, _ = await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -313,7 +331,77 @@ async def restore_and_process(
             raise LeadershipLost(f"{settings.service} {settings.instance_id} lost the leadership; exiting")
         work.result()
     finally:
+        if warming is not None and not warming.done():
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warming
         await leadership.release()
+
+
+WARM_REFRESH_S = 1.0
+"""How often a warm standby reads what the leader's log gained since its last pass."""
+
+
+class WarmStandby:
+    """A standby's state, restored while it waits for the lock: the latest snapshot loaded, then the log
+    read to its end again every ``WARM_REFRESH_S``. Taking over, the leader fences its predecessor and
+    reads only the log after :attr:`positions`, exactly as a restart reads the tail after a snapshot's
+    positions (so this is offered only to states that snapshot: their fold of a snapshot and the tail is
+    the fold of the whole log)."""
+
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        state: Restorable,
+        topics: Sequence[str],
+        select: Select | None,
+        snapshots: StateSnapshots,
+    ) -> None:
+        self._settings, self._state, self._topics, self._select = settings, state, topics, select
+        self._snapshots = snapshots
+        self._stopping = asyncio.Event()
+        self._failed: BaseException | None = None
+        self.positions: dict[tuple[str, int], int] = {}
+        """Where the state has read each partition of the restore topics up to."""
+        self.events = 0
+        """Events folded since the snapshot (for when the next one is due)."""
+
+    async def run(self) -> None:
+        """Load the snapshot, then pass over the log's new end until :meth:`finish` (each pass whole)."""
+        settings = self._settings
+        try:
+            self.positions = await self._snapshots.load(
+                settings.bootstrap_servers, security=settings.security
+            )
+            while True:
+                reached: dict[tuple[str, int], int] = {}
+                self.events += await read_to_end(
+                    settings.bootstrap_servers,
+                    self._topics,
+                    self._state.restore,
+                    service=settings.service,
+                    select=self._select,
+                    read_up_to=reached,
+                    start=self.positions,
+                )
+                self.positions = reached
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), WARM_REFRESH_S)
+                if self._stopping.is_set():
+                    return
+        except Exception as error:  # a pass cut short leaves the state ahead of its positions
+            self._failed = error
+            log.warning("the standby's warm state is unusable: %r", error)
+
+    async def finish(self, task: asyncio.Task[None]) -> None:
+        """Stop after the pass in hand; raises when the state cannot be used (the process then starts
+        again, cold)."""
+        self._stopping.set()
+        await task
+        if self._failed is not None:
+            raise RuntimeError(
+                "the standby's warm state is unusable; exiting to start cold"
+            ) from self._failed
 
 
 RESTORE_FETCH_WAIT_MS = 20
@@ -358,14 +446,63 @@ async def _restore_and_process(
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
+    warm: WarmStandby | None = None,
 ) -> None:
     if metrics is not None:
         metrics.phase = "restoring"
-    await fence(settings)
+    producer = await fence(settings)
+    try:
+        processor = await _restore(
+            settings,
+            state,
+            decide,
+            restore_topics,
+            dead_letter_outputs,
+            select,
+            restore_select,
+            record_inputs,
+            state_started,
+            refusal,
+            snapshots,
+            producer,
+            warm,
+        )
+    except BaseException:
+        await producer.stop()
+        raise
+    if metrics is not None:
+        metrics.watch(processor)
+        metrics.phase = "processing"
+    await processor.run()
+
+
+async def _restore(
+    settings: ProcessorSettings,
+    state: Restorable,
+    decide: Replayed,
+    restore_topics: Sequence[str],
+    dead_letter_outputs: DeadLetterOutputs | None,
+    select: Select | None,
+    restore_select: Select | None,
+    record_inputs: bool,
+    state_started: datetime | None,
+    refusal: Refusal | None,
+    snapshots: StateSnapshots | None,
+    producer: AIOKafkaProducer,
+    warm: WarmStandby | None = None,
+) -> Processor:
+    """Restore ``state`` (the predecessor fenced by ``producer``), and the processor to run on it. A
+    ``warm`` state (restored while standing by) only reads the log after where it got to."""
     started = time.perf_counter()
     restored: dict[tuple[str, int], int] = {}
-    start = await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
-    events = await read_to_end(
+    if warm is not None:
+        start, before = warm.positions, warm.events
+    else:
+        start = (
+            await snapshots.load(settings.bootstrap_servers, security=settings.security) if snapshots else {}
+        )
+        before = 0
+    events = before + await read_to_end(
         settings.bootstrap_servers,
         restore_topics,
         state.restore,
@@ -382,12 +519,13 @@ async def _restore_and_process(
             "events": events,
             "seconds": round(time.perf_counter() - started, 3),
             "snapshot": snapshots.loaded if snapshots is not None else None,
+            "warm": warm is not None,
         },
     )
     settle_garbage_collector()
     # One id per run: a replay sees where the state was rebuilt from the log.
     inputs = InputRecording(uuid.uuid4().hex, restored, state_started) if record_inputs else None
-    processor = Processor(
+    return Processor(
         settings,
         decide,
         dead_letter_outputs=dead_letter_outputs,
@@ -397,8 +535,5 @@ async def _restore_and_process(
         refusal=refusal,
         snapshots=snapshots,
         chain_resume=snapshots.chain if snapshots is not None else None,
+        producer=producer,
     )
-    if metrics is not None:
-        metrics.watch(processor)
-        metrics.phase = "processing"
-    await processor.run()

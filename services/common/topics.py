@@ -9,7 +9,8 @@ from gangline.bus.admin import TopicSpec
 
 
 class TopicNames(BaseModel):
-    """The eight public topic names, each ``prefix + <catalogue name>`` (prefix "" in production)."""
+    """The eight public topic names and quota's ticks, each ``prefix + <catalogue name>`` (prefix "" in
+    production)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -49,6 +50,10 @@ class TopicNames(BaseModel):
     @property
     def queue_status(self) -> str:
         return self._name(catalogue.QUEUES_STATUS)
+
+    @property
+    def quota_ticks(self) -> str:
+        return self._name(catalogue.QUOTA_TICKS)
 
     def snapshots(self, service: str) -> str:
         """The compacted topic ``service`` writes snapshots of its state to (``<service>.snapshots``)."""

@@ -133,7 +133,8 @@ class NodeHealthState:
     registrations: the restore reads no heartbeats, and silence is counted from the run's start), nor
     ``last_check`` (a decision's), nor the settings (``silence``, ``check_every``, ``started``,
     ``max_lag``, the drain policy). :meth:`snapshot_loaded` sets ``last_seen`` as a restore does."""
-    SNAPSHOT_VERSION: ClassVar[int] = 2  # 2: the lifecycle fold keeps elastic resizes
+    SNAPSHOT_VERSION: ClassVar[int] = 3
+    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: every registered node was last seen at its latest registration or

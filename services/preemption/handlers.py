@@ -165,7 +165,8 @@ class PreemptionState:
     """What folding the log fills (services.common.snapshots): not ``pending`` (placement's pending
     reasons seen live since the last plan) nor ``checkpointed`` (this batch's, finished at its end), the
     settings, nor the planner built from them."""
-    SNAPSHOT_VERSION: ClassVar[int] = 2  # 2: the lifecycle fold keeps elastic resizes
+    SNAPSHOT_VERSION: ClassVar[int] = 3
+    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: plan for the held jobs, as after a restore from the log (which

@@ -105,6 +105,7 @@ from gangline.events.jobs import (
     PendingReason,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
+from gangline.events.queues import QuotaTicked
 from gangline.events.types import JobId, NodeId, QueueName
 from gangline.fold.adapter import node_offer, worker_ask
 from gangline.fold.cluster import ClusterFold, JobRecord
@@ -333,7 +334,8 @@ class QuotaState:
     caches start empty on load); not what is worked out from the saved fields (the ledger,
     whose figures are keyed by the queue tree's nodes in memory, and the inventory's hardware counts:
     :meth:`snapshot_loaded` rebuilds them) nor the per-job caches."""
-    SNAPSHOT_VERSION: ClassVar[int] = 2  # 2: the lifecycle fold keeps elastic resizes
+    SNAPSHOT_VERSION: ClassVar[int] = 3
+    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: the ledger is the sum of the jobs' charges and the hardware the
@@ -601,6 +603,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
     if isinstance(data, NODE_EVENT_TYPES):
         reconsidered = _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
         return reconsidered + queue_statuses(state, envelope, now)
+    if isinstance(data, QuotaTicked):
+        return queue_statuses(state, envelope, now)  # the clock: what the throttle held back is due now
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
     if isinstance(data, JobAdmitted | JobRequeued):

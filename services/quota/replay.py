@@ -59,8 +59,7 @@ from services.common.replay import (
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.settings import QuotaSettings
 from services.quota.wiring import (
-    NODE_EVENTS,
-    QUOTA_EVENTS,
+    LIVE_EVENTS,
     RESTORE_EVENTS,
     input_topics,
     new_state,
@@ -107,7 +106,7 @@ class QuotaModel(ServiceModel[QuotaState]):
         # node topics is placement's to dead-letter, and a record keyed by a job retired by then is
         # skipped. Quota never sees that record, so it is no event a held-back queue status goes with.
         if self._select is None or self._select[0] is not state:
-            self._select = (state, quota_select(self.topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)))
+            self._select = (state, quota_select(self.topics, state.retired, LIVE_EVENTS))
         return self._select[1](RecordView.of(record))
 
     def restore(self, state: QuotaState, envelope: Envelope) -> None:

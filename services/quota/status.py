@@ -32,7 +32,7 @@ from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import Resource
 from gangline.events.base import Envelope, make_envelope
 from gangline.events.ids import derived_id
-from gangline.events.queues import QueueResource, QueueStatus
+from gangline.events.queues import QueueResource, QueueStatus, QuotaTicked
 from gangline.events.types import QueueName
 
 if TYPE_CHECKING:
@@ -163,6 +163,20 @@ def queue_statuses(state: QuotaState, cause: Envelope, now: datetime) -> list[Ou
             envelope = make_envelope(status, event_id=event_id, source=SOURCE, time=now)
             out.append((state.topics.queue_status, envelope))
     return out
+
+
+def held_back(state: QuotaState) -> list[str]:
+    """The trees (root cohorts) whose charged usage differs from what their queues' statuses say: a
+    publication the throttle holds back, due at the next event after the interval (none when quiet)."""
+    board = state.status
+    if board.interval_s is None:
+        return []
+    return [cohort for cohort, queues in trees(state).items() if _usage_moved(state, board, queues)]
+
+
+def tick(cohort: str, *, at: datetime, event_id: str) -> Envelope:
+    """Quota's ``quota.ticked`` for a held-back tree, stamped with the clock ``at`` (:func:`held_back`)."""
+    return make_envelope(QuotaTicked(cohort=cohort), event_id=event_id, source=SOURCE, time=at)
 
 
 def status_of(state: QuotaState, fair: FairShare, queue: Queue, cohort: str, at: datetime) -> QueueStatus:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Container, Iterable, Sequence
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gangline.bus import Outgoing, RecordMeta
+from gangline.bus import EventProducer, Outgoing, RecordMeta
 from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
 from gangline.fold.cordons import CORDON_EVENTS
@@ -23,7 +28,7 @@ from services.common.topics import TopicNames
 from services.quota import metrics as quota_metrics
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
-from services.quota.status import StatusBoard
+from services.quota.status import StatusBoard, held_back, tick
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,10 @@ QUOTA_EVENTS = (
 NODE_EVENTS = ("node.registered", "node.failed", "gpu.health_changed", *CORDON_EVENTS)
 """What the node inventory is a fold of: which GPU models can hold a job's workers at all (a cordoned
 node's GPUs cannot)."""
+TICK_EVENTS = ("quota.ticked",)
+"""Quota's own clock on quota.ticks (``tick_when_quiet``): read live only; a restore has nothing to fold."""
+LIVE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, *TICK_EVENTS)
+"""What quota decides on, live and in its replay."""
 STATUS_EVENTS = ("queue.status",)
 """Quota's own output on queues.status, read back at start: what it last published (the throttle)."""
 RESTORE_EVENTS = (*QUOTA_EVENTS, *NODE_EVENTS, "job.pending", *STATUS_EVENTS)
@@ -58,8 +67,8 @@ def node_topics(topics: TopicNames) -> tuple[str, ...]:
 
 
 def input_topics(topics: TopicNames) -> tuple[str, ...]:
-    """What quota consumes."""
-    return (*job_topics(topics), *node_topics(topics))
+    """What quota consumes: the job and node topics, and its own ticks."""
+    return (*job_topics(topics), *node_topics(topics), topics.quota_ticks)
 
 
 def output_topics(topics: TopicNames) -> tuple[str, ...]:
@@ -78,9 +87,9 @@ def quota_select(
     """Decode the ``wanted`` types; on the job topics skip retired jobs' records undecoded (most of what
     quota reads is about finished jobs or jobs of unlimited queues). The node topics are keyed by node
     and dead-lettered by placement, so quota skips what it cannot read there; so it does on queues.status
-    (keyed by queue), which only its restore reads."""
+    (keyed by queue), which only its restore reads, and on quota.ticks (keyed by cohort)."""
     kinds = dict.fromkeys(wanted, True)
-    nodes = frozenset((*node_topics(topics), topics.queue_status))
+    nodes = frozenset((*node_topics(topics), topics.queue_status, topics.quota_ticks))
     of_jobs = unless_keyed_by(retired, select_types(kinds))
     of_nodes = select_types(kinds, not_ours=nodes)
 
@@ -138,29 +147,93 @@ def state_snapshots(settings: QuotaSettings, state: QuotaState) -> StateSnapshot
     )
 
 
+@dataclass
+class Quiet:
+    """When quota last handled an input (the monotonic clock), for :func:`tick_when_quiet`."""
+
+    heard_at: float = field(default_factory=time.monotonic)
+
+    def heard(self) -> None:
+        self.heard_at = time.monotonic()
+
+    def for_s(self) -> float:
+        return time.monotonic() - self.heard_at
+
+
+async def tick_when_quiet(
+    state: QuotaState,
+    quiet: Quiet,
+    send: Callable[[str, Envelope], Awaitable[object]],
+    *,
+    interval_s: float,
+    ready: Callable[[], bool] = lambda: True,
+) -> None:
+    """Run until cancelled: whenever quota has read nothing for ``interval_s`` while a tree's status is held
+    back by the throttle (``status.held_back``), send a ``quota.ticked`` per such tree to quota.ticks (quota
+    reads it back and publishes what is due: services/quota/status.py). ``ready``: the state is restored
+    and decides (a standby's or a restoring state ticks nothing). A tick read back counts as heard, so one
+    quiet spell gives one tick per tree; a tick sent twice (a failover) publishes nothing the second time."""
+    while True:
+        await asyncio.sleep(max(interval_s - quiet.for_s(), interval_s / 10, 0.05))
+        if quiet.for_s() < interval_s or not ready():
+            continue
+        held = held_back(state)
+        for cohort in held:
+            await send(
+                state.topics.quota_ticks, tick(cohort, at=datetime.now(UTC), event_id=str(uuid.uuid4()))
+            )
+        if held:
+            quiet.heard()  # the ticks are on their way: the next check waits for them to be read
+
+
 async def main(settings: QuotaSettings) -> None:
     metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
     quota_metrics.watch(metrics, state)
     topics = state.topics
+    quiet = Quiet()
 
     def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+        quiet.heard()
         return decide(envelope, state, now=datetime.now(UTC))
 
     inputs = list(input_topics(topics))
     snapshots = state_snapshots(settings, state)
-    async with metrics.serve(settings):
-        await restore_and_process(
-            processor_settings(settings, SERVICE, inputs),
-            state,
-            handle,
-            restore_topics=list(restore_topics(topics)),
-            select=quota_select(topics, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
-            restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
-            lock_topic=topics.inventory,
-            # Outputs name the batch and positions they were decided on (replayed: services/quota/replay.py).
-            record_inputs=True,
-            metrics=metrics,
-            # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
-            snapshots=snapshots,
+    interval_s = settings.status_interval_s
+    async with (
+        metrics.serve(settings),
+        EventProducer(
+            settings.kafka_bootstrap, client_id="quota-ticks", security=settings.kafka_security
+        ) as ticks,
+    ):
+        # Nothing is held back when every change is published at once (interval 0).
+        ticking = asyncio.create_task(
+            tick_when_quiet(
+                state,
+                quiet,
+                ticks.publish,
+                interval_s=interval_s,
+                ready=lambda: metrics.phase == "processing",
+            )
+            if interval_s > 0
+            else asyncio.Event().wait()
         )
+        try:
+            await restore_and_process(
+                processor_settings(settings, SERVICE, inputs),
+                state,
+                handle,
+                restore_topics=list(restore_topics(topics)),
+                select=quota_select(topics, state.retired, LIVE_EVENTS),
+                restore_select=quota_select(topics, state.retired, RESTORE_EVENTS),
+                lock_topic=topics.inventory,
+                # Outputs name the batch and positions they were decided on (replayed: quota/replay.py).
+                record_inputs=True,
+                metrics=metrics,
+                # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
+                snapshots=snapshots,
+            )
+        finally:
+            ticking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticking

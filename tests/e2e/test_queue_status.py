@@ -3,12 +3,15 @@
 Two queues of one cohort run jobs on simulated H100 nodes (team-b borrowing team-a's idle quota); quota
 publishes each queue's status on queues.status, the ledger projects it, and the API reports it. Once
 the jobs are done, every figure the API shows for a queue is the one in quota's latest status for it.
+
+And when the cluster goes quiet with a change the throttle held back, quota's tick publishes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,11 @@ from e2e.harness import (
 from e2e.test_stories import h100_nodes
 from gangline.bus import EventProducer
 from gangline.events.allocations import AllocationReleased
-from gangline.events.queues import QueueStatus
+from gangline.events.base import make_envelope
+from gangline.events.codec import encode
+from gangline.events.jobs import JobAdmitted, JobSpec
+from gangline.events.queues import QueueStatus, QuotaTicked
+from gangline.events.types import JobId
 from services.api.app import Resources, create_app
 from services.api.auth import Authenticator, Tenant, TokenConfig
 from services.api.settings import ApiSettings
@@ -148,3 +155,53 @@ async def test_the_api_reports_quotas_latest_queue_status(
         assert item["lendable"] == {r: v.lendable for r, v in status.resources.items()}
     # Quota ran work in both: a decayed share it ordered by, not zero.
     assert statuses[team_a].dominant_share > 0 and statuses[team_b].dominant_share > 0
+
+
+async def test_a_change_the_throttle_held_back_is_published_once_the_cluster_goes_quiet(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Quota alone, fed admissions: the second comes inside the throttle's interval and nothing follows.
+    The queue's latest status must come to say what quota charges (before quota's ticks it never did:
+    the status said the first job's GPUs only), and the publication is the tick's (its time)."""
+    run = uuid.uuid4().hex[:6]
+    queue = f"team-a-{run}"
+    queues_file = tmp_path / "queues.yaml"
+    queues_file.write_text(
+        f"queues:\n  - name: {queue}\n    quotas: {{{H100}: {{nominal: 8}}}}\n", encoding="utf-8"
+    )
+
+    def admitted(job: str, gpus: int) -> tuple[str, bytes]:
+        spec = JobSpec(queue=queue, workers=1, gpus_per_worker=gpus)
+        data = JobAdmitted(job_id=JobId(job), spec=spec)
+        envelope = make_envelope(
+            data, event_id=str(uuid.uuid4()), source="test/admission", time=datetime.now(UTC)
+        )
+        return job, encode(envelope)
+
+    async with private_topics(kafka_bootstrap, "qquiet") as topics:
+        # 4 s of event time between two publications of a tree: the second admission, sent at once, is held.
+        env = service_env(kafka_bootstrap, topics, queues_file=str(queues_file), status_interval_s="4")
+        cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(1))
+        tasks = Tasks()
+        try:
+            tasks.start("fake-nodes", cluster.run())
+            await cluster.ready.wait()
+            start_pipeline(tasks, env, only=("quota",))
+            async with LogReader(kafka_bootstrap, [topics.queue_status, topics.quota_ticks]) as log:
+
+                def used() -> list[int]:
+                    return [s.resources[H100].used for s in log.of(topics.queue_status, QueueStatus)]
+
+                await send_raw(kafka_bootstrap, topics.events, [admitted("j1", 4)])
+                await log.until(lambda: used() == [4], timeout_s=60, check=tasks.check)
+                await send_raw(kafka_bootstrap, topics.events, [admitted("j2", 2)])
+                await log.until(lambda: used()[-1:] == [6], timeout_s=30, check=tasks.check)
+        finally:
+            await tasks.stop()
+
+    assert used() == [4, 6]
+    ticks = log.of(topics.quota_ticks, QuotaTicked)
+    assert [t.cohort for t in ticks] == [queue]  # a queue of no cohort is a tree of its own
+    status = log.of(topics.queue_status, QueueStatus)[-1]
+    ticked = next(e for e in log.events[topics.quota_ticks] if isinstance(e.data, QuotaTicked))
+    assert status.as_of == ticked.time  # the tick's time made it due

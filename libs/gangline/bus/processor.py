@@ -240,6 +240,21 @@ class _HandlerFailed(Exception):
     """A handler raised; the batch is aborted and retried (counted against the record)."""
 
 
+def transactional_producer(settings: ProcessorSettings) -> AIOKafkaProducer:
+    """The processor's producer under ``settings``, not started (starting it fences every earlier producer
+    of its transactional id, aborting what one left open)."""
+    return AIOKafkaProducer(
+        **client_options(settings.security),
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=f"{settings.service}-{settings.instance_id}",
+        transactional_id=settings.transactional_id,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+        request_timeout_ms=settings.request_timeout_ms,
+        retry_backoff_ms=settings.producer_retry_backoff_ms,
+        enable_idempotence=True,
+    )
+
+
 class Processor:
     """Runs ``handler`` over the input topics, exactly once per committed record."""
 
@@ -258,7 +273,11 @@ class Processor:
         refusal: Refusal | None = None,
         snapshots: SnapshotWriter | None = None,
         chain_resume: ChainResume | None = None,
+        producer: AIOKafkaProducer | None = None,
     ) -> None:
+        """``producer``: a :func:`transactional_producer` of these settings, started already (the one
+        that fenced the predecessor before a restore): used instead of starting another; the processor
+        stops it."""
         if snapshots is not None and inputs is None:
             raise ValueError("snapshots name the input positions they cover: they need input recording")
         self._settings = settings
@@ -309,6 +328,7 @@ class Processor:
         self._in_transaction = False
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._started_producer = producer
         self._chain = (
             ChainStamper(
                 settings.bootstrap_servers,
@@ -386,16 +406,8 @@ class Processor:
 
     async def _start(self) -> None:
         settings = self._settings
-        producer = AIOKafkaProducer(
-            **client_options(settings.security),
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id=f"{settings.service}-{settings.instance_id}",
-            transactional_id=settings.transactional_id,
-            transaction_timeout_ms=settings.transaction_timeout_ms,
-            request_timeout_ms=settings.request_timeout_ms,
-            retry_backoff_ms=settings.producer_retry_backoff_ms,
-            enable_idempotence=True,
-        )
+        given, self._started_producer = self._started_producer, None
+        producer = given if given is not None else transactional_producer(settings)
         consumer = AIOKafkaConsumer(
             **client_options(settings.security),
             bootstrap_servers=settings.bootstrap_servers,
@@ -410,11 +422,12 @@ class Processor:
             request_timeout_ms=settings.request_timeout_ms,
         )
         # Producer first: InitProducerId fences a previous incarnation before we read anything.
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
+        if given is None:
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
         self._producer = producer
         self._joining = consumer  # the first assignment may come before start() returns
         if settings.group_membership:
@@ -442,11 +455,11 @@ class Processor:
                 raise RuntimeError(f"input topic missing on the broker: {topic}")
             assigned += [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
-        for tp in assigned:
-            committed = await consumer.committed(tp)
-            if committed is not None:
-                consumer.seek(tp, committed)
-        await self._on_assigned(assigned)
+        committed = await self._committed_all(consumer, assigned)
+        for tp, offset in committed.items():
+            if offset is not None:
+                consumer.seek(tp, offset)
+        await self._on_assigned(assigned, committed)
 
     async def _close(self) -> None:
         producer, consumer = self._producer, self._consumer
@@ -463,7 +476,9 @@ class Processor:
                     await producer.stop()
         log.info("processor stopped", extra={"stats": vars(self.stats)})
 
-    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+    async def _on_assigned(
+        self, assigned: list[TopicPartition], committed: Mapping[TopicPartition, int | None] | None = None
+    ) -> None:
         """Resume a partition this run had handled past its committed offset where it had got to; with
         input recording, note where this run resumes each partition first assigned to it (committed).
 
@@ -473,28 +488,33 @@ class Processor:
         (as the services' shell does) would publish the outputs of already committed inputs again; so
         this run goes on after what it committed instead. Another process taking the partitions over
         starts at the committed offset with a state rebuilt from the log, and decides nothing again.
+
+        ``committed``: the group's committed offsets of ``assigned``, when the caller has read them already
+        (else they are read here, all in one request).
         """
         consumer = self._consumer or self._joining
         if consumer is None:
             return
+        if committed is None:
+            committed = await self._committed_all(consumer, assigned)
         for tp in assigned:
-            committed = await self._committed(consumer, tp)
-            if committed is not None:
-                self._group_offsets[tp] = committed
+            offset = committed.get(tp)
+            if offset is not None:
+                self._group_offsets[tp] = offset
         for tp in assigned:
             handled = self._handled.get(tp)
             if handled is not None:
-                committed = await self._committed(consumer, tp)
-                if committed is None or committed < handled:
+                offset = committed.get(tp)
+                if offset is None or offset < handled:
                     consumer.seek(tp, handled)
         if self._inputs is None:
             return
         for tp in assigned:
             key = (tp.topic, tp.partition)
             if key not in self._resumed:
-                committed = await consumer.committed(tp)
-                if committed is not None:
-                    self._resumed[key] = committed
+                offset = committed.get(tp)
+                if offset is not None:
+                    self._resumed[key] = offset
                 elif self._settings.auto_offset_reset == "earliest":
                     self._resumed[key] = 0
 
@@ -984,6 +1004,26 @@ class Processor:
             start = max(records[0].offset, committed or 0, self._handled.get(tp, 0))
             with contextlib.suppress(IllegalStateError):
                 consumer.seek(tp, start)
+
+    async def _committed_all(
+        self, consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets of ``tps``, in one request (one round trip, not one per partition);
+        None for a partition with none. Asked within a few seconds, as :meth:`_committed`; failing that,
+        partition by partition."""
+        try:
+            found = await asyncio.wait_for(
+                consumer._coordinator.fetch_committed_offsets(list(tps)),
+                min(5.0, self._settings.request_timeout_ms / 1000),
+            )
+        except (KafkaError, TimeoutError) as error:
+            log.warning("could not read the committed offsets in one request: %r", error)
+            return {tp: await self._committed(consumer, tp) for tp in tps}
+        out: dict[TopicPartition, int | None] = {}
+        for tp in tps:
+            meta = found.get(tp)
+            out[tp] = meta.offset if meta is not None and meta.offset != -1 else None
+        return out
 
     async def _committed(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
         """The group's committed offset of ``tp``; None when it cannot be had within a few seconds (asked

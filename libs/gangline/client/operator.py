@@ -246,7 +246,8 @@ def operate(action: str) -> Callable[[ApiClient, argparse.Namespace, TextIO, dat
             if action == "drain"
             else ""
         )
-        print(f"node {result['node']} {done}{grace} (event {result['event_id']})", file=out)
+        reason = f"; reason: {args.reason}" if args.output == "wide" and args.reason else ""
+        print(f"node {result['node']} {done}{grace} (event {result['event_id']}){reason}", file=out)
 
     return run
 

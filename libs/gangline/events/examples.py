@@ -240,6 +240,7 @@ def example_events() -> list[Event]:
             reason="elastic elastic-bert-7 shrinks to 1 worker(s) for waiting asr-urgent-3",
             preemptor_job_id="asr-urgent-3",
         ),
+        queues.QuotaTicked(cohort="research"),
     ]
 
 

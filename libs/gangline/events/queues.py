@@ -1,7 +1,8 @@
 """Queue events on queues.status (compacted, keyed by queue). Subject: the queue name.
 
 The quota service is the one that decides by fair share; ``queue.status`` is its figure, published so
-that nobody (the API, the CLI, a dashboard) computes another.
+that nobody (the API, the CLI, a dashboard) computes another. ``quota.ticked`` (on quota.ticks, quota's
+own) brings the clock into the log when quota has gone quiet with a status held back by its throttle.
 """
 
 from __future__ import annotations
@@ -64,4 +65,23 @@ class QueueStatus(Event):
         return self.queue
 
 
-EVENTS: list[type[Event]] = [QueueStatus]
+class QuotaTicked(Event):
+    """Quota read nothing for a throttle interval while a quota tree's status was held back by it.
+
+    Quota's throttle (services/quota/status.py) moves on event time, so with no later event a change read
+    inside the interval would never be published. Quota writes this to itself (quota.ticks) and handles it
+    like any input: its time, the clock when it was written, makes the held status due. Being in the log,
+    the publication it causes is replayed like every other decision. Subject: the tree's root cohort.
+    """
+
+    TYPE = "quota.ticked"
+    VERSION = 1
+
+    cohort: Annotated[str, Field(min_length=1, max_length=253)]
+    """The root cohort of the tree whose status was held back."""
+
+    def subject(self) -> str:
+        return self.cohort
+
+
+EVENTS: list[type[Event]] = [QueueStatus, QuotaTicked]

@@ -20,6 +20,8 @@ NODES_HEARTBEATS = "nodes.heartbeats"
 NODES_HEALTH = "nodes.health"
 NODES_OPERATOR = "nodes.operator"
 QUEUES_STATUS = "queues.status"
+QUOTA_TICKS = "quota.ticks"
+"""Quota's own clock in the log (``quota.ticked``): not a public contract, only quota reads it."""
 
 PUBLIC_TOPICS = (
     JOBS_REQUESTS,
@@ -187,6 +189,19 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         (queues.QueueStatus,),
         dead_letter_topic(QUEUES_STATUS),
         retention="compacted: the latest status per queue is all anyone reads",
+    ),
+    # Quota's clock: written by quota to itself when it went quiet with a status held back (a few records
+    # per quiet spell). Kept forever: quota's replay re-decides the statuses they made due.
+    TopicSpec(
+        QUOTA_TICKS,
+        "queue",
+        1,
+        "delete",
+        FOREVER,
+        (queues.QuotaTicked,),
+        dead_letter_topic(QUOTA_TICKS),
+        retention="kept forever: quota's replay re-decides the statuses its ticks made due (a few per quiet "
+        "spell)",
     ),
 )
 

@@ -47,7 +47,6 @@ from gangline.core.model import JobId as CoreJobId
 from gangline.core.snapshot import RunningJob, Snapshot, node_problem
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
-from gangline.events.ids import derived_id
 from gangline.events.jobs import (
     JobAdmitted,
     JobCompleted,
@@ -69,6 +68,7 @@ from gangline.events.nodes import (
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.adapter import core_allocation, core_gpu_id, core_job, core_node, core_placements
 from gangline.fold.cordons import CORDON_EVENTS, NodeCordons
+from gangline.fold.retired import RetiredJobs, allocation_id_of
 
 log = logging.getLogger(__name__)
 _NEVER = datetime.min.replace(tzinfo=UTC)
@@ -191,10 +191,7 @@ class JobRecord:
         return self.attempts_granted() < self.allowed_attempts(gated)
 
     def next_allocation_id(self) -> AllocationId:
-        candidate = f"{self.job_id}.{len(self.grants) + 1}"
-        if len(candidate) <= 128:
-            return AllocationId(candidate)
-        return AllocationId(derived_id(self.job_id, "allocation", len(self.grants) + 1))
+        return allocation_id_of(self.job_id, len(self.grants) + 1)
 
 
 @dataclass
@@ -221,7 +218,8 @@ class ClusterFold:
     """What folding the log fills, all of it: a snapshot of these, read on to the end of the log, is the
     fold of the whole log. Not the settings (``gated``, ``unlimited_queues``), what only a running service
     fills (``last_pending``), nor the caches."""
-    SNAPSHOT_VERSION: ClassVar[int] = 2
+    SNAPSHOT_VERSION: ClassVar[int] = 3
+    """2: elastic resizes kept; 3: ``retired`` packed (:class:`~gangline.fold.retired.RetiredJobs`)."""
 
     gated: bool = True
     unlimited_queues: frozenset[str] = frozenset()
@@ -237,9 +235,10 @@ class ClusterFold:
     """When each GPU's health last changed: with ``registered_at`` it makes folding these facts again,
     or in another order across topics, leave the same state."""
     jobs: dict[JobId, JobRecord] = field(default_factory=dict)
-    retired: dict[JobId, tuple[AllocationId, ...]] = field(default_factory=dict)
+    retired: RetiredJobs = field(default_factory=RetiredJobs)
     """Jobs that finished with every grant released, dropped from ``jobs`` so state stays bounded by the
-    live jobs: only their released allocation ids are kept, so a re-delivered event changes nothing."""
+    live jobs: only their released allocation ids are kept (packed), so a re-delivered event changes
+    nothing."""
     waiting: dict[JobId, JobRecord] = field(default_factory=dict)
     """Jobs that may be placed now (a cycle lines them up by :func:`gangline.core.waiting.waiting_line`)."""
     last_pending: dict[JobId, tuple[str, ...]] = field(default_factory=dict)

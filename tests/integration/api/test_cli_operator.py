@@ -388,6 +388,24 @@ async def test_cordon_drain_uncordon_are_admin_only_operator_events(
     assert held_here == {as_team.job("run")}
 
 
+def test_cordon_drain_uncordon_answer_in_every_format(
+    as_team: Ops, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = as_team.free_node
+    until(lambda: node in run_cli(capsys, "nodes")[1], lambda: run_cli(capsys, "nodes"))
+    monkeypatch.setenv("GANGLINE_TOKEN", as_team.admin_token)
+    for action, done in (("cordon", "cordoned"), ("drain", "draining"), ("uncordon", "uncordoned")):
+        code, table, err = run_cli(capsys, action, node, "--reason", "rack swap")
+        assert code == 0, err
+        assert re.fullmatch(rf"node {node} {done}.* \(event [0-9a-f-]+\)\n", table)
+        code, wide, err = run_cli(capsys, action, node, "--reason", "rack swap", "-o", "wide")
+        assert code == 0 and wide.startswith(f"node {node} {done}") and wide.endswith("; reason: rack swap\n")
+        code, out, err = run_cli(capsys, action, node, "-o", "json")
+        answer = json.loads(out)
+        assert code == 0 and (answer["node"], answer["action"]) == (node, action) and answer["event_id"]
+        assert answer["drain_grace_s"] == (600 if action == "drain" else None)
+
+
 async def test_top_redraws_the_changed_cluster_each_interval_until_its_iterations(
     as_team: Ops, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,7 +1,7 @@
 """A small cluster's day, as events the ledger projects: three nodes, two queues, jobs that cross
 midnight, a preemption, a failure, a rejection. Used by test_accounting.py, and by
-``python tests/integration/ledger/accounting_world.py DSN`` (fills that database and prints the README's
-example queries)."""
+``python tests/integration/ledger/accounting_world.py DSN`` (fills that database; readme_examples.py runs the
+README's example queries on it)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,6 @@ from services.ledger.store import project_batch
 
 T0 = datetime(2026, 11, 30, 20, 0, tzinfo=UTC)
 NODES = {"h0": ("H100-SXM5-80GB", 8), "h1": ("H100-SXM5-80GB", 8), "a0": ("A100-SXM4-40GB", 4)}
-EXAMPLE_QUERIES = (
-    "SELECT day, queue, gpu_model, round(gpu_hours::numeric, 2) AS gpu_hours, gpus,\n"
-    "       round(utilisation::numeric, 3) AS utilisation\n"
-    "FROM queue_utilisation_daily ORDER BY day, queue, gpu_model;",
-    "SELECT day, queue, gpu_model, jobs, round(p50_wait_s::numeric) AS p50_s,\n"
-    "       round(p90_wait_s::numeric) AS p90_s, round(p99_wait_s::numeric) AS p99_s\n"
-    "FROM queue_wait_percentiles_daily ORDER BY day, queue, gpu_model;",
-    "SELECT queue, final_state, count(*) AS jobs, round(sum(gpu_seconds)::numeric / 3600, 2) AS gpu_hours\n"
-    "FROM jobs WHERE final_state IS NOT NULL GROUP BY queue, final_state ORDER BY queue, final_state;",
-)
 
 
 def _envelope(data: Event, n: int, time: datetime) -> Envelope:
@@ -165,15 +155,9 @@ async def _main(dsn: str) -> None:
         async with pool.acquire() as conn:
             await migrate(conn)
         await fill(pool, world())
-        for query in EXAMPLE_QUERIES:
-            rows = await pool.fetch(query)
-            print(query)
-            print(" | ".join(rows[0].keys()) if rows else "(no rows)")
-            for r in rows:
-                print(" | ".join(str(v) for v in r.values()))
-            print()
     finally:
         await pool.close()
+    print(f"filled; the README's queries on it: python tests/integration/ledger/readme_examples.py {dsn}")
 
 
 if __name__ == "__main__":

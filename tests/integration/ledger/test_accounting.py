@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from integration.ledger.accounting_world import EXAMPLE_QUERIES, NODES, T0, _registration, fill, world
+from integration.ledger.accounting_world import NODES, T0, _registration, fill, world
+from integration.ledger.readme_examples import examples
 
 from gangline.events import allocations, jobs
 from gangline.events.base import Envelope, make_envelope
@@ -156,8 +157,8 @@ async def test_wait_percentiles_per_queue_and_model_are_those_of_the_first_waits
         assert got[key]["jobs"] == len(values)
         for q, column in ((0.5, "p50_wait_s"), (0.9, "p90_wait_s"), (0.99, "p99_wait_s")):
             assert float(got[key][column]) == pytest.approx(_percentile(values, q))
-    for query in EXAMPLE_QUERIES:  # the README's examples run as written
-        assert await pool.fetch(query)
+    for example in examples():  # the README's examples run as written (test_readme_examples.py: more)
+        assert await pool.fetch(example.query)
 
 
 async def test_0004_backfills_rows_projected_before_it(scratch: str) -> None:

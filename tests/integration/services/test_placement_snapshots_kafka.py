@@ -25,8 +25,9 @@ from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
 from gangline.events.types import JobId
 from gangline.fold.cluster import FOLDED_EVENTS
+from services.common.env import processor_settings
 from services.common.select import select_types
-from services.common.shell import read_to_end
+from services.common.shell import WarmStandby, read_to_end
 from services.common.snapshots import StateSnapshots, decode_state, encode_state
 from services.common.topics import TopicNames
 from services.placement.handlers import PlacementState, end_batch, fold_event
@@ -225,3 +226,60 @@ async def test_a_missing_snapshot_topic_means_a_full_rebuild_and_no_snapshots(
         assert await snapshots.load(kafka_bootstrap) == {}
     assert "snapshot topic unusable" in caplog.text
     assert snapshots.records({(topics.events, 0): 1}, 1_000_000, {}) == []
+
+
+async def test_a_warm_standby_keeps_its_state_read_to_the_logs_end_and_it_is_the_rebuild(
+    kafka_bootstrap: str,
+) -> None:
+    """The standby restores while it waits for the lock (no snapshot yet: the whole log), reads what the
+    log gains, and, told to finish, stops after the pass in hand: its state is the rebuild from the whole
+    log, and where it got to is the log's end (the leader it becomes reads nothing more)."""
+    async with private_topics(kafka_bootstrap) as topics:
+        settings = PlacementSettings(
+            kafka_bootstrap=kafka_bootstrap,
+            topic_prefix=topics.prefix,
+            group_prefix=f"g-{topics.prefix.rstrip('.')}",
+            instance_id="i0",
+            gated=False,
+            metrics_port=None,
+        )
+        select = select_types(dict.fromkeys(FOLDED_EVENTS, True))
+        state = new_state(settings)
+        warm = WarmStandby(
+            processor_settings(settings, SERVICE, restore_topics(topics)),
+            state,
+            restore_topics(topics),
+            select,
+            snapshots_of(state, settings, topics),
+        )
+        async with EventProducer(kafka_bootstrap) as producer:
+            for k in range(5):
+                await producer.publish(topics.events, admitted(f"j{k}", k))
+            warming = asyncio.create_task(warm.run())
+            for _ in range(300):
+                if warm.events >= 5:
+                    break
+                await asyncio.sleep(0.05)
+            assert warm.events == 5 and not warming.done()
+            for k in range(5, 8):
+                await producer.publish(topics.events, admitted(f"j{k}", k))
+            for _ in range(300):  # it keeps reading what the log gains
+                if warm.events >= 8:
+                    break
+                await asyncio.sleep(0.05)
+            await warm.finish(warming)
+            assert warm.events == 8
+            # Written after it finished (the predecessor's last transactions): the leader's tail.
+            for k in range(8, 10):
+                await producer.publish(topics.events, admitted(f"j{k}", k))
+        tail = await read_to_end(
+            kafka_bootstrap,
+            restore_topics(topics),
+            state.restore,
+            service=SERVICE,
+            select=select,
+            start=warm.positions,
+        )
+        cold, events = await rebuilt(settings, topics, snapshot=False)
+        assert (tail, events) == (2, 10)
+        assert saved(state) == saved(cold)

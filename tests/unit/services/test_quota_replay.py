@@ -4,6 +4,7 @@ batches handled in any partition order; a tampered pending reason or a dropped r
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,9 @@ from gangline.replay.log import LogRecord
 from services.quota.handlers import SOURCE, QuotaState, decide
 from services.quota.replay import replay_quota
 from services.quota.settings import QuotaSettings
+from services.quota.status import tick
 from services.quota.wiring import (
-    NODE_EVENTS,
-    QUOTA_EVENTS,
+    LIVE_EVENTS,
     RESTORE_EVENTS,
     input_topics,
     new_state,
@@ -46,7 +47,7 @@ def wiring(settings: QuotaSettings = SETTINGS) -> Wiring:
         new_state=lambda now: new_state(settings),
         restore=lambda state, envelope: state.restore(envelope),
         decide=decider,
-        select=lambda state: quota_select(TOPICS, state.retired, (*QUOTA_EVENTS, *NODE_EVENTS)),
+        select=lambda state: quota_select(TOPICS, state.retired, LIVE_EVENTS),
         restore_select=lambda state: quota_select(TOPICS, state.retired, RESTORE_EVENTS),
     )
 
@@ -174,6 +175,33 @@ def test_a_status_waits_for_an_event_quota_handles_not_one_it_skips_and_the_repl
 
     assert result.ok, [d.message for d in result.differences]
     assert result.compared == len(outputs_of(log.records, SOURCE))
+
+
+def test_a_status_quotas_tick_made_due_is_replayed_like_any_other() -> None:
+    """The cluster goes quiet with a status held back; quota's tick (in the log, on quota.ticks) makes it
+    due, and the replay re-decides it from the same records; a forged one is named."""
+    log = Log()
+    run = ServiceRun(log, wiring(STATUS_EVERY_S))
+    admit(log, "j0", 4, at=0)  # the first status
+    run.drain()
+    admit(log, "j1", 2, at=0.5)  # held back: inside the interval, and nothing follows
+    run.drain()
+    log.produce(TOPICS.quota_ticks, tick("team", at=T0 + timedelta(seconds=30), event_id="tick-1"))
+    run.drain()
+
+    statuses = [r for r in outputs_of(log.records, SOURCE) if r.type == "gangline.queue.status.v1"]
+    assert [r.envelope["data"]["resources"][H100]["used"] for r in statuses] == [4, 6]
+    assert statuses[-1].envelope["causationid"] == "tick-1"
+    result = replay_quota(log.records, STATUS_EVERY_S)
+    assert result.ok, [d.message for d in result.differences]
+    decided = [r for r in outputs_of(log.records, SOURCE) if r.topic != TOPICS.quota_ticks]  # not the tick
+    assert result.compared == len(decided) == 4
+
+    def forge(envelope: dict[str, Any]) -> None:
+        envelope["data"]["resources"][H100]["used"] = 4
+
+    forged = replay_quota(tampered(log.records, statuses[-1], forge), STATUS_EVERY_S).first
+    assert forged is not None and forged.where == statuses[-1].where
 
 
 def test_a_tampered_queue_status_is_named_with_its_field() -> None:

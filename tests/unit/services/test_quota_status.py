@@ -3,6 +3,7 @@ the queues whose figures changed, at most once per interval of event time, and t
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,10 +25,13 @@ from services.quota.status import (
     StatusBoard,
     figures_now,
     figures_of,
+    held_back,
     same_figures,
     status_of,
+    tick,
     trees,
 )
+from services.quota.wiring import Quiet, tick_when_quiet
 
 TOPICS = TopicNames(prefix="t.")
 H100 = "H100-SXM5-80GB"
@@ -116,6 +120,62 @@ def test_the_throttle_counts_event_time_and_a_held_back_change_goes_out_with_a_l
     assert set(late) == {"team-a"}  # team-b's figures are what it was last told
     assert (late["team-a"].resources[H100].used, late["team-a"].as_of) == (2, T0 + timedelta(seconds=5))
     assert statuses(feed(state, grant("a2", "team-a", at=60))) == {}  # published: nothing is due
+
+
+def test_a_change_held_back_when_the_cluster_goes_quiet_is_published_by_quotas_tick() -> None:
+    state = quota(interval_s=5.0)
+    assert statuses(feed(state, admit("a1", "team-a", 1, at=0)))["team-a"].resources[H100].used == 1
+    assert statuses(feed(state, admit("a2", "team-a", 2, at=1))) == {}  # held: 1 s after the last one
+    assert held_back(state) == ["lab"]  # and no event comes: the status says 1 while 3 are charged
+    ticked = tick("lab", at=T0 + timedelta(seconds=9), event_id="tick-1")
+    assert ticked.data.subject() == "lab" and ticked.source == SOURCE
+    late = statuses(feed(state, ticked))
+    assert (late["team-a"].resources[H100].used, late["team-a"].as_of) == (3, T0 + timedelta(seconds=9))
+    assert held_back(state) == []
+    assert statuses(feed(state, tick("lab", at=T0 + timedelta(seconds=30), event_id="tick-2"))) == {}
+
+
+def test_a_tick_inside_the_interval_publishes_nothing_yet() -> None:
+    state = quota(interval_s=5.0)
+    feed(state, admit("a1", "team-a", 1, at=0))
+    feed(state, admit("a2", "team-a", 2, at=1))
+    assert statuses(feed(state, tick("lab", at=T0 + timedelta(seconds=3), event_id="tick-1"))) == {}
+    assert held_back(state) == ["lab"]  # still due: the next quiet spell ticks again
+
+
+async def test_quota_ticks_once_per_held_back_tree_after_a_quiet_interval_and_only_when_ready() -> None:
+    state = quota(interval_s=5.0)  # of event time; the loop waits 0.05 s of quiet (live: the same setting)
+    feed(state, admit("a1", "team-a", 1, at=0))
+    feed(state, admit("s1", "solo", 1, at=0))
+    feed(state, admit("a2", "team-a", 2, at=1))  # held back: lab's status says 1 of 3
+    feed(state, admit("s2", "solo", 1, at=1))  # and solo's 1 of 2
+    sent: list[tuple[str, Envelope]] = []
+    ready = False
+
+    async def send(topic: str, envelope: Envelope) -> None:
+        sent.append((topic, envelope))
+
+    quiet = Quiet()
+    ticking = asyncio.create_task(tick_when_quiet(state, quiet, send, interval_s=0.05, ready=lambda: ready))
+    try:
+        await asyncio.sleep(0.3)
+        assert sent == []  # not restored yet (a standby, a restore under way): nothing
+        ready = True
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(sent) >= 2:
+                break
+        await asyncio.sleep(0.02)  # the ticks count as heard: no second pair before they are read
+        assert sorted(e.data.subject() for _, e in sent) == ["lab", "solo"]
+        assert {t for t, _ in sent} == {TOPICS.quota_ticks}
+        for _, envelope in sent:
+            feed(state, envelope)  # read back (its time, the clock's, is far past the interval)
+        assert held_back(state) == []
+        quiet.heard_at -= 1.0
+        await asyncio.sleep(0.2)
+        assert len(sent) == 2
+    finally:
+        ticking.cancel()
 
 
 def test_a_change_and_its_undoing_inside_the_interval_is_no_news() -> None:
