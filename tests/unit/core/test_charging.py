@@ -4,6 +4,7 @@ not, and keeps the charge until its release; held jobs go through in fair order 
 from __future__ import annotations
 
 from gangline.core.charging import QuotaCharges
+from gangline.core.fairshare import Pending
 from gangline.core.model import Job, JobId, QueueName
 from gangline.core.queues import CohortName, QueueSpec, QuotaTree, Resource, ResourceQuota
 from gangline.core.quota_gate import Flavour
@@ -12,12 +13,18 @@ GPU = Resource("H100")
 A, B = QueueName("team-a"), QueueName("team-b")
 
 
-def charges(half_life_s: float = 0.0) -> QuotaCharges:
+def charges(half_life_s: float = 0.0) -> QuotaCharges[Job]:
     lab = CohortName("lab")
     tree = QuotaTree([QueueSpec(A, {GPU: ResourceQuota(8)}, lab), QueueSpec(B, {GPU: ResourceQuota(8)}, lab)])
     return QuotaCharges(
-        tree, lambda job: [Flavour("H100", {GPU: job.workers * job.gpus_per_worker})], half_life_s=half_life_s
+        tree,
+        lambda job: ([Flavour("H100", {GPU: job.workers * job.gpus_per_worker})], ()),
+        half_life_s=half_life_s,
     )
+
+
+def arrive(c: QuotaCharges[Job], j: Job, admitted: float, at: float) -> Flavour | None:
+    return c.arrive(Pending(j.queue, j.priority, admitted, j.id, j), at)
 
 
 def job(name: str, queue: QueueName, gpus: int, workers: int = 1) -> Job:
@@ -27,10 +34,10 @@ def job(name: str, queue: QueueName, gpus: int, workers: int = 1) -> Job:
 def test_a_job_let_through_holds_its_quota_until_released_placed_or_not() -> None:
     c = charges()
     gang = job("gang", A, 8, workers=2)  # 16: all of team-a's 8 and team-b's idle 8
-    assert c.arrive(gang, 0.0, at=0.0) == Flavour("H100", {GPU: 16})
+    assert arrive(c, gang, 0.0, at=0.0) == Flavour("H100", {GPU: 16})
     assert c.ledger.usage(A, GPU) == 16
     small = job("small", B, 1)
-    assert c.arrive(small, 1.0, at=1.0) is None  # nothing placed yet, and still nothing left to charge
+    assert arrive(c, small, 1.0, at=1.0) is None  # nothing placed yet, and still nothing left to charge
     assert c.let_through("lab", at=2.0) == []
     assert c.release(JobId("gang"), at=3.0) == "lab"
     assert [j.id for j, _ in c.let_through("lab", at=3.0)] == ["small"]
@@ -40,10 +47,10 @@ def test_a_job_let_through_holds_its_quota_until_released_placed_or_not() -> Non
 def test_held_jobs_go_through_in_fair_order_when_usage_drops() -> None:
     c = charges()
     big = job("big", A, 8, workers=2)
-    assert c.arrive(big, 0.0, at=0.0) is not None
+    assert arrive(c, big, 0.0, at=0.0) is not None
     a2, b1 = job("a2", A, 4), job("b1", B, 4)
-    assert c.arrive(a2, 1.0, at=1.0) is None
-    assert c.arrive(b1, 2.0, at=2.0) is None
+    assert arrive(c, a2, 1.0, at=1.0) is None
+    assert arrive(c, b1, 2.0, at=2.0) is None
     c.release(JobId("big"), at=5.0)
     # Same priority, both shares 0: the earlier admitted first; then team-b's share is the lower one.
     through = [j.id for j, _ in c.let_through("lab", at=5.0)]
@@ -53,9 +60,9 @@ def test_held_jobs_go_through_in_fair_order_when_usage_drops() -> None:
 
 def order_after_a_hog(half_life_s: float) -> list[str]:
     c = charges(half_life_s)
-    assert c.arrive(job("hog", A, 8, workers=2), 0.0, at=0.0) is not None  # the whole cohort, 2 h
-    assert c.arrive(job("a", A, 8), 100.0, at=100.0) is None
-    assert c.arrive(job("b", B, 8), 200.0, at=200.0) is None
+    assert arrive(c, job("hog", A, 8, workers=2), 0.0, at=0.0) is not None  # the whole cohort, 2 h
+    assert arrive(c, job("a", A, 8), 100.0, at=100.0) is None
+    assert arrive(c, job("b", B, 8), 200.0, at=200.0) is None
     c.release(JobId("hog"), at=7200.0)
     return [j.id for j, _ in c.let_through("lab", at=7200.0)]
 
