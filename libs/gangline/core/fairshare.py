@@ -75,38 +75,6 @@ def advance(
     return UsageHistory(as_of=now, decayed=out)
 
 
-def backdate(
-    history: UsageHistory,
-    before: Mapping[QueueName, ResourceVector],
-    after: Mapping[QueueName, ResourceVector],
-    *,
-    since: float,
-    half_life_s: float,
-) -> UsageHistory:
-    """The history as if the allocation had changed from ``before`` to ``after`` at ``since``, not at
-    ``history.as_of`` (``since`` <= ``as_of``): a change learnt after the history moved past its time.
-
-    Equal, within rounding, to advancing to ``since`` with ``before`` and then to ``as_of`` with ``after``,
-    so the history does not depend on the order in which changes with their times were learnt.
-    """
-    if since >= history.as_of:
-        raise ValueError(f"a change at {since} is not before the history's {history.as_of}: advance instead")
-    weight = 1.0 - decay_factor(history.as_of - since, half_life_s)
-    out: dict[QueueName, dict[Resource, float]] = {q: dict(v) for q, v in history.decayed.items()}
-    for q in sorted(set(before) | set(after)):
-        old, new = before.get(q, {}), after.get(q, {})
-        vec = out.setdefault(q, {})
-        for r in sorted(set(old) | set(new)):
-            v = vec.get(r, 0.0) + (new.get(r, 0) - old.get(r, 0)) * weight
-            if v > 1e-9:
-                vec[r] = v
-            else:
-                vec.pop(r, None)
-        if not vec:
-            del out[q]
-    return UsageHistory(as_of=history.as_of, decayed=out)
-
-
 BLOCK_HALF_LIVES = 64
 """Half-lives per frame of :class:`UsageIntegral` (its sums stay small integers)."""
 _MANTISSA_BITS = 52

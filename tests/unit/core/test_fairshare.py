@@ -15,7 +15,6 @@ from gangline.core.fairshare import (
     UsageHistory,
     UsageIntegral,
     advance,
-    backdate,
     decay_factor,
     dominant_share,
     ordered,
@@ -48,35 +47,6 @@ def test_advancing_in_steps_equals_one_step() -> None:
     for t in range(1, 31):
         many = advance(many, {A: {H100: 8}}, now=t * HOUR / 10, half_life_s=HOUR)
     assert many.of(A)[H100] == pytest.approx(one.of(A)[H100])
-
-
-def test_a_change_learnt_late_and_backdated_equals_learning_it_in_time() -> None:
-    # a's 8 GPUs drop to 2 at t=1h, b starts holding 4 at t=2h; the history is wanted at t=3h.
-    start = advance(UsageHistory(as_of=0.0), {A: {H100: 8}}, now=0.5 * HOUR, half_life_s=HOUR)
-    in_time = advance(start, {A: {H100: 8}}, now=1 * HOUR, half_life_s=HOUR)
-    in_time = advance(in_time, {A: {H100: 2}}, now=2 * HOUR, half_life_s=HOUR)
-    in_time = advance(in_time, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
-    # b's start is read first (the history moves to 2h with a still at 8), a's drop at 1h after it.
-    late = advance(start, {A: {H100: 8}}, now=2 * HOUR, half_life_s=HOUR)
-    late = advance(late, {A: {H100: 8}, B: {H100: 4}}, now=2.5 * HOUR, half_life_s=HOUR)
-    late = backdate(
-        late, {A: {H100: 8}, B: {H100: 4}}, {A: {H100: 2}, B: {H100: 4}}, since=HOUR, half_life_s=HOUR
-    )
-    late = advance(late, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
-    for q in (A, B):
-        assert late.of(q)[H100] == pytest.approx(in_time.of(q)[H100], rel=1e-12)
-    # Without dating it back the history is another one.
-    clamped = advance(start, {A: {H100: 8}}, now=2 * HOUR, half_life_s=HOUR)
-    clamped = advance(clamped, {A: {H100: 8}, B: {H100: 4}}, now=2.5 * HOUR, half_life_s=HOUR)
-    clamped = advance(clamped, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
-    assert clamped.of(A)[H100] != pytest.approx(in_time.of(A)[H100], rel=1e-3)
-    # A queue whose whole past is taken back leaves the history.
-    gone = backdate(
-        UsageHistory(as_of=HOUR, decayed={C: {H100: 1.0}}), {C: {H100: 2}}, {}, since=0.0, half_life_s=HOUR
-    )
-    assert gone.decayed == {}
-    with pytest.raises(ValueError):
-        backdate(UsageHistory(as_of=HOUR), {}, {A: {H100: 1}}, since=HOUR, half_life_s=HOUR)
 
 
 EPOCH = 1.7e9
