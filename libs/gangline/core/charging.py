@@ -214,11 +214,6 @@ class QuotaCharges(Generic[T]):
             history=self.history(at),
         )
 
-    def loaded(self) -> None:
-        """After the usage sums were loaded from a snapshot: the caches start empty."""
-        self._charged = self._decayed = None
-        self._version += 1
-
     # -- the rule in one call each (the core's simulator) ---------------------------------------------
 
     def arrive(self, pending: Pending[T], at: float) -> Flavour | None:
