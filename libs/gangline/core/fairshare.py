@@ -100,7 +100,7 @@ class UsageIntegral:
     (a rule of the sums and the time asked about alone). Half-life 0: no history (plain DRF).
     """
 
-    __slots__ = ("_present", "_sums", "half_life_s")
+    __slots__ = ("_keys", "_present", "_sums", "_totals", "half_life_s")
 
     def __init__(self, half_life_s: float) -> None:
         self.half_life_s = half_life_s
@@ -109,6 +109,10 @@ class UsageIntegral:
         self._sums: dict[tuple[QueueName, Resource], dict[int, int]] = {}
         """Per queue and resource, per frame, the sum of ``d_k * 2^(t_k / half_life - frame start)``
         in units of 2^-52."""
+        self._totals: dict[tuple[QueueName, Resource], tuple[int, int]] = {}
+        """Per queue and resource, (first frame, the frames from it on in one integer), until it changes."""
+        self._keys: list[tuple[QueueName, Resource]] | None = None
+        """The queues and resources with a history, sorted, until one comes or goes."""
 
     def __getstate__(self) -> dict[str, object]:
         return {"half_life_s": self.half_life_s, "present": self._present, "sums": self._sums}
@@ -117,6 +121,8 @@ class UsageIntegral:
         self.half_life_s = saved["half_life_s"]  # type: ignore[assignment]
         self._present = saved["present"]  # type: ignore[assignment]
         self._sums = saved["sums"]  # type: ignore[assignment]
+        self._totals = {}
+        self._keys = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, UsageIntegral):
@@ -139,11 +145,15 @@ class UsageIntegral:
                 continue
             d = gpus * sign
             key = (queue, resource)
+            self._totals.pop(key, None)
+            if key not in self._present:
+                self._keys = None
             n = self._present.get(key, 0) + d
             if n:
                 self._present[key] = n
             else:
                 self._present.pop(key, None)
+                self._keys = None
             frame, weight = self._weight(at)
             sums = self._sums.setdefault(key, {})
             v = sums.get(frame, 0) + d * weight
@@ -153,6 +163,7 @@ class UsageIntegral:
                 del sums[frame]
                 if not sums:
                     del self._sums[key]
+                    self._keys = None
 
     def _weight(self, at: float) -> tuple[int, int]:
         """(frame, 2^(at / half_life - frame start) in units of 2^-52): one integer per time."""
@@ -168,16 +179,26 @@ class UsageIntegral:
         x = at / self.half_life_s
         now = math.floor(x / BLOCK_HALF_LIVES)
         first = now - _REACH_BLOCKS
+        scale = first * BLOCK_HALF_LIVES - _MANTISSA_BITS - x
+        weight = 2.0**scale
         out: dict[QueueName, dict[Resource, float]] = {}
-        for queue, resource in sorted(set(self._sums) | set(self._present)):
-            total = 0
-            for frame, v in self._sums.get((queue, resource), {}).items():
-                if frame >= first:
-                    total += v << ((frame - first) * BLOCK_HALF_LIVES)
-            scale = first * BLOCK_HALF_LIVES - _MANTISSA_BITS - x
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = sorted(set(self._sums) | set(self._present))
+        for key in keys:
+            queue, resource = key
+            known = self._totals.get(key)
+            if known is not None and known[0] == first:
+                total = known[1]
+            else:
+                total = 0
+                for frame, v in self._sums.get(key, {}).items():
+                    if frame >= first:
+                        total += v << ((frame - first) * BLOCK_HALF_LIVES)
+                self._totals[key] = (first, total)
             if total.bit_length() + scale > 1000:  # changes far after ``at``: not part of its past
                 continue
-            value = self._present.get((queue, resource), 0) - float(total) * 2.0**scale
+            value = self._present.get(key, 0) - float(total) * weight
             if value > 1e-9:
                 out.setdefault(queue, {})[resource] = value
         return UsageHistory(as_of=at, decayed=out)
