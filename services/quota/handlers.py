@@ -133,6 +133,9 @@ REVIEWS_PER_DECISION = 64
 those further back keep the reason they were last told until they come this far forward."""
 _FIGURES = re.compile(r"[0-9]+")
 
+_DATED = (JobAdmitted, JobQueued, JobRequeued, JobCompleted, JobFailed, AllocationReleased)
+"""The facts :meth:`QuotaState.usage_steps` reads (a grant changes no charge's dates)."""
+
 TreeKey = tuple[bool, str]
 """(limited, name): a quota tree by its root cohort, or an unlimited (or unknown) queue on its own."""
 
@@ -396,7 +399,7 @@ class QuotaState:
         job = self._fold(envelope)
         if job is None:
             return None
-        return self._refresh(job)
+        return self._refresh(job, dated=isinstance(envelope.data, _DATED))
 
     def fold_nodes(self, envelope: Envelope) -> bool:
         """Apply one node fact; True when what some node offers changed (so may a job's flavours)."""
@@ -439,8 +442,9 @@ class QuotaState:
             job.finished_at = at if job.finished_at is None else min(job.finished_at, at)
         return job
 
-    def _refresh(self, job: QuotaJob) -> TreeKey | None:
-        """Bring the charges and the indexes in line with the job's facts; the tree whose usage dropped."""
+    def _refresh(self, job: QuotaJob, *, dated: bool = True) -> TreeKey | None:
+        """Bring the charges and the indexes in line with the job's facts; the tree whose usage dropped
+        (``dated``: the fact may change when its charges began or ended)."""
         dropped: TreeKey | None = None
         want = self._charge_of(job)
         if want != job.charge:
@@ -450,7 +454,7 @@ class QuotaState:
             if limited is not None or CoreJobId(job.job_id) in self.charges.charges:
                 self.charges.set_charge(CoreJobId(job.job_id), limited)
             job.charge = want
-        if self.half_life_s > 0:
+        if self.half_life_s > 0 and dated:
             steps = self.usage_steps(job)
             if steps != job.steps:
                 self.charges.count_usage(steps, taken_back=job.steps)
