@@ -326,26 +326,9 @@ def first_difference(recorded: Any, replayed: Any, path: str) -> tuple[str, Any,
             if found is not None:
                 return found
         return None
-    if recorded == replayed or within_rounding(path, recorded, replayed):
+    if recorded == replayed:
         return None
     return (path, recorded, replayed)
-
-
-ROUNDED_FIGURES: dict[str, float] = {"data.dominant_share": 1e-6}
-"""Reported figures rounded before they are sent, and one unit of their last digit. The decayed usage
-under a share is path-independent only within float rounding (`gangline.core.fairshare.backdate`), so a
-restored or replayed service can compute a share a few ulps away from the live one, and rounding that
-can move the last digit by one. Decisions are compared exactly; only these reports have the tolerance."""
-
-
-def within_rounding(path: str, recorded: Any, replayed: Any) -> bool:
-    unit = ROUNDED_FIGURES.get(path)
-    numbers = (int, float)
-    if unit is None or not isinstance(recorded, numbers) or not isinstance(replayed, numbers):
-        return False
-    if isinstance(recorded, bool) or isinstance(replayed, bool):
-        return False
-    return abs(recorded - replayed) <= unit * 1.000001
 
 
 def show(value: Any) -> str:

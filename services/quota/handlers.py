@@ -53,41 +53,47 @@ cluster's snapshot (it sees where they run, so the set it frees fits the job), a
 lower usage here like any other release.
 
 State is the one lifecycle fold (:class:`~gangline.fold.cluster.ClusterFold`) over ``jobs.events`` and
-``allocations.log`` (our own ``job.queued`` included), and the node topics, which does not depend on
-the order between the topics: per job quota counts queued attempts against the attempts owed (one,
-plus one per ``job.requeued``) and against the allocations released. The decayed usage history is
-advanced with event times (never the wall clock), and a change read after a later one (another
-partition, another topic, the restore reading topic by topic) is dated back to its own time
-(:func:`~gangline.core.fairshare.backdate`): the same events give the same state in whatever order they
-are read. A job the fold retired (finished, its grants released) and a job of an unlimited queue are
-``retired`` here: any event about it read again changes nothing, and the select skips it. The restore
-also reads quota's own pending reasons, so a restarted quota does not repeat a pending it already sent.
+``allocations.log`` (our own ``job.queued`` included), and the node topics, which does not depend on the
+order between the topics: per job quota counts queued attempts against the attempts owed (one, plus one
+per ``job.requeued``) and against the allocations released. The decisions are the core's
+:class:`~gangline.core.charging.QuotaCharges` (the object the core's simulator decides with): it holds
+the ledger, the held jobs in the gate's lines and the fair shares; this module tells it what the fold
+says is charged and who waits, asks it, and writes the answer as events. The decayed usage counts each
+attempt's charge from the time of its ``job.queued`` to the time of what ended it (its release, the
+requeue written with it, the job's end; :meth:`QuotaState.usage_steps`), never the wall clock nor the
+time it was read, in an integral whose sums do not depend on the order of their terms
+(:class:`~gangline.core.fairshare.UsageIntegral`): the same events give the same state, bit for bit, in
+whatever order they are read (another partition, the restore reading topic by topic, a snapshot and its
+tail). Fair shares are worked out at the time of the event decided on. A job the fold retired (finished,
+its grants released) and a job of an unlimited queue are ``retired`` here: any event about it read again
+changes nothing, and the select skips it. The restore also reads quota's own pending reasons, so a
+restarted quota does not repeat a pending it already sent.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar
 
 from gangline.bus import Outgoing
-from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, backdate
+from gangline.core.charging import Charge, QuotaCharges, usage_steps
+from gangline.core.fairshare import FairShare, Pending, Step
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import Hardware, NodeOffer
+from gangline.core.model import JobId as CoreJobId
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.core.quota_gate import (
     Flavour,
     HoldReason,
     WaitingLines,
-    first_fit,
     held_flavours,
-    hold_reason,
     sentence,
     stranded_move,
 )
@@ -106,9 +112,9 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.queues import QuotaTicked
-from gangline.events.types import JobId, NodeId, QueueName
+from gangline.events.types import JobId, NodeId
 from gangline.fold.adapter import node_offer, worker_ask
-from gangline.fold.cluster import ClusterFold, JobRecord
+from gangline.fold.cluster import FINAL_RELEASES, ClusterFold, JobRecord
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 from services.quota.status import StatusBoard, queue_statuses
@@ -129,18 +135,11 @@ REVIEWS_PER_DECISION = 64
 those further back keep the reason they were last told until they come this far forward."""
 _FIGURES = re.compile(r"[0-9]+")
 
+_DATED = (JobAdmitted, JobQueued, JobRequeued, JobCompleted, JobFailed, AllocationReleased)
+"""The facts :meth:`QuotaState.usage_steps` reads (a grant changes no charge's dates)."""
+
 TreeKey = tuple[bool, str]
 """(limited, name): a quota tree by its root cohort, or an unlimited (or unknown) queue on its own."""
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What the ledger holds for a job: its queue, the GPU model chosen, and the resources counted."""
-
-    queue: QueueName
-    gpu_type: str | None
-    request: Mapping[Resource, int]
-    limited: bool
 
 
 @dataclass
@@ -206,17 +205,30 @@ class QuotaJob:
     record: JobRecord
     charge: Charge | None = None
     """What the ledger holds for the job now (None: nothing)."""
-    options: list[Flavour] | None = None
+    options: list[Flavour] | None = field(default=None, compare=False)
     """Its flavours (``Queues.requests``), worked out once."""
-    held: tuple[int, list[Flavour], list[Reason]] | None = None
+    held: tuple[int, list[Flavour], list[Reason]] | None = field(default=None, compare=False)
     """Its flavours the nodes can hold, and why the others cannot, as of an inventory version."""
     latest_queued: str | None = None
     """The id of the latest ``job.queued`` read (None: none)."""
-    gate: tuple[int, list[Flavour], list[Reason]] | None = None
+    gate: tuple[int, list[Flavour], list[Reason]] | None = field(default=None, compare=False)
     """What the gate may let it through on, and why its other flavours' nodes cannot hold it, as of an
     inventory version (:meth:`QuotaState.gate_options`)."""
-    pending: tuple[JobSpec, datetime | None, Pending[QuotaJob]] | None = None
+    pending: tuple[JobSpec, datetime | None, Pending[QuotaJob]] | None = field(default=None, compare=False)
     """Its place in its queue's line, as of its spec and admitted time (:func:`_pending_item`)."""
+    starts: dict[str, tuple[float, str | None, str | None]] = field(default_factory=dict)
+    """Each ``job.queued`` read: its id → (its time, the GPU model it names, the one it ``replaces``)."""
+    ends: dict[str, float] = field(default_factory=dict)
+    """Each allocation released: its id → when (the earliest release read)."""
+    requeues: dict[int, float] = field(default_factory=dict)
+    """Each ``job.requeued``: the attempt it is owed → when (the earliest read). Written with the
+    release of the attempt before, at the same time (preemption, node_health), on jobs.events: a restore
+    reads it before that release, or without it once the job has retired."""
+    finished_at: float | None = None
+    """When the job ended (the earliest end read: ``job.completed``, ``job.failed``, a final release)."""
+    steps: tuple[Step, ...] = ()
+    """The usage changes of its charges, dated by those facts (:meth:`QuotaState.usage_steps`), as
+    counted in the decayed history."""
 
     @property
     def job_id(self) -> JobId:
@@ -300,18 +312,17 @@ class QuotaState:
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
-    lines: dict[TreeKey, tuple[int, WaitingLines[QuotaJob]]] = field(default_factory=dict)
-    """``waiting`` in the gate's lines per tree, as of an inventory version (:meth:`waiting_lines`)."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
     """Waiting job → what the last pending reason sent said, figures aside (:func:`pending_key`)."""
     unplaced: dict[JobId, QuotaJob] = field(default_factory=dict)
     """Jobs charged whose attempt is not placed yet: those a change of the nodes may strand."""
     stranded: set[JobId] = field(default_factory=set)
     """Jobs of ``unplaced`` whose model's nodes cannot hold them and that no other flavour took yet."""
-    history: UsageHistory = field(default_factory=lambda: UsageHistory(as_of=0.0))
     status: StatusBoard = field(default_factory=StatusBoard)
     """What quota last published on queues.status (services/quota/status.py)."""
-    ledger: QuotaLedger = field(init=False)
+    charges: QuotaCharges[QuotaJob] = field(init=False)
+    """The core's quota gate and charges (the ledger, the held jobs' lines, the decayed usage): the
+    one object quota decides with, as the core's simulator does (gangline.core.charging)."""
     inventory: Inventory = field(init=False)
 
     SNAPSHOT_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -321,48 +332,55 @@ class QuotaState:
         "waiting",
         "last_pending",
         "unplaced",
-        "history",
+        "charges.usage",
         "inventory.offers",
     )
     """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
-    fold, quota's facts per job and their indexes, what it last told each waiting job, the decayed usage,
-    and what each node offers. Not the settings (``topics``, ``queues``, ``half_life_s``); not
-    ``stranded`` (only a decision fills it: a restore leaves it empty, and the next change of the nodes
-    looks at every unplaced job); not the status board (read whole from queues.status at every start,
-    compacted to one record per queue); not the inventory's ``version`` (a count of changes, only the
-    caches' key: how many a restore sees depends on the order it reads the node topics in, and the
-    caches start empty on load); not what is worked out from the saved fields (the ledger,
-    whose figures are keyed by the queue tree's nodes in memory, and the inventory's hardware counts:
-    :meth:`snapshot_loaded` rebuilds them) nor the per-job caches."""
-    SNAPSHOT_VERSION: ClassVar[int] = 3
-    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired)."""
+    fold, quota's facts per job (the times of its charges among them) and their indexes, what it last told
+    each waiting job, the decayed usage's sums (a function of the charges' times alone, so a snapshot
+    holds what a rebuild from the log computes), and what each node offers. Not the settings
+    (``topics``, ``queues``, ``half_life_s``); not ``stranded`` (only a decision fills it: a restore
+    leaves it empty, and the next change of the nodes looks at every unplaced job); not the status
+    board (read whole from queues.status at every start, compacted to one record per queue); not the
+    inventory's ``version`` (a count of changes, only the caches' key: how many a restore sees depends
+    on the order it reads the node topics in, and the caches start empty on load); not what is worked
+    out from the saved fields (the ledger, whose figures are keyed by the queue tree's nodes in memory,
+    the gate's held jobs, and the inventory's hardware counts: :meth:`snapshot_loaded` rebuilds them)
+    nor the per-job caches."""
+    SNAPSHOT_VERSION: ClassVar[int] = 4
+    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired);
+    4: the charges' times and the decayed usage's sums."""
 
     def snapshot_loaded(self) -> None:
-        """After a snapshot is loaded: the ledger is the sum of the jobs' charges and the hardware the
-        sum of the nodes' offers, as the fold left them; the caches start empty, as after a restore."""
-        self.ledger = QuotaLedger(self.queues.tree)
+        """After a snapshot is loaded: the ledger is the sum of the jobs' charges, the gate holds the
+        waiting jobs and the hardware is the sum of the nodes' offers, as the fold left them; the caches
+        start empty, as after a restore."""
+        usage = self.charges.usage
+        self.charges = self._new_charges()
+        self.charges.usage = usage
         for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
             job.options = job.held = job.gate = job.pending = None
-            if job.charge is not None and job.charge.limited:
-                self.ledger.admit(Queue(job.charge.queue), job.charge.request)
+            if job.charge is not None and self.queues.limited(job.charge.queue):
+                self.charges.set_charge(CoreJobId(job.job_id), job.charge)
+        for tree in sorted(self.waiting):
+            if tree[0]:
+                for job in self.waiting[tree].values():
+                    self.charges.hold(_pending_item(job))
         self.inventory.hardware = Hardware(self.inventory.offers.values())
 
     def __post_init__(self) -> None:
-        self.ledger = QuotaLedger(self.queues.tree)
+        self.charges = self._new_charges()
         self.inventory = Inventory(self.cluster)
         self.retired = _Settled(self)
         """Jobs whose records the select may skip: nothing read about them changes the state."""
-        tree = self.queues.tree
-        self._limited_queues = [Queue(q) for q in tree.queue_names()]
-        self._tree_queues: dict[TreeKey, list[Queue]] = {}
-        for q in self._limited_queues:
-            self._tree_queues.setdefault((True, tree.root_cohort_of(q)), []).append(q)
-        self._capacity = {r: tree.total_nominal(r) for r in sorted(tree.resources)}
-        self._charged: dict[Queue, dict[Resource, int]] | None = None
-        """What the ledger charges per limited queue (:meth:`_allocation`), until it changes."""
-        self._decayed: tuple[UsageHistory, float, UsageHistory] | None = None
-        """(history, time, the history advanced to that time with what is charged) of the last
-        :meth:`fair_share`, until the ledger changes."""
+
+    def _new_charges(self) -> QuotaCharges[QuotaJob]:
+        return QuotaCharges(self.queues.tree, self.gate_options, half_life_s=self.half_life_s)
+
+    @property
+    def ledger(self) -> QuotaLedger:
+        """What is charged, per queue (the core's ledger, in :attr:`charges`)."""
+        return self.charges.ledger
 
     # -- the fold ------------------------------------------------------------------------------
 
@@ -375,19 +393,24 @@ class QuotaState:
             return
         self.fold(envelope)
 
-    def fold(self, envelope: Envelope, *, at: datetime | None = None) -> TreeKey | None:
-        """Apply one fact; the quota tree whose usage it lowered (None when it lowered none).
-
-        ``at`` is the event time the usage history is advanced to (default: the envelope's time); a
-        decision folds its own output at its cause's time, never at the clock's.
-        """
+    def fold(self, envelope: Envelope) -> TreeKey | None:
+        """Apply one fact; the quota tree whose usage it lowered (None when it lowered none). A charge
+        counts in the decayed usage from the time of the fact that made it to the time of the one that
+        ended it, whatever order they are read in."""
         if isinstance(envelope.data, NODE_EVENT_TYPES):
-            self.inventory.fold(envelope)
+            self.fold_nodes(envelope)
             return None
         job = self._fold(envelope)
         if job is None:
             return None
-        return self._refresh(job, at if at is not None else envelope.time)
+        return self._refresh(job, dated=isinstance(envelope.data, _DATED))
+
+    def fold_nodes(self, envelope: Envelope) -> bool:
+        """Apply one node fact; True when what some node offers changed (so may a job's flavours)."""
+        changed = self.inventory.fold(envelope)
+        if changed:
+            self.charges.reflavour()
+        return changed
 
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
@@ -409,41 +432,45 @@ class QuotaState:
             job = self.jobs[data.job_id] = QuotaJob(record)
         elif record is not None:
             job.record = record
+        at = envelope.time.timestamp()
         if isinstance(data, JobQueued):
             job.latest_queued = envelope.id
+            job.starts.setdefault(envelope.id, (at, data.gpu_type, data.replaces))
+        elif isinstance(data, AllocationReleased):
+            job.ends[data.allocation_id] = min(at, job.ends.get(data.allocation_id, at))
+        elif isinstance(data, JobRequeued):
+            job.requeues[data.attempt] = min(at, job.requeues.get(data.attempt, at))
+        if isinstance(data, JobCompleted | JobFailed) or (
+            isinstance(data, AllocationReleased) and data.reason in FINAL_RELEASES
+        ):
+            job.finished_at = at if job.finished_at is None else min(job.finished_at, at)
         return job
 
-    def _refresh(self, job: QuotaJob, at: datetime) -> TreeKey | None:
-        """Bring the ledger and the indexes in line with the job's facts; the tree whose usage dropped."""
+    def _refresh(self, job: QuotaJob, *, dated: bool = True) -> TreeKey | None:
+        """Bring the charges and the indexes in line with the job's facts; the tree whose usage dropped
+        (``dated``: the fact may change when its charges began or ended)."""
         dropped: TreeKey | None = None
         want = self._charge_of(job)
         if want != job.charge:
-            # A change older than the history (read after a later one: another partition, another topic,
-            # the restore's order) is dated back to its own time, so the order facts are read in is moot.
-            late = self.half_life_s > 0 and at.timestamp() < self.history.as_of
-            before = self._allocation() if late else None
-            if not late:
-                self._advance(at)
             if job.charge is not None:
-                if job.charge.limited:
-                    self.ledger.release(Queue(job.charge.queue), job.charge.request)
                 dropped = self.tree_of(job.charge.queue)
-            if want is not None and want.limited:
-                self.ledger.admit(Queue(want.queue), want.request)
-            self._charged = self._decayed = None
+            limited = want if want is not None and self.queues.limited(want.queue) else None
+            if limited is not None or CoreJobId(job.job_id) in self.charges.charges:
+                self.charges.set_charge(CoreJobId(job.job_id), limited)
             job.charge = want
-            if before is not None:
-                self.history = backdate(
-                    self.history,
-                    before,
-                    self._allocation(),
-                    since=at.timestamp(),
-                    half_life_s=self.half_life_s,
-                )
+        if self.half_life_s > 0 and dated:
+            steps = self.usage_steps(job)
+            if steps != job.steps:
+                self.charges.count_usage(steps, taken_back=job.steps)
+                job.steps = steps
         if job.spec is not None:
             tree = self.tree_of(job.spec.queue)
             _index(self.waiting, tree, job, job.eligible)
-            self._line_up(tree, job, job.eligible)
+            if tree[0]:
+                if job.eligible:
+                    self.charges.hold(_pending_item(job))
+                else:
+                    self.charges.unhold(job.job_id, job.spec.queue)
         if job.unplaced:
             self.unplaced[job.job_id] = job
         else:
@@ -455,62 +482,68 @@ class QuotaState:
             del self.jobs[job.job_id]
         return dropped
 
-    def _line_up(self, tree: TreeKey, job: QuotaJob, member: bool) -> None:
-        """Keep the tree's lines (when built for the current inventory) in step with ``waiting``."""
-        entry = self.lines.get(tree)
-        if entry is None or entry[0] != self.inventory.version:
-            return  # built afresh when next asked for
-        if member:
-            entry[1].put(_pending_item(job), self.gate_options(job)[0])
-        else:
-            entry[1].discard(job.job_id)
-
     def waiting_lines(self, tree: TreeKey) -> WaitingLines[QuotaJob]:
-        """The tree's waiting jobs in the gate's lines, each to go on what :meth:`gate_options` says;
-        built once per inventory version (what the nodes hold decides a job's flavours), then kept."""
-        version = self.inventory.version
-        entry = self.lines.get(tree)
-        if entry is None or entry[0] != version:
-            waiting = self.waiting.get(tree, {}).values()
-            lines = WaitingLines.of((_pending_item(j) for j in waiting), lambda j: self.gate_options(j)[0])
-            entry = self.lines[tree] = (version, lines)
-        return entry[1]
+        """The tree's waiting jobs in the gate's lines (the core's, in :attr:`charges`)."""
+        return self.charges.waiting_lines(tree[1])
 
     def _charge_of(self, job: QuotaJob) -> Charge | None:
         """What the job's facts say the ledger should hold for it."""
         if not job.due or job.spec is None:
             return None
-        spec = job.spec
-        model = job.record.flavour
+        return Charge(Queue(job.spec.queue), self._flavour_of(job.spec, job.record.flavour))
+
+    def _flavour_of(self, spec: JobSpec, model: str | None) -> Flavour:
+        """What a job of ``spec`` queued on ``model`` is charged (nothing in an unlimited queue)."""
         if not self.queues.limited(spec.queue):
-            return Charge(spec.queue, model, {}, limited=False)
+            return Flavour(model, {})
         if model is None:  # a job.queued naming no model (written before quota chose one): the first
             model = spec.gpu_type or next((m for m, _ in self.queues.requests(spec)), None)
-        request = request_on(spec, model) if model is not None else {}
-        return Charge(spec.queue, model, request, limited=True)
+        return Flavour(model, request_on(spec, model) if model is not None else {})
 
-    def _advance(self, at: datetime) -> None:
-        """Move the decayed usage to ``at`` (an event time; never backwards) with what was charged."""
-        now = max(self.history.as_of, at.timestamp())
-        if self.half_life_s <= 0:
-            self.history = UsageHistory(as_of=now)
-            return
-        self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
+    def usage_steps(self, job: QuotaJob) -> tuple[Step, ...]:
+        """The job's charges as usage changes, each at the time of the fact that made it: attempt k
+        (the k-th ``job.queued`` that is not a move, by time) is charged from its ``job.queued`` until
+        the first of the k-th release (by time), a ``job.requeued`` for a later attempt and the job's
+        end, on the model it was queued on and then on each model a move named, from the move's time.
+        A function of which facts were read, not of their order; and the same whether the release of an
+        attempt or its requeue (written together, at one time) is read, so a restore that reads a job's
+        end before its releases (jobs.events first, then it is retired) dates it as the service did."""
+        spec = job.spec
+        if spec is None or not self.queues.limited(spec.queue):
+            return ()
+        queue = Queue(spec.queue)
+        starts = job.starts
+        moves: dict[str, list[tuple[float, str | None]]] = {}
+        for at, model, replaces in starts.values():
+            if replaces is None:
+                continue
+            first = replaces
+            while (seen := starts.get(first)) is not None and seen[2] is not None:
+                first = seen[2]
+            moves.setdefault(first, []).append((at, model))
+        attempts = sorted((at, qid) for qid, (at, _, replaces) in starts.items() if replaces is None)
+        releases = sorted(job.ends.values())
+        steps: list[Step] = []
+        for k, (start, qid) in enumerate(attempts):
+            ends = [t for attempt, t in job.requeues.items() if attempt > k + 1]
+            if k < len(releases):
+                ends.append(releases[k])
+            if job.finished_at is not None:
+                ends.append(job.finished_at)
+            end = min(ends) if ends else None
+            if end is not None and end <= start:
+                continue
+            pieces = [(start, starts[qid][1])]
+            later = [m for m in moves.get(qid, []) if m[0] >= start and (end is None or m[0] < end)]
+            pieces += sorted(later, key=lambda m: m[0])
+            for p, (at, model) in enumerate(pieces):
+                until = pieces[p + 1][0] if p + 1 < len(pieces) else end
+                steps += usage_steps(queue, self._flavour_of(spec, model).request, at, until)
+        return tuple(steps)
 
     def charged(self) -> Mapping[Queue, Mapping[Resource, int]]:
         """What the ledger charges per limited queue (``usage_vector``), queues charged nothing left out."""
-        return self._allocation()
-
-    def _allocation(self, queues: Iterable[Queue] | None = None) -> dict[Queue, dict[Resource, int]]:
-        """What the ledger charges per queue (of ``queues``; all limited ones), queues charged nothing
-        left out. Worked out once per change of the ledger: read it, never change it."""
-        charged = self._charged
-        if charged is None:
-            ledger = self.ledger
-            charged = self._charged = {q: v for q in self._limited_queues if (v := ledger.usage_vector(q))}
-        if queues is None:
-            return charged
-        return {q: charged[q] for q in queues if q in charged}
+        return self.charges.charged()
 
     def _restore_pending(self, pending: JobPending) -> None:
         job = self.jobs.get(pending.job_id)
@@ -564,23 +597,10 @@ class QuotaState:
         return cached[1], cached[2]
 
     def fair_share(self, tree: TreeKey, at: datetime) -> FairShare:
-        """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
-        queues = self._tree_queues.get(tree, [])
-        history: UsageHistory | None = None
-        if self.half_life_s > 0:
-            now = max(self.history.as_of, at.timestamp())
-            known = self._decayed
-            if known is not None and known[0] is self.history and known[1] == now:
-                history = known[2]
-            else:
-                history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
-                self._decayed = (self.history, now, history)
-        return FairShare(
-            capacity=self._capacity,
-            weights={q: self.queues.tree.weight(q) for q in queues},
-            allocation=self._allocation(queues),
-            history=history,
-        )
+        """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``
+        (the core's, in :attr:`charges`; an unlimited queue's tree has none). ``at`` is the time of the
+        event decided on, so the figures are a function of the facts read and that time alone."""
+        return self.charges.fair_share(tree[1] if tree[0] else "", at.timestamp())
 
 
 def _index(index: dict[TreeKey, dict[JobId, QuotaJob]], tree: TreeKey, job: QuotaJob, member: bool) -> None:
@@ -601,7 +621,7 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
     """Fold one event and decide what it allows: queue or hold the job it admits, let others through."""
     data = envelope.data
     if isinstance(data, NODE_EVENT_TYPES):
-        reconsidered = _reconsider(state, envelope, now) if state.inventory.fold(envelope) else []
+        reconsidered = _reconsider(state, envelope, now) if state.fold_nodes(envelope) else []
         return reconsidered + queue_statuses(state, envelope, now)
     if isinstance(data, QuotaTicked):
         return queue_statuses(state, envelope, now)  # the clock: what the throttle held back is due now
@@ -626,7 +646,7 @@ def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datet
     never = state.queues.can_ever_fit(spec)
     if never is not None:
         return _fail(state, job, "exceeds_queue_quota", never, cause, now)
-    fit = first_fit(state.ledger, Queue(spec.queue), state.gate_flavours(job))
+    fit = state.charges.first_fit(spec.queue, state.gate_flavours(job))
     if fit is not None:
         return [_queue(state, job, fit.model, cause, now)]
     fair = state.fair_share(state.tree_of(spec.queue), cause.time)
@@ -659,13 +679,14 @@ def _move_stranded(
     for job in candidates:
         state.stranded.discard(job.job_id)
         charge = job.charge
-        if charge is None or not charge.limited or charge.gpu_type is None or job.spec is None:
+        if charge is None or not state.queues.limited(charge.queue) or charge.flavour.model is None:
+            continue
+        if job.spec is None:
             continue
         held = state.gate_flavours(job)
-        if any(f.model == charge.gpu_type for f in held):
+        if any(f.model == charge.flavour.model for f in held):
             continue
-        queue = Queue(charge.queue)
-        move = stranded_move(queue, Flavour(charge.gpu_type, charge.request), held, state.ledger)
+        move = stranded_move(charge.queue, charge.flavour, held, state.ledger)
         if move is None:
             state.stranded.add(job.job_id)
             continue
@@ -679,16 +700,9 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     out: list[Outgoing] = []
     if state.stranded:
         out += _move_stranded(state, cause, now, only_stranded=True)
-    lines = state.waiting_lines(tree)
-    if not lines:
+    if not tree[0] or not state.charges.holds(tree[1]):
         return out
-    gate = lines.let_through(
-        state.ledger.copy(),
-        state.fair_share(tree, cause.time),
-        state.queues.tree,
-        state.gate_options,
-        explain=REVIEWS_PER_DECISION,
-    )
+    gate = state.charges.gate(tree[1], cause.time.timestamp(), explain=REVIEWS_PER_DECISION)
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))
     told: dict[int, tuple[PendingReason, str]] = {}  # a pass shares one reason among the jobs it fits
@@ -721,7 +735,7 @@ def _queue(
     assert job.spec is not None
     event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces)
     envelope = _envelope(event, cause.id, "queued" if replaces is None else f"moved-{model}", now)
-    state.fold(envelope, at=cause.time)  # charge it now, so the next decision sees it
+    state.fold(envelope)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
 
 
@@ -731,7 +745,7 @@ def _fail(
     """A job its queue could never hold would wait forever: it fails now, saying why."""
     failed = JobFailed(job_id=job.job_id, code=code, reason=sentence(why))
     envelope = _envelope(failed, cause.id, "failed-quota", now)
-    dropped = state.fold(envelope, at=cause.time)
+    dropped = state.fold(envelope)
     out: list[Outgoing] = [(state.topics.events, envelope)]
     if dropped is not None:
         out += _let_through(state, dropped, cause, now)
@@ -744,7 +758,7 @@ def _hold(
     """``job.pending`` for a job that does not fit (the core's hold reason), when its reason changed."""
     assert job.spec is not None
     flavours, misfits = state.held_options(job)
-    why = hold_reason(Queue(job.spec.queue), flavours, misfits, state.ledger, state.queues.tree, fair)
+    why = state.charges.hold_reason(job.spec.queue, flavours, misfits, fair)
     return _tell(state, job, why, cause, now)
 
 

@@ -18,7 +18,7 @@ guarantees here:
   the next event quota handles, never with a skipped one), and compared field by field
   (the GPU model chosen, the usage figures, fair-share position and whether it is owed its nominal
   quota included); ``now`` only stamps the envelopes and is taken from them; the usage history is
-  advanced with event times;
+  a function of event times;
 * a restart is replayed as the service restarts: a fresh state restored from the log (quota's own
   pending reasons included, which say what it last told each waiting job, and its latest queue
   statuses). Older statuses that compaction removed from queues.status are missing from the log: a
@@ -26,12 +26,11 @@ guarantees here:
 * what happened between two recorded transactions (batches that decided nothing) is folded in
   record-time order. The charges do not depend on that order (per job, queued attempts are counted
   against the attempts owed and the allocations released; the ledger is a sum; waiting jobs are let
-  through by priority, fair share, the ``job.admitted`` time, then job id, all read from the log). The
-  decayed usage history does, a little: it is advanced to each event's time in the order folded (never
-  backwards), so batches whose partitions the live run interleaved otherwise than by record time can
-  leave a slightly different history, seen only as a differing fair-share figure in a later pending
-  reason. One exception, never seen in a run: a final release read before its job's admission (two
-  topics) retires the job before it is known;
+  through by priority, fair share, the ``job.admitted`` time, then job id, all read from the log), and
+  neither does the decayed usage (each charge is dated by the facts that began and ended it, in sums
+  whose terms' order does not matter: ``gangline.core.fairshare.UsageIntegral``), so the fair-share
+  figures are the live run's to the last bit. One exception, never seen in a run: a final release
+  read before its job's admission (two topics) retires the job before it is known;
 * a decision the live run took in a batch that the log does not show (all its outputs lost) cannot
   be told apart from no decision; one the replay takes there is reported ("not in the log").
 """

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
@@ -29,8 +28,6 @@ from services.quota import metrics as quota_metrics
 from services.quota.handlers import QuotaState, decide
 from services.quota.settings import QuotaSettings
 from services.quota.status import StatusBoard, held_back, tick
-
-log = logging.getLogger(__name__)
 
 SERVICE = "quota"
 QUOTA_EVENTS = (
@@ -119,25 +116,13 @@ def snapshot_config(settings: QuotaSettings) -> dict[str, object]:
 
 
 def state_snapshots(settings: QuotaSettings, state: QuotaState) -> StateSnapshots | None:
-    """Quota's snapshots under ``settings``: None when they are off, or with a fair-share half-life.
+    """Quota's snapshots under ``settings`` (None when they are off).
 
     A snapshot covers quota's inputs; queues.status (one record per queue, compacted) is read whole at
-    every start, so the status board is not in it. With a half-life the decayed usage is the one thing
-    a restore from the log does not rebuild exactly as the running service folded it: the restore reads
-    topic by topic, so a requeued job's ``job.queued`` is read before the release of its previous
-    attempt and the gap between them, uncharged while the service ran, is charged
-    (services/quota/replay.py). A snapshot holds the running service's usage; the replay rebuilds a
-    restart from the whole log: they would differ by that gap. Until the restore dates that gap back,
-    quota snapshots only under plain DRF (half-life 0), where a restart from a snapshot and the tail
-    is exactly the rebuild (tests/unit/services/test_quota_snapshots.py).
+    every start, so the status board is not in it. The decayed usage in it is what a restore from the
+    log rebuilds: each charge counts from the time of the fact that made it to the time of the one that
+    ended it, whatever order the restore reads them in (tests/unit/services/test_quota_snapshots.py).
     """
-    if settings.fair_share_half_life_s > 0:
-        if settings.snapshots:
-            log.info(
-                "no snapshots under a fair-share half-life; a start reads the whole log",
-                extra={"half_life_s": settings.fair_share_half_life_s},
-            )
-        return None
     return settings.state_snapshots(
         state,
         topic=state.topics.snapshots(SERVICE),

@@ -134,8 +134,8 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
                 )
             assert [f.node for f in log.of(topics.health, NodeFailed)] == [doomed]
             loaded = [r for r in caplog.records if r.getMessage() == "state loaded from a snapshot"]
-            # placement's, preemption's and node_health's restarts (quota has a half-life: the whole log)
-            assert len(loaded) == 3
+            # placement's, preemption's, node_health's and quota's restarts (quota's under its half-life)
+            assert len(loaded) == 4
         finally:
             await tasks.stop()
         records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))

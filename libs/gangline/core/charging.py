@@ -7,28 +7,34 @@ preempted, its node failed) or it ends. So the sum of the charges of a queue nev
 quota and its cohort allow, whatever placement does, and what quota reasons about (who is owed its
 nominal quota, who borrows, what a reclaim frees) is what is charged.
 
-:class:`QuotaCharges` is that rule over core jobs, in the order the quota service applies it to its
-events (``services/quota/handlers.py``: ``job.admitted`` / ``job.requeued``, then each release): a job
-that arrives is let through on the first flavour its queue's quota admits now
-(:func:`~gangline.core.quota_gate.first_fit`) or held; whenever a release lowers a quota tree's usage,
-the held jobs of that tree are let through in fair order (:func:`~gangline.core.quota_gate.let_through`).
-Fair shares are the charged usage and its decayed history (half-life), advanced at every charge change
-with the time of the change, as the quota service keeps them. The core's simulator runs it
-(``gangline.sim.gated``); placement places only jobs let through (the open cycle of
-:func:`~gangline.core.actions.queueing.placement_cycle`).
+:class:`QuotaCharges` is that rule, and the one object both engines decide with: the quota service
+(``services/quota/handlers.py``) folds its events, asks it and writes what it answered; the core's
+simulator (``gangline.sim.gated``) calls it directly (:meth:`QuotaCharges.arrive`,
+:meth:`~QuotaCharges.release`, :meth:`~QuotaCharges.let_through`). It holds the ledger (what is
+charged, per queue), the held jobs in the gate's sorted lines
+(:class:`~gangline.core.quota_gate.WaitingLines`, per quota tree), and the fair shares: the charged
+usage and its decayed history (:class:`~gangline.core.fairshare.UsageIntegral`: a function of which
+charges changed when, not of the order they were learnt). A job that arrives goes through on the
+first flavour its queue's quota admits now (:func:`~gangline.core.quota_gate.first_fit`) or is held;
+whenever a release lowers a quota tree's usage, the held jobs of that tree go through in fair order
+(:meth:`QuotaCharges.gate`).
 
 Pure: times are given (seconds on the caller's clock), nothing is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance
-from gangline.core.model import Job, JobId, QueueName
+from gangline.core.fairshare import FairShare, Pending, Step, UsageHistory, UsageIntegral
+from gangline.core.framework.status import Reason
+from gangline.core.model import JobId, QueueName
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
-from gangline.core.quota_gate import Flavour, first_fit, let_through
+from gangline.core.quota_gate import Flavour, Gate, HoldReason, Options, WaitingLines, first_fit, hold_reason
+
+T = TypeVar("T")
 
 DEFAULT_HALF_LIFE_S = 3600.0
 """Fair share's usage half-life unless configured (the quota service's default)."""
@@ -42,107 +48,206 @@ class Charge:
     flavour: Flavour
 
 
-class QuotaCharges:
+def usage_steps(
+    queue: QueueName, request: Mapping[Resource, int], start: float, end: float | None
+) -> list[Step]:
+    """The usage changes of holding ``request`` for ``queue`` from ``start`` until ``end`` (None: still)."""
+    steps: list[Step] = [(queue, r, n, start) for r, n in sorted(request.items())]
+    if end is not None:
+        steps += [(queue, r, -n, end) for r, n in sorted(request.items())]
+    return steps
+
+
+class QuotaCharges(Generic[T]):
     """The quota gate with charges from let-through to release (see the module docstring).
 
     Only jobs of the tree's queues are its business: the caller sends the others straight to placement
-    (a queue the configuration does not limit). ``flavours`` gives a job's flavours its nodes can hold,
-    in the order to try them (none: it waits, uncharged, until they can).
+    (a queue the configuration does not limit). ``options`` gives a job's flavours its nodes can hold,
+    in the order to try them (none: it waits, uncharged, until they can), and why the others cannot;
+    when what it answers changes (the nodes changed), the caller says so (:meth:`reflavour`).
     """
 
     def __init__(
-        self,
-        tree: QuotaTree,
-        flavours: Callable[[Job], Sequence[Flavour]],
-        *,
-        half_life_s: float = DEFAULT_HALF_LIFE_S,
+        self, tree: QuotaTree, options: Options[T], *, half_life_s: float = DEFAULT_HALF_LIFE_S
     ) -> None:
         self.tree = tree
         self.ledger = QuotaLedger(tree)
         self.half_life_s = half_life_s
-        self.history = UsageHistory(as_of=0.0)
-        self._flavours = flavours
+        self.usage = UsageIntegral(half_life_s)
+        """The decayed history's sums: what was charged when (see :meth:`count_usage`)."""
+        self.charges: dict[JobId, Charge] = {}
+        self._options = options
         self._queues = [QueueName(q) for q in tree.queue_names()]
         self._tree_queues: dict[str, list[QueueName]] = {}
         for q in self._queues:
             self._tree_queues.setdefault(tree.root_cohort_of(q), []).append(q)
         self._capacity = {r: tree.total_nominal(r) for r in sorted(tree.resources)}
-        self.charges: dict[JobId, Charge] = {}
-        self.held: dict[str, dict[JobId, Pending[Job]]] = {}
-        """Jobs waiting at the gate (nothing charged), per quota tree (its root's name)."""
+        self._held: dict[str, dict[str, Pending[T]]] = {}
+        """Jobs waiting at the gate (nothing charged), per quota tree (its root's name), by id."""
+        self._lines: dict[str, tuple[int, WaitingLines[T]]] = {}
+        """``_held`` in the gate's lines per tree, as of a version of ``options`` (:meth:`reflavour`)."""
+        self._version = 0
+        self._charged: dict[QueueName, dict[Resource, int]] | None = None
+        """What the ledger charges per queue (:meth:`charged`), until it changes."""
+        self._decayed: tuple[float, UsageHistory] | None = None
+        """(time, the history then) of the last :meth:`fair_share`, until the usage changes."""
 
     def limits(self, queue: str) -> bool:
         """Whether ``queue``'s jobs are charged here (a queue of the tree)."""
         return self.tree.has_queue(queue)
 
-    def arrive(self, job: Job, admitted_at: float, at: float) -> Flavour | None:
-        """A job admitted (or requeued, keeping its admitted time): charged and let through on the first
-        flavour its queue's quota admits now, or held (None)."""
-        fit = first_fit(self.ledger, job.queue, self._flavours(job))
+    def root(self, queue: str) -> str:
+        """The quota tree ``queue`` is charged in (its root cohort's name)."""
+        return self.tree.root_cohort_of(QueueName(queue))
+
+    # -- the gate ------------------------------------------------------------------------------------
+
+    def first_fit(self, queue: str, flavours: Sequence[Flavour]) -> Flavour | None:
+        """The first of ``flavours`` the queue's quota admits now (None: none)."""
+        return first_fit(self.ledger, QueueName(queue), flavours)
+
+    def hold(self, p: Pending[T]) -> None:
+        """``p``'s job waits at the gate (replacing the one of the same id)."""
+        root = self.root(p.queue)
+        self._held.setdefault(root, {})[p.tie] = p
+        entry = self._lines.get(root)
+        if entry is not None and entry[0] == self._version:
+            entry[1].put(p, self._options(p.item)[0])
+
+    def unhold(self, job_id: str, queue: str) -> None:
+        """The job of ``queue`` no longer waits at the gate (nothing when it did not)."""
+        root = self.root(queue)
+        held = self._held.get(root)
+        if held is None or held.pop(job_id, None) is None:
+            return
+        if not held:
+            del self._held[root]
+        entry = self._lines.get(root)
+        if entry is not None:
+            entry[1].discard(job_id)
+
+    def holds(self, root: str) -> bool:
+        """Whether any job waits at the gate in tree ``root``."""
+        return bool(self._held.get(root))
+
+    def reflavour(self) -> None:
+        """What ``options`` answers may have changed (the nodes changed): the lines are sorted again."""
+        self._version += 1
+
+    def waiting_lines(self, root: str) -> WaitingLines[T]:
+        """The tree's held jobs in the gate's lines, built once per version of ``options``, then kept."""
+        entry = self._lines.get(root)
+        if entry is None or entry[0] != self._version:
+            held = self._held.get(root, {}).values()
+            entry = self._lines[root] = (self._version, WaitingLines.of(held, lambda j: self._options(j)[0]))
+        return entry[1]
+
+    def gate(self, root: str, at: float, *, explain: int | None = 0) -> Gate[T]:
+        """Usage in tree ``root`` dropped: its held jobs in fair order, each let through while it fits,
+        and why the first ``explain`` held ones wait (on copies: nothing is charged here)."""
+        if not self._held.get(root):
+            return Gate()
+        lines = self.waiting_lines(root)
+        return lines.let_through(
+            self.ledger.copy(), self.fair_share(root, at), self.tree, self._options, explain=explain
+        )
+
+    def hold_reason(
+        self, queue: str, flavours: Sequence[Flavour], misfits: Sequence[Reason], fair: FairShare
+    ) -> HoldReason:
+        """Why a job of ``queue`` that fits none of ``flavours`` now waits (the gate's reason)."""
+        return hold_reason(QueueName(queue), flavours, misfits, self.ledger, self.tree, fair)
+
+    # -- charges -------------------------------------------------------------------------------------
+
+    def set_charge(self, job_id: JobId, charge: Charge | None) -> str | None:
+        """The ledger holds ``charge`` for the job now (None: nothing); the tree of the charge it held
+        before (None: it held none). The decayed history is the caller's (:meth:`count_usage`)."""
+        before = self.charges.pop(job_id, None)
+        if before is not None and before.flavour.request:
+            self.ledger.release(before.queue, before.flavour.request)
+        if charge is not None:
+            if charge.flavour.request:
+                self.ledger.admit(charge.queue, charge.flavour.request)
+            self.charges[job_id] = charge
+        if before != charge:
+            self._charged = None
+        return self.root(before.queue) if before is not None else None
+
+    def count_usage(self, steps: Iterable[Step], *, taken_back: Iterable[Step] = ()) -> None:
+        """The charges changed by ``steps`` (each dated to when it happened), and the ``taken_back``
+        steps counted before did not happen (a job's charges worked out again): the decayed history is
+        the same whatever the order in which they are counted."""
+        self.usage.add(taken_back, -1)
+        self.usage.add(steps)
+        self._decayed = None
+
+    def charged(self, queues: Iterable[QueueName] | None = None) -> dict[QueueName, dict[Resource, int]]:
+        """What the ledger charges per queue (of ``queues``; all), queues charged nothing left out.
+        Worked out once per change of the ledger: read it, never change it."""
+        charged = self._charged
+        if charged is None:
+            ledger = self.ledger
+            charged = self._charged = {q: v for q in self._queues if (v := ledger.usage_vector(q))}
+        if queues is None:
+            return charged
+        return {q: charged[q] for q in queues if q in charged}
+
+    def history(self, at: float) -> UsageHistory | None:
+        """The decayed usage at ``at`` (None under plain DRF, half-life 0)."""
+        if self.half_life_s <= 0:
+            return None
+        known = self._decayed
+        if known is not None and known[0] == at:
+            return known[1]
+        history = self.usage.history(at)
+        self._decayed = (at, history)
+        return history
+
+    def fair_share(self, root: str, at: float) -> FairShare:
+        """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
+        queues = self._tree_queues.get(root, [])
+        return FairShare(
+            capacity=self._capacity,
+            weights={q: self.tree.weight(q) for q in queues},
+            allocation=self.charged(queues),
+            history=self.history(at),
+        )
+
+    # -- the rule in one call each (the core's simulator) ---------------------------------------------
+
+    def arrive(self, pending: Pending[T], at: float) -> Flavour | None:
+        """A job admitted (or requeued, keeping its admitted time in ``pending``): charged and let
+        through on the first flavour its queue's quota admits now, or held (None)."""
+        fit = self.first_fit(pending.queue, self._options(pending.item)[0])
         if fit is not None:
-            self._charge(job, fit, at)
+            self._charge(JobId(pending.tie), pending.queue, fit, at)
             return fit
-        root = self.tree.root_cohort_of(job.queue)
-        self.held.setdefault(root, {})[job.id] = Pending(job.queue, job.priority, admitted_at, job.id, job)
+        self.hold(pending)
         return None
 
     def release(self, job_id: JobId, at: float) -> str | None:
         """The job's allocation was released (or it ended): its charge goes. The tree whose usage it
         lowered (None: nothing was charged)."""
-        charge = self.charges.pop(job_id, None)
+        charge = self.charges.get(job_id)
         if charge is None:
             return None
-        self._advance(at)
-        if charge.flavour.request:
-            self.ledger.release(charge.queue, charge.flavour.request)
-        return self.tree.root_cohort_of(charge.queue)
+        self.count_usage([(charge.queue, r, -n, at) for r, n in sorted(charge.flavour.request.items())])
+        return self.set_charge(job_id, None)
 
-    def let_through(self, root: str, at: float) -> list[tuple[Job, Flavour]]:
+    def let_through(self, root: str, at: float) -> list[tuple[T, Flavour]]:
         """Usage in tree ``root`` dropped: its held jobs in fair order, each charged while it fits."""
-        held = self.held.get(root)
+        held = self._held.get(root)
         if not held:
             return []
-        gate = let_through(
-            list(held.values()),
-            self.ledger.copy(),
-            self.fair_share(root, at),
-            self.tree,
-            lambda job: (self._flavours(job), ()),
-            explain=0,
-        )
+        gate = self.gate(root, at)
+        by_item = {id(p.item): p for p in held.values()}
         for job, fit in gate.admitted:
-            del held[job.id]
-            self._charge(job, fit, at)
+            p = by_item[id(job)]
+            self.unhold(p.tie, p.queue)
+            self._charge(JobId(p.tie), p.queue, fit, at)
         return gate.admitted
 
-    def fair_share(self, root: str, at: float) -> FairShare:
-        """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
-        queues = self._tree_queues.get(root, [])
-        history: UsageHistory | None = None
-        if self.half_life_s > 0:
-            now = max(self.history.as_of, at)
-            history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
-        return FairShare(
-            capacity=self._capacity,
-            weights={q: self.tree.weight(q) for q in queues},
-            allocation=self._allocation(queues),
-            history=history,
-        )
-
-    def _charge(self, job: Job, flavour: Flavour, at: float) -> None:
-        self._advance(at)
-        if flavour.request:
-            self.ledger.admit(job.queue, flavour.request)
-        self.charges[job.id] = Charge(job.queue, flavour)
-
-    def _advance(self, at: float) -> None:
-        """Move the decayed usage to ``at`` with what was charged until now (never backwards)."""
-        now = max(self.history.as_of, at)
-        if self.half_life_s <= 0:
-            self.history = UsageHistory(as_of=now)
-            return
-        self.history = advance(self.history, self._allocation(), now=now, half_life_s=self.half_life_s)
-
-    def _allocation(self, queues: Sequence[QueueName] | None = None) -> dict[QueueName, dict[Resource, int]]:
-        chosen = self._queues if queues is None else queues
-        return {q: v for q in chosen if (v := self.ledger.usage_vector(q))}
+    def _charge(self, job_id: JobId, queue: QueueName, flavour: Flavour, at: float) -> None:
+        self.count_usage(usage_steps(queue, flavour.request, at, None))
+        self.set_charge(job_id, Charge(queue, flavour))

@@ -17,6 +17,7 @@ job's queue (recomputed as the cycle admits work), then submit time, then job id
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -74,36 +75,133 @@ def advance(
     return UsageHistory(as_of=now, decayed=out)
 
 
-def backdate(
-    history: UsageHistory,
-    before: Mapping[QueueName, ResourceVector],
-    after: Mapping[QueueName, ResourceVector],
-    *,
-    since: float,
-    half_life_s: float,
-) -> UsageHistory:
-    """The history as if the allocation had changed from ``before`` to ``after`` at ``since``, not at
-    ``history.as_of`` (``since`` <= ``as_of``): a change learnt after the history moved past its time.
+BLOCK_HALF_LIVES = 64
+"""Half-lives per frame of :class:`UsageIntegral` (its sums stay small integers)."""
+_MANTISSA_BITS = 52
+_REACH_BLOCKS = 3
+"""Frames before the one of the time asked about that still count (older ones weigh under 2^-128)."""
 
-    Equal, within rounding, to advancing to ``since`` with ``before`` and then to ``as_of`` with ``after``,
-    so the history does not depend on the order in which changes with their times were learnt.
+Step = tuple[QueueName, Resource, int, float]
+"""A change of a queue's charged usage: (queue, resource, GPUs added (negative: released), when)."""
+
+
+class UsageIntegral:
+    """Decayed usage that depends only on which changes happened when, not on the order they are learnt.
+
+    The decayed usage at ``T`` of a queue whose charge changed by ``d_k`` at ``t_k`` is
+    ``sum_k d_k * (1 - 2^((t_k - T) / half_life))``: the same as :func:`advance` at every change (an
+    exact integral of a piecewise constant charge), but kept as two sums, ``sum d_k`` and
+    ``sum d_k * 2^(t_k / half_life)`` in a fixed frame, in integers: each change is one integer
+    (a function of itself alone), and integer sums do not depend on the order of their terms. So a
+    change learnt late (another partition, a restore reading topic by topic) is just added, and a
+    change taken back (:meth:`add` with the opposite sign) cancels exactly. The frames are
+    ``BLOCK_HALF_LIVES`` half-lives long, so the integers stay small; a frame more than
+    ``_REACH_BLOCKS`` before the time asked about weighs less than 2^-128 of its usage and is left out
+    (a rule of the sums and the time asked about alone). Half-life 0: no history (plain DRF).
     """
-    if since >= history.as_of:
-        raise ValueError(f"a change at {since} is not before the history's {history.as_of}: advance instead")
-    weight = 1.0 - decay_factor(history.as_of - since, half_life_s)
-    out: dict[QueueName, dict[Resource, float]] = {q: dict(v) for q, v in history.decayed.items()}
-    for q in sorted(set(before) | set(after)):
-        old, new = before.get(q, {}), after.get(q, {})
-        vec = out.setdefault(q, {})
-        for r in sorted(set(old) | set(new)):
-            v = vec.get(r, 0.0) + (new.get(r, 0) - old.get(r, 0)) * weight
-            if v > 1e-9:
-                vec[r] = v
+
+    __slots__ = ("_keys", "_present", "_sums", "_totals", "half_life_s")
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self._present: dict[tuple[QueueName, Resource], int] = {}
+        """Sum of the changes (GPUs) per queue and resource."""
+        self._sums: dict[tuple[QueueName, Resource], dict[int, int]] = {}
+        """Per queue and resource, per frame, the sum of ``d_k * 2^(t_k / half_life - frame start)``
+        in units of 2^-52."""
+        self._totals: dict[tuple[QueueName, Resource], tuple[int, int]] = {}
+        """Per queue and resource, (first frame, the frames from it on in one integer), until it changes."""
+        self._keys: list[tuple[QueueName, Resource]] | None = None
+        """The queues and resources with a history, sorted, until one comes or goes."""
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"half_life_s": self.half_life_s, "present": self._present, "sums": self._sums}
+
+    def __setstate__(self, saved: dict[str, object]) -> None:
+        self.half_life_s = saved["half_life_s"]  # type: ignore[assignment]
+        self._present = saved["present"]  # type: ignore[assignment]
+        self._sums = saved["sums"]  # type: ignore[assignment]
+        self._totals = {}
+        self._keys = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, UsageIntegral):
+            return NotImplemented
+        return (self.half_life_s, self._present, self._sums) == (
+            other.half_life_s,
+            other._present,
+            other._sums,
+        )
+
+    def __repr__(self) -> str:
+        return f"UsageIntegral(half_life_s={self.half_life_s}, present={self._present})"
+
+    def add(self, steps: Iterable[Step], sign: int = 1) -> None:
+        """Count ``steps`` (``sign`` -1: take back steps counted before)."""
+        if self.half_life_s <= 0:
+            return
+        for queue, resource, gpus, at in steps:
+            if not gpus:
+                continue
+            d = gpus * sign
+            key = (queue, resource)
+            self._totals.pop(key, None)
+            if key not in self._present:
+                self._keys = None
+            n = self._present.get(key, 0) + d
+            if n:
+                self._present[key] = n
             else:
-                vec.pop(r, None)
-        if not vec:
-            del out[q]
-    return UsageHistory(as_of=history.as_of, decayed=out)
+                self._present.pop(key, None)
+                self._keys = None
+            frame, weight = self._weight(at)
+            sums = self._sums.setdefault(key, {})
+            v = sums.get(frame, 0) + d * weight
+            if v:
+                sums[frame] = v
+            else:
+                del sums[frame]
+                if not sums:
+                    del self._sums[key]
+                    self._keys = None
+
+    def _weight(self, at: float) -> tuple[int, int]:
+        """(frame, 2^(at / half_life - frame start) in units of 2^-52): one integer per time."""
+        x = at / self.half_life_s
+        frame = math.floor(x / BLOCK_HALF_LIVES)
+        f = x - frame * BLOCK_HALF_LIVES
+        return frame, int(math.ldexp(2.0**f, _MANTISSA_BITS))
+
+    def history(self, at: float) -> UsageHistory:
+        """The decayed usage at ``at``, per queue and resource (values below 1e-9 GPU left out)."""
+        if self.half_life_s <= 0:
+            return UsageHistory(as_of=at)
+        x = at / self.half_life_s
+        now = math.floor(x / BLOCK_HALF_LIVES)
+        first = now - _REACH_BLOCKS
+        scale = first * BLOCK_HALF_LIVES - _MANTISSA_BITS - x
+        weight = 2.0**scale
+        out: dict[QueueName, dict[Resource, float]] = {}
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = sorted(set(self._sums) | set(self._present))
+        for key in keys:
+            queue, resource = key
+            known = self._totals.get(key)
+            if known is not None and known[0] == first:
+                total = known[1]
+            else:
+                total = 0
+                for frame, v in self._sums.get(key, {}).items():
+                    if frame >= first:
+                        total += v << ((frame - first) * BLOCK_HALF_LIVES)
+                self._totals[key] = (first, total)
+            if total.bit_length() + scale > 1000:  # changes far after ``at``: not part of its past
+                continue
+            value = self._present.get(key, 0) - float(total) * weight
+            if value > 1e-9:
+                out.setdefault(queue, {})[resource] = value
+        return UsageHistory(as_of=at, decayed=out)
 
 
 def dominant_share(

@@ -49,6 +49,7 @@ from gangline.core.actions.queueing import (
     placement_cycle,
 )
 from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
+from gangline.core.fairshare import Pending
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
@@ -96,9 +97,11 @@ class GatedPolicy:
     def __post_init__(self) -> None:
         self.snapshot = Snapshot(self.nodes)
         self._hardware = Hardware(node_offer(n) for n in self.nodes)
-        self._charges: QuotaCharges | None = None
+        self._charges: QuotaCharges[Job] | None = None
         if self.queues is not None:
-            self._charges = QuotaCharges(self.queues.tree, self._flavours, half_life_s=self.half_life_s)
+            self._charges = QuotaCharges(
+                self.queues.tree, lambda job: (self._flavours(job), ()), half_life_s=self.half_life_s
+            )
         self._submitted: dict[JobId, float] = {}
         self._waiting: dict[JobId, Job] = {}
         """Every job not running: held at the gate or let through, in submit order."""
@@ -192,8 +195,10 @@ class GatedPolicy:
         """Whether the arriving job goes to placement now (charged, for a limited queue)."""
         charges = self._charges
         limited = charges is not None and charges.limits(job.queue)
-        if limited and charges is not None and charges.arrive(job, self._submitted[job.id], now) is None:
-            return False
+        if limited and charges is not None:
+            pending = Pending(job.queue, job.priority, self._submitted[job.id], job.id, job)
+            if charges.arrive(pending, now) is None:
+                return False
         self._placeable[job.id] = job
         return True
 

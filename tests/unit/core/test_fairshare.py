@@ -13,8 +13,8 @@ from gangline.core.fairshare import (
     FairShare,
     Pending,
     UsageHistory,
+    UsageIntegral,
     advance,
-    backdate,
     decay_factor,
     dominant_share,
     ordered,
@@ -49,33 +49,67 @@ def test_advancing_in_steps_equals_one_step() -> None:
     assert many.of(A)[H100] == pytest.approx(one.of(A)[H100])
 
 
-def test_a_change_learnt_late_and_backdated_equals_learning_it_in_time() -> None:
-    # a's 8 GPUs drop to 2 at t=1h, b starts holding 4 at t=2h; the history is wanted at t=3h.
-    start = advance(UsageHistory(as_of=0.0), {A: {H100: 8}}, now=0.5 * HOUR, half_life_s=HOUR)
-    in_time = advance(start, {A: {H100: 8}}, now=1 * HOUR, half_life_s=HOUR)
-    in_time = advance(in_time, {A: {H100: 2}}, now=2 * HOUR, half_life_s=HOUR)
-    in_time = advance(in_time, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
-    # b's start is read first (the history moves to 2h with a still at 8), a's drop at 1h after it.
-    late = advance(start, {A: {H100: 8}}, now=2 * HOUR, half_life_s=HOUR)
-    late = advance(late, {A: {H100: 8}, B: {H100: 4}}, now=2.5 * HOUR, half_life_s=HOUR)
-    late = backdate(
-        late, {A: {H100: 8}, B: {H100: 4}}, {A: {H100: 2}, B: {H100: 4}}, since=HOUR, half_life_s=HOUR
-    )
-    late = advance(late, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
+EPOCH = 1.7e9
+"""Event times are seconds since 1970: far from 0 in half-lives, as in the services."""
+
+charges = st.lists(
+    st.tuples(st.sampled_from([A, B]), st.integers(1, 8), st.floats(0, 300 * HOUR), st.floats(0, 50 * HOUR)),
+    min_size=1,
+    max_size=20,
+)
+"""Charges held: (queue, GPUs, from, for how long)."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(held=charges, order=st.randoms(use_true_random=False), base=st.sampled_from([0.0, EPOCH]))
+def test_the_integral_is_the_stepwise_history_and_does_not_depend_on_the_order_changes_are_learnt(
+    held: list[tuple[QueueName, int, float, float]], order: object, base: float
+) -> None:
+    steps = [(q, H100, n, base + t) for q, n, t, _ in held] + [
+        (q, H100, -n, base + t + d) for q, n, t, d in held
+    ]
+    at = max(s[3] for s in steps) + HOUR
+    in_time = UsageIntegral(HOUR)
+    in_time.add(steps)
+    shuffled = list(steps)
+    order.shuffle(shuffled)  # type: ignore[attr-defined]
+    late = UsageIntegral(HOUR)
+    for step in shuffled:
+        late.add([step])
+    # Exactly the same sums, so exactly the same history at any time: a restore reading the changes in
+    # another order (topic by topic) computes the running service's figures to the last bit.
+    assert late == in_time
+    assert late.history(at) == in_time.history(at)
+    # And the figure is the history advanced at every change (the integral of the charge over time).
+    history, alloc = UsageHistory(as_of=0.0), {A: 0, B: 0}
+    for q, _, n, t in sorted(steps, key=lambda s: s[3]):
+        history = advance(history, {k: {H100: v} for k, v in alloc.items() if v}, now=t, half_life_s=HOUR)
+        alloc[q] += n
+    history = advance(history, {k: {H100: v} for k, v in alloc.items() if v}, now=at, half_life_s=HOUR)
     for q in (A, B):
-        assert late.of(q)[H100] == pytest.approx(in_time.of(q)[H100], rel=1e-12)
-    # Without dating it back the history is another one.
-    clamped = advance(start, {A: {H100: 8}}, now=2 * HOUR, half_life_s=HOUR)
-    clamped = advance(clamped, {A: {H100: 8}, B: {H100: 4}}, now=2.5 * HOUR, half_life_s=HOUR)
-    clamped = advance(clamped, {A: {H100: 2}, B: {H100: 4}}, now=3 * HOUR, half_life_s=HOUR)
-    assert clamped.of(A)[H100] != pytest.approx(in_time.of(A)[H100], rel=1e-3)
-    # A queue whose whole past is taken back leaves the history.
-    gone = backdate(
-        UsageHistory(as_of=HOUR, decayed={C: {H100: 1.0}}), {C: {H100: 2}}, {}, since=0.0, half_life_s=HOUR
-    )
-    assert gone.decayed == {}
-    with pytest.raises(ValueError):
-        backdate(UsageHistory(as_of=HOUR), {}, {A: {H100: 1}}, since=HOUR, half_life_s=HOUR)
+        assert in_time.history(at).of(q).get(H100, 0.0) == pytest.approx(
+            history.of(q).get(H100, 0.0), rel=1e-9, abs=1e-6
+        )
+
+
+def test_changes_taken_back_cancel_exactly() -> None:
+    u = UsageIntegral(HOUR)
+    kept = [(A, H100, 8, EPOCH), (A, H100, -8, EPOCH + HOUR)]
+    u.add(kept)
+    before = u.history(EPOCH + 2 * HOUR)
+    guess = [(B, H100, 4, EPOCH + 0.5 * HOUR)]
+    u.add(guess)
+    assert u.history(EPOCH + 2 * HOUR) != before
+    u.add(guess, -1)  # a job's charges worked out again: the old guess did not happen
+    assert u.history(EPOCH + 2 * HOUR) == before
+    assert u.history(EPOCH + 2 * HOUR).of(A)[H100] == pytest.approx(8 * (0.5 - 0.25))
+    assert UsageIntegral(0.0).history(EPOCH).decayed == {}  # plain DRF: no history
+
+
+def test_a_long_idle_queue_has_no_history_left() -> None:
+    u = UsageIntegral(HOUR)
+    u.add([(A, H100, 8, EPOCH), (A, H100, -8, EPOCH + HOUR)])
+    assert u.history(EPOCH + 1000 * HOUR).decayed == {}
 
 
 def test_history_refuses_to_go_back_in_time() -> None:

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from svc_helpers import env
 
 from gangline.cluster_spec import ClusterSpec, NodeGroup
-from gangline.core.fairshare import FairShare, advance
+from gangline.core.fairshare import FairShare
 from gangline.core.queues import QueueName, Resource
 from gangline.core.quota_gate import WaitingLines
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobAdmitted, JobFailed, JobQueued, JobRequeued, JobSpec
-from gangline.events.nodes import NodeFailed
+from gangline.events.jobs import JobAdmitted, JobCompleted, JobFailed, JobQueued, JobRequeued, JobSpec
+from gangline.events.nodes import NodeFailed, NodeRegistered
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.queues import QueuesFile, queues_of
 from services.common.topics import TopicNames
@@ -70,8 +70,9 @@ class History:
         self.granted: dict[JobId, int] = {}
         self.clock = 0.0
 
-    def send(self, event: Any) -> None:
-        self.clock += 1.0
+    def send(self, event: Any, *, same_time: bool = False) -> None:
+        if not same_time:
+            self.clock += 1.0
         envelope = env(event, at=self.clock)
         self.log.append(envelope)
         for _, out in decide(envelope, self.state, now=envelope.time):
@@ -108,9 +109,12 @@ class History:
         elif kind in ("release", "preempt") and self.granted.get(job, 0) == attempt > 0:
             self.granted[job] = -attempt  # released: not granted again for this attempt
             reason = "completed" if kind == "release" else "preempted"
+            if kind == "release":  # the agent's report first: placement releases the GPUs once it reads it
+                self.send(JobCompleted(job_id=job, allocation_id=allocation))
             self.send(AllocationReleased(job_id=job, allocation_id=allocation, reason=reason))
             if kind == "preempt":
-                self.send(JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1))
+                # Written with the release, at its time (the preemption service's one transaction).
+                self.send(JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1), same_time=True)
         elif kind == "fail":
             self.send(JobFailed(job_id=job, code="worker_exit", reason="it died"))
 
@@ -133,9 +137,9 @@ class History:
         tree = state.queues.tree
         expected: dict[str, dict[Resource, int]] = {}
         for job in state.jobs.values():
-            if job.charge is not None and job.charge.limited:
+            if job.charge is not None and state.queues.limited(job.charge.queue):
                 vec = expected.setdefault(job.charge.queue, {})
-                for r, n in job.charge.request.items():
+                for r, n in job.charge.flavour.request.items():
                     vec[r] = vec.get(r, 0) + n
         for q in tree.queue_names():
             assert state.ledger.usage_vector(q) == {r: n for r, n in expected.get(q, {}).items() if n}
@@ -144,18 +148,17 @@ class History:
                 assert state.ledger.available(QueueName(q), r) >= 0, (q, r)
         # What is charged and the decayed history, kept until the ledger changes, are a fresh read's.
         fresh_charged = {q: v for q in tree.queue_names() if (v := state.ledger.usage_vector(QueueName(q)))}
-        assert state._allocation() == fresh_charged
+        assert state.charged() == fresh_charged
         at = self.log[-1].time if self.log else None
         if at is not None and state.half_life_s > 0:
-            now = max(state.history.as_of, at.timestamp())
-            decayed = advance(state.history, fresh_charged, now=now, half_life_s=state.half_life_s)
+            decayed = state.charges.usage.history(at.timestamp())
             for _ in range(2):  # worked out, then remembered
                 fair = state.fair_share((True, "lab"), at)
                 for q in ("team-a", "team-b", "team-c"):  # the lab tree's queues
                     assert fair.usage(QueueName(q)) == FairShare(
                         capacity={}, weights={}, allocation=fresh_charged, history=decayed
                     ).usage(QueueName(q))
-        for key in sorted(state.lines):
+        for key in sorted(k for k in state.waiting if k[0]):
             # The lines kept across events hold what a fresh build over the waiting jobs holds, in the
             # same order: a pass over both (every job, every held one explained) decides the same.
             kept = state.waiting_lines(key)
@@ -192,3 +195,21 @@ def test_no_queue_is_ever_charged_past_its_quota_and_a_restore_gives_the_same_ch
     assert {j: r.charge for j, r in restored.jobs.items()} == {j: r.charge for j, r in live.jobs.items()}
     assert {t: set(w) for t, w in restored.waiting.items()} == {t: set(w) for t, w in live.waiting.items()}
     assert restored.retired == live.retired
+    # The decayed usage is a function of which charges changed when: the restore, reading topic by
+    # topic (a requeued job's next job.queued before its release), has the running service's exactly.
+    assert restored.charges.usage == live.charges.usage
+    # So does the restore as the service reads its topics: topic by topic, jobs.events first.
+    by_topic = QuotaState(topics=TopicNames(), queues=history.state.queues, half_life_s=half_life_s)
+    for envelope in sorted(history.log, key=_restore_rank):
+        by_topic.restore(envelope)
+    assert {j: r.charge for j, r in by_topic.jobs.items()} == {j: r.charge for j, r in live.jobs.items()}
+    assert by_topic.charges.usage == live.charges.usage
+
+
+def _restore_rank(envelope: Envelope) -> int:
+    """Where the restore reads an event: jobs.events, then allocations.log, then the node topics."""
+    if isinstance(envelope.data, AllocationGranted | AllocationReleased):
+        return 1
+    if isinstance(envelope.data, NodeRegistered | NodeFailed):
+        return 2
+    return 0
