@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, b
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import Hardware, NodeOffer
+from gangline.core.model import GpuModel
+from gangline.core.pools import PooledHardware, PoolLayout, route
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.core.quota_gate import (
@@ -105,8 +108,8 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import JobId, NodeId, QueueName
-from gangline.fold.adapter import node_offer, worker_ask
-from gangline.fold.cluster import ClusterFold, JobRecord
+from gangline.fold.adapter import node_offer, pool_labels, worker_ask
+from gangline.fold.cluster import FINAL_RELEASES, ClusterFold, JobRecord
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
 from services.quota.status import StatusBoard, queue_statuses
@@ -160,6 +163,14 @@ class Inventory:
     hardware: Hardware = field(default_factory=Hardware)
     version: int = 0
     """Bumped whenever what some node offers changes."""
+    layout: PoolLayout | None = None
+    """The pools (None: one pool, the whole cluster); with them, what each pool's nodes offer too."""
+    node_pool: dict[str, str] = field(default_factory=dict)
+    """Each counted node's pool (with ``layout``; a node whose label names no pool is in none)."""
+    pooled: PooledHardware = field(default_factory=PooledHardware)
+    """``hardware`` per pool (with ``layout``): whether one pool can hold a job whole."""
+    pool_gpus: dict[str, Counter[GpuModel]] = field(default_factory=dict)
+    """Each pool's usable GPUs per model (with ``layout``): the room routing compares."""
 
     @property
     def known(self) -> bool:
@@ -184,8 +195,40 @@ class Inventory:
             self.hardware.remove(before)
         self.hardware.add(offer)
         self.offers[node] = offer
+        if self.layout is not None:
+            self._recount_pool(node, before, offer)
         self.version += 1
         return True
+
+    def _recount_pool(self, node: str, before: NodeOffer | None, offer: NodeOffer) -> None:
+        """Move the node's offer in its pool's counts (its pool may change with a re-registration)."""
+        assert self.layout is not None
+        old = self.node_pool.pop(node, None)
+        if old is not None and before is not None:
+            self._count_in_pool(old, before, -1)
+        registered = self.cluster.nodes.get(NodeId(node))
+        pool = self.layout.pool_of(pool_labels(registered)) if registered is not None else old
+        if pool is not None:
+            self.node_pool[node] = pool
+            self._count_in_pool(pool, offer, 1)
+
+    def _count_in_pool(self, pool: str, offer: NodeOffer, delta: int) -> None:
+        if delta > 0:
+            self.pooled.add(pool, offer)
+        else:
+            self.pooled.remove(pool, offer)
+        gpus = self.pool_gpus.setdefault(pool, Counter())
+        for gpu in offer.gpus:
+            gpus[gpu.model] += delta
+
+    def pools_loaded(self) -> None:
+        """After a snapshot is loaded: each pool's counts from the saved offers and pools."""
+        self.pooled = PooledHardware()
+        self.pool_gpus = {}
+        for node, pool in sorted(self.node_pool.items()):
+            offer = self.offers.get(node)
+            if offer is not None:
+                self._count_in_pool(pool, offer, 1)
 
     def _offer(self, node: NodeId) -> NodeOffer:
         cluster = self.cluster
@@ -296,6 +339,15 @@ class QuotaState:
     """Quota's own facts per job of a limited queue, while it is not finished."""
     unlimited: set[JobId] = field(default_factory=set)
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
+    pools: PoolLayout | None = None
+    """The pools (None: one pool). With pools every job quota lets through, and every job of an unlimited
+    queue, is routed to one pool (``job.queued`` names it: :func:`_route`)."""
+    routed: dict[JobId, str] = field(default_factory=dict)
+    """With pools: the pool each job was routed to (it keeps it for every attempt)."""
+    routed_gpus: dict[str, int] = field(default_factory=dict)
+    """With pools: per pool, the GPUs asked by the jobs routed there and not finished (``routed_live``)."""
+    routed_live: dict[JobId, tuple[str, int]] = field(default_factory=dict)
+    """With pools: each unfinished routed job's pool and GPUs."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
     lines: dict[TreeKey, tuple[int, WaitingLines[QuotaJob]]] = field(default_factory=dict)
@@ -321,6 +373,10 @@ class QuotaState:
         "unplaced",
         "history",
         "inventory.offers",
+        "inventory.node_pool",
+        "routed",
+        "routed_gpus",
+        "routed_live",
     )
     """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
     fold, quota's facts per job and their indexes, what it last told each waiting job, the decayed usage,
@@ -343,10 +399,11 @@ class QuotaState:
             if job.charge is not None and job.charge.limited:
                 self.ledger.admit(Queue(job.charge.queue), job.charge.request)
         self.inventory.hardware = Hardware(self.inventory.offers.values())
+        self.inventory.pools_loaded()
 
     def __post_init__(self) -> None:
         self.ledger = QuotaLedger(self.queues.tree)
-        self.inventory = Inventory(self.cluster)
+        self.inventory = Inventory(self.cluster, layout=self.pools)
         self.retired = _Settled(self)
         """Jobs whose records the select may skip: nothing read about them changes the state."""
         tree = self.queues.tree
@@ -381,10 +438,30 @@ class QuotaState:
         if isinstance(envelope.data, NODE_EVENT_TYPES):
             self.inventory.fold(envelope)
             return None
+        if self.pools is not None:
+            self._fold_route(envelope)
         job = self._fold(envelope)
         if job is None:
             return None
         return self._refresh(job, at if at is not None else envelope.time)
+
+    def _fold_route(self, envelope: Envelope) -> None:
+        """With pools: the pool each job was routed to (our own ``job.queued``), and each pool's load."""
+        data = envelope.data
+        if isinstance(data, JobQueued) and data.pool is not None:
+            self.routed.setdefault(data.job_id, data.pool)
+            if data.job_id not in self.routed_live and data.spec is not None:
+                gpus = data.spec.workers * data.spec.gpus_per_worker
+                self.routed_live[data.job_id] = (data.pool, gpus)
+                self.routed_gpus[data.pool] = self.routed_gpus.get(data.pool, 0) + gpus
+            return
+        over = isinstance(data, JobCompleted | JobFailed) or (
+            isinstance(data, AllocationReleased) and data.reason in FINAL_RELEASES
+        )
+        if over:
+            live = self.routed_live.pop(JobId(envelope.subject), None)
+            if live is not None:
+                self.routed_gpus[live[0]] -= live[1]
 
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
@@ -537,7 +614,14 @@ class QuotaState:
         inventory = self.inventory
         if job.held is None or job.held[0] != inventory.version:
             assert job.spec is not None
-            hardware = inventory.hardware if inventory.known else None
+            # With pools a flavour is held only where one pool holds the job whole (a gang never spans pools).
+            hardware = (
+                None
+                if not inventory.known
+                else inventory.pooled
+                if self.pools is not None
+                else inventory.hardware
+            )
             fits, misfits = held_flavours(hardware, worker_ask(job.spec), self.options(job))
             job.held = (inventory.version, fits, misfits)
         return job.held[1], job.held[2]
@@ -602,6 +686,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
         return reconsidered + queue_statuses(state, envelope, now)
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
+    if state.pools is not None and isinstance(data, JobAdmitted) and data.job_id in state.unlimited:
+        out += _route_unlimited(state, data, envelope, now)
     if isinstance(data, JobAdmitted | JobRequeued):
         job = state.jobs.get(data.job_id)
         if job is not None and job.eligible:
@@ -715,9 +801,49 @@ def _queue(
 ) -> Outgoing:
     assert job.spec is not None
     event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces)
+    if state.pools is not None:
+        pool = _route(state, job.job_id, job.spec, model)
+        event = event.model_copy(update={"pool": pool, "spec": job.spec, "admitted_at": job.admitted_at})
     envelope = _envelope(event, cause.id, "queued" if replaces is None else f"moved-{model}", now)
     state.fold(envelope, at=cause.time)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
+
+
+def _route(state: QuotaState, job_id: JobId, spec: JobSpec, model: str | None) -> str:
+    """The pool of ``job_id``: the one it was routed to before, else the core's choice (gangline.core.pools);
+    when no pool can hold it whole, the pool with the most usable GPUs (its placement says why it waits)."""
+    layout = state.pools
+    assert layout is not None
+    known = state.routed.get(job_id)
+    if known is not None:
+        return known
+    inventory = state.inventory
+    chosen = route(
+        GpuModel(model) if model is not None else None,
+        worker_ask(spec),
+        inventory.pooled,
+        inventory.pool_gpus,
+        state.routed_gpus,
+        layout.pools,
+    )
+    if chosen is not None:
+        return chosen
+    return min(layout.pools, key=lambda p: (-sum(inventory.pool_gpus.get(p, Counter()).values()), p))
+
+
+def _route_unlimited(
+    state: QuotaState, admitted: JobAdmitted, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """With pools, a job of an unlimited queue is routed too (nothing charged): a pool's placement learns of
+    a job only from the ``job.queued`` on its partition. Once per job (an admission read again is not)."""
+    if admitted.job_id in state.routed:
+        return []
+    spec = admitted.spec
+    pool = _route(state, admitted.job_id, spec, spec.gpu_type)
+    event = JobQueued(job_id=admitted.job_id, queue=spec.queue, pool=pool, spec=spec, admitted_at=cause.time)
+    envelope = _envelope(event, cause.id, "routed", now)
+    state.fold(envelope)
+    return [(state.topics.events, envelope)]
 
 
 def _fail(

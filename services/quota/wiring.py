@@ -9,8 +9,11 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.bus.pools import routed_by
 from gangline.bus.records import KafkaRecord
+from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
+from gangline.events.jobs import JobQueued
 from gangline.fold.cordons import CORDON_EVENTS
 from gangline.queues_file import load_queues_file
 from services.common.env import processor_settings, topic_names
@@ -97,6 +100,7 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
         queues=queues if queues is not None else load_queues(settings.queues_file),
         half_life_s=settings.fair_share_half_life_s,
         status=StatusBoard(interval_s=settings.status_interval_s),
+        pools=settings.pool_layout,
     )
 
 
@@ -106,7 +110,9 @@ def snapshot_config(settings: QuotaSettings) -> dict[str, object]:
     fair-share half-life)."""
     doc = load_queues_file(settings.queues_file).model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return {"queues": digest, "half_life_s": settings.fair_share_half_life_s}
+    layout = settings.pool_layout
+    pools = {"pools": str(layout)} if layout is not None else {}  # no pools: as before they existed
+    return {"queues": digest, "half_life_s": settings.fair_share_half_life_s, **pools}
 
 
 def state_snapshots(settings: QuotaSettings, state: QuotaState) -> StateSnapshots | None:
@@ -163,4 +169,18 @@ async def main(settings: QuotaSettings) -> None:
             metrics=metrics,
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=snapshots,
+            # With pools, each routed job's job.queued goes to its pool's partition (gangline.bus.pools).
+            partition_of=routed_by(pool_partition(state.pools)) if state.pools is not None else None,
         )
+
+
+def pool_partition(layout: PoolLayout) -> Callable[[Envelope], int | None]:
+    """The partition of the pool a ``job.queued`` routes its job to (None for any other output)."""
+
+    def partition(envelope: Envelope) -> int | None:
+        data = envelope.data
+        if isinstance(data, JobQueued) and data.pool is not None:
+            return layout.partition(data.pool)
+        return None
+
+    return partition

@@ -282,6 +282,14 @@ class JobQueued(_JobEvent):
     """The id of the ``job.queued`` of this attempt whose charge this one moves to ``gpu_type`` (quota
     moves a job not placed yet when the nodes of the model it was charged to cannot hold it any more):
     not a new attempt. None: a new attempt."""
+    pool: Label | None = None
+    """The pool quota routed the job to, when the cluster is split into pools (gangline.core.pools): the
+    event is on that pool's partition, and that pool's placement alone places the job. None: no pools."""
+    spec: JobSpec | None = None
+    """With ``pool``: the job's spec, so the pool's placement, which reads only its pool's partitions (not
+    the ``job.admitted`` that may be on another), knows what to place. None: read it from job.admitted."""
+    admitted_at: UtcDatetime | None = None
+    """With ``spec``: when the job was admitted (its place in line, as job.admitted's time gives it)."""
 
 
 class PendingReason(BaseModel):

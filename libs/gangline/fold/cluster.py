@@ -298,6 +298,10 @@ class ClusterFold:
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
+            if data.spec is not None and record.spec is None:
+                # Routed to a pool: its placement reads the spec here, not from job.admitted.
+                record.spec = data.spec
+                record.admitted_at = data.admitted_at or envelope.time
             moved = (
                 data.replaces is not None and data.gpu_type is not None and data.gpu_type != record.flavour
             )

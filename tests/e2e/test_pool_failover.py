@@ -1,0 +1,171 @@
+"""Two placement replicas, one pool each, deciding at once; kill -9 one and the other takes its pool over.
+
+The cluster (deploy/clusters/pools.yaml) has two pools, one per spine. Quota routes each job to one pool
+(its ``job.queued`` names the pool and lands on the pool's partition); replica p0 leads pool spine-a
+(partition 0) and stands by for spine-b, p1 the other way round. Before the kill both pools are granted
+by their own replicas in the same stretch of time; after it p1's standby seat takes spine-a's lock,
+restores spine-a from its partitions and grants the rest. Every job is granted exactly once, on nodes of
+the pool it was routed to, on that pool's partition, and no GPU is ever held twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from e2e.harness import (
+    ROOT,
+    LogReader,
+    Proc,
+    Tasks,
+    audit_allocations,
+    fake_cluster,
+    private_topics,
+    request_bytes,
+    send_raw,
+    service_env,
+    start_pipeline,
+)
+from gangline.bus.positions import INCARNATION_HEADER
+from gangline.cluster_spec import load_cluster_spec
+from gangline.events.allocations import AllocationGranted
+from gangline.events.jobs import JobQueued
+
+JOBS = 120
+POOLS = "spine=spine-a,spine-b"
+
+
+def processor_started(proc: Proc, pool: str) -> bool:
+    """Whether ``proc``'s log says its seat of ``pool`` started deciding (its transactional id names it)."""
+    return f"placement.pool-{pool}.leader" in "".join(
+        line for line in proc.log_path.read_text(errors="replace").splitlines() if "processor started" in line
+    )
+
+
+async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    rng = random.Random(11)
+    jobs = [
+        (
+            f"pl-{i:03d}",
+            request_bytes(
+                f"pl-{i:03d}",
+                queue="default",
+                workers=rng.choice([1, 2]),
+                gpus_per_worker=rng.choice([1, 2, 4, 8]),
+                duration_hint_s=1,
+            ),
+        )
+        for i in range(JOBS)
+    ]
+    spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
+    pool_of_node = {r.node: r.spine for r in spec.registrations()}
+    async with private_topics(kafka_bootstrap, "pools") as topics:
+        env = service_env(kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s="2")
+        replicas = [
+            Proc(
+                "services.placement",
+                {**env, "GANGLINE_INSTANCE_ID": f"p{k}", "GANGLINE_POOL_GROUP": pool},
+                tmp_path / f"placement-{k}.log",
+            )
+            for k, pool in enumerate(("spine-a", "spine-b"))
+        ]
+        cluster = fake_cluster(kafka_bootstrap, topics, spec, time_scale=0.2, heartbeat_s=0.5)
+        tasks = Tasks()
+        try:
+            tasks.start("fake-nodes", cluster.run())
+            await cluster.ready.wait()
+            start_pipeline(tasks, env, only=("admission", "quota"))
+            for proc in replicas:
+                proc.start()
+            await send_raw(kafka_bootstrap, topics.requests, jobs[: JOBS // 2])
+            async with LogReader(kafka_bootstrap, [topics.allocations, topics.events]) as log:
+
+                def grants() -> list[tuple[int, int, AllocationGranted, bytes | None]]:
+                    """(partition, record time ms, grant, the writer's incarnation) per grant read."""
+                    out = []
+                    for partition, (ms, env_), headers in zip(
+                        log.partitions[topics.allocations],
+                        log.stamped[topics.allocations],
+                        log.headers[topics.allocations],
+                        strict=True,
+                    ):
+                        if isinstance(env_.data, AllocationGranted):
+                            out.append((partition, ms, env_.data, dict(headers).get(INCARNATION_HEADER)))
+                    return out
+
+                def granted() -> set[str]:
+                    return {g.job_id for _, _, g, _ in grants()}
+
+                def per_pool(rows: list[tuple[int, int, AllocationGranted, bytes | None]]) -> dict[int, int]:
+                    return {p: sum(1 for q, *_ in rows if q == p) for p in (0, 1)}
+
+                await log.until(
+                    lambda: min(per_pool(grants()).values()) >= JOBS // 8, timeout_s=120, check=tasks.check
+                )
+                before = grants()
+                # Each replica decides its own pool, and only it: its seat of the other waits for the lock.
+                assert processor_started(replicas[0], "spine-a") and not processor_started(
+                    replicas[0], "spine-b"
+                )
+                assert processor_started(replicas[1], "spine-b") and not processor_started(
+                    replicas[1], "spine-a"
+                )
+                spans = {
+                    p: (min(ms for q, ms, *_ in before if q == p), max(ms for q, ms, *_ in before if q == p))
+                    for p in (0, 1)
+                }
+                overlap_ms = min(spans[0][1], spans[1][1]) - max(spans[0][0], spans[1][0])
+                assert overlap_ms > 0, f"the two pools were not decided at once: {spans}"
+
+                killed_at = time.time()
+                replicas[0].kill9()
+                await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
+                await log.until(
+                    lambda: any(q == 0 and ms / 1000 > killed_at for q, ms, *_ in grants()),
+                    timeout_s=120,
+                    check=tasks.check,
+                )
+                first_after = min(ms for q, ms, *_ in grants() if q == 0 and ms / 1000 > killed_at) / 1000
+                await log.until(lambda: len(granted()) == JOBS, timeout_s=180, check=tasks.check)
+                for _ in range(10):
+                    await log.poll()
+            assert processor_started(replicas[1], "spine-a"), "p1 did not take spine-a over"
+
+            every = grants()
+            per_job: dict[str, int] = {}
+            for _, _, g, _ in every:
+                per_job[g.job_id] = per_job.get(g.job_id, 0) + 1
+            assert [j for j, n in per_job.items() if n != 1] == []
+            assert set(per_job) == {job for job, _ in jobs}
+            assert audit_allocations(log.stamped[topics.allocations]) == []
+            # Each grant is on its pool's partition, on nodes of the pool quota routed the job to.
+            routed = {
+                e.data.job_id: e.data.pool
+                for e in log.events[topics.events]
+                if isinstance(e.data, JobQueued) and e.data.pool is not None
+            }
+            pools = ("spine-a", "spine-b")
+            for partition, _, g, _ in every:
+                assert {pool_of_node[p.node] for p in g.placements} == {pools[partition]}, g
+                assert routed[g.job_id] == pools[partition]
+            writers = {p: {inc for q, _, _, inc in every if q == p} for p in (0, 1)}
+            assert len(writers[0]) == 2, writers  # p0's seat, then p1's after the kill
+            assert len(writers[1]) == 1, writers
+            figures = {
+                "jobs": JOBS,
+                "granted_before_kill": per_pool(before),
+                "granted_total": per_pool(every),
+                "both_pools_deciding_overlap_s": round(overlap_ms / 1000, 2),
+                "kill_to_first_pool_a_grant_s": round(first_after - killed_at, 2),
+                "duplicated": 0,
+                "lost": JOBS - len(per_job),
+            }
+            print("pool failover:", json.dumps(figures))
+        finally:
+            for proc in replicas:
+                proc.terminate()
+            await tasks.stop()
