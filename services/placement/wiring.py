@@ -20,7 +20,13 @@ from services.common.queues import Queues, unlimited_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.placement import metrics as placement_metrics
-from services.placement.handlers import PlacementState, end_batch, fold_event, refused_registration
+from services.placement.handlers import (
+    POOL_FOLDED_EVENTS,
+    PlacementState,
+    end_batch,
+    fold_event,
+    refused_registration,
+)
 from services.placement.settings import PlacementSettings
 
 SERVICE = "placement"
@@ -102,11 +108,6 @@ async def main(settings: PlacementSettings) -> None:
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=snapshots,
         )
-
-
-POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
-"""What a pool's placement folds: a job is its pool's from the ``job.queued`` that routes it there (which
-carries the spec); a ``job.admitted`` on its partition may be about a job of another pool."""
 
 
 async def main_pools(settings: PlacementSettings, layout: PoolLayout) -> None:

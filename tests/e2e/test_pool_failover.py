@@ -15,6 +15,8 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from e2e.harness import (
     ROOT,
     LogReader,
@@ -30,8 +32,17 @@ from e2e.harness import (
 )
 from gangline.bus.positions import INCARNATION_HEADER
 from gangline.cluster_spec import load_cluster_spec
+from gangline.core.pools import PoolLayout
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobQueued
+from gangline.replay.kafka import KafkaSource
+from gangline.replay.log import write_jsonl
+from services.common.replay import decider_topics
+from services.common.topics import TopicNames
+from services.placement.replay import replay_placement
+from services.quota.replay import replay_quota
+from services.quota.settings import QuotaSettings
+from services.tools.cli import main as gangline_main
 
 JOBS = 120
 POOLS = "spine=spine-a,spine-b"
@@ -45,7 +56,10 @@ def processor_started(proc: Proc, pool: str) -> bool:
 
 
 async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     rng = random.Random(11)
     jobs = [
@@ -164,8 +178,33 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 "duplicated": 0,
                 "lost": JOBS - len(per_job),
             }
-            print("pool failover:", json.dumps(figures))
         finally:
             for proc in replicas:
                 proc.terminate()
             await tasks.stop()
+        records = await KafkaSource(kafka_bootstrap).fetch(decider_topics(topics.prefix))
+
+    # Every decision replays identical per pool: each pool's two owners are two runs of one pool's log.
+    layout = PoolLayout.parse(POOLS)
+    names = TopicNames(prefix=topics.prefix)
+    placement = replay_placement(records, topics=names, pools=layout)
+    assert placement.ok, [d.message for d in placement.differences[:10]]
+    written = [r for r in records if r.envelope.get("source") == "gangline/placement"]
+    assert placement.compared == len(written) > 0
+    assert placement.incarnations == 3  # spine-a: p0, then p1; spine-b: p1
+    quota = replay_quota(records, QuotaSettings(topic_prefix=topics.prefix, pools=POOLS))
+    assert quota.ok, [d.message for d in quota.differences[:10]]
+    assert quota.compared > 0
+    # A pool's log replayed as one placement reading every partition is not what was decided.
+    assert not replay_placement(records, topics=names).ok
+    # And `gangline replay --verify --decider all`, the pools from the environment.
+    path = tmp_path / "log.jsonl"
+    write_jsonl(records, path)
+    monkeypatch.setenv("GANGLINE_POOLS", POOLS)
+    capsys.readouterr()
+    argv = ["replay", "--from", str(path), "--verify", "--decider", "all", "--prefix", topics.prefix]
+    assert gangline_main(argv) == 0
+    figures["replayed_placement_outputs"] = placement.compared
+    figures["replayed_quota_outputs"] = quota.compared
+    print(capsys.readouterr().out)
+    print("pool failover:", json.dumps(figures))

@@ -261,3 +261,18 @@ def test_a_degraded_gpu_keeps_its_running_work_but_takes_no_new_work() -> None:
     assert grants(feed(state, env(release))) == []  # 3 usable GPUs free: still not enough for j2
     back = grants(feed(state, _health("a-0", free[0], "degraded", "healthy")))
     assert [g.job_id for g in back] == ["j2"]
+
+
+def test_a_pools_placement_places_a_job_from_the_job_queued_that_routes_it_alone() -> None:
+    """A pool's placement reads no job.admitted (it may be on another pool's partition): the job.queued
+    that routes the job to the pool carries its spec and admitted time."""
+    from gangline.events.jobs import JobSpec
+
+    state = new_state(("a", 1, 8), gated=True)
+    spec = JobSpec(queue="team-a", workers=1, gpus_per_worker=4)
+    routed = JobQueued(job_id=JobId("r1"), queue="team-a", pool="spine-a", spec=spec, admitted_at=T0)
+    [grant] = grants(feed(state, env(routed, at=5.0)))
+    assert grant.job_id == "r1"
+    assert state.jobs[JobId("r1")].admitted_at == T0
+    # Without a spec (no pools) a job.queued alone places nothing: the spec comes from job.admitted.
+    assert grants(feed(state, env(JobQueued(job_id=JobId("r2"), queue="team-a")))) == []
