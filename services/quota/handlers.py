@@ -78,7 +78,7 @@ from gangline.bus import Outgoing
 from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance, backdate
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
-from gangline.core.hardware import Hardware, NodeOffer
+from gangline.core.hardware import Hardware, HoldsWorkers, NodeOffer
 from gangline.core.model import GpuModel
 from gangline.core.pools import PooledHardware, PoolLayout, route
 from gangline.core.queues import QueueName as Queue
@@ -103,6 +103,7 @@ from gangline.events.jobs import (
     JobPending,
     JobQueued,
     JobRequeued,
+    JobRouted,
     JobSpec,
     PendingReason,
 )
@@ -317,7 +318,13 @@ class _Settled(AbstractSet[JobId]):
         self._state = state
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._state.cluster.retired or job_id in self._state.unlimited
+        state = self._state
+        if job_id in state.cluster.retired:
+            return True
+        # With pools an unlimited queue's job is read until it ends: its routing and its pool's load.
+        return job_id in state.unlimited and (
+            state.pools is None or (job_id in state.routed and job_id not in state.routed_live)
+        )
 
     def __iter__(self) -> Iterator[JobId]:
         yield from self._state.cluster.retired
@@ -341,7 +348,7 @@ class QuotaState:
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
     pools: PoolLayout | None = None
     """The pools (None: one pool). With pools every job quota lets through, and every job of an unlimited
-    queue, is routed to one pool (``job.queued`` names it: :func:`_route`)."""
+    queue, is routed to one pool at its admission (``job.routed``: :func:`_route_admitted`)."""
     routed: dict[JobId, str] = field(default_factory=dict)
     """With pools: the pool each job was routed to (it keeps it for every attempt)."""
     routed_gpus: dict[str, int] = field(default_factory=dict)
@@ -446,11 +453,11 @@ class QuotaState:
         return self._refresh(job, at if at is not None else envelope.time)
 
     def _fold_route(self, envelope: Envelope) -> None:
-        """With pools: the pool each job was routed to (our own ``job.queued``), and each pool's load."""
+        """With pools: the pool each job was routed to (our own ``job.routed``), and each pool's load."""
         data = envelope.data
-        if isinstance(data, JobQueued) and data.pool is not None:
-            self.routed.setdefault(data.job_id, data.pool)
-            if data.job_id not in self.routed_live and data.spec is not None:
+        if isinstance(data, JobRouted):
+            if data.job_id not in self.routed:
+                self.routed[data.job_id] = data.pool
                 gpus = data.spec.workers * data.spec.gpus_per_worker
                 self.routed_live[data.job_id] = (data.pool, gpus)
                 self.routed_gpus[data.pool] = self.routed_gpus.get(data.pool, 0) + gpus
@@ -465,7 +472,11 @@ class QuotaState:
 
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
-        if not isinstance(data, QUOTA_EVENT_TYPES) or data.job_id in self.retired:
+        if (
+            not isinstance(data, QUOTA_EVENT_TYPES)
+            or data.job_id in self.retired
+            or data.job_id in self.unlimited
+        ):
             return None
         if isinstance(data, JobAdmitted) and Queue(data.spec.queue) in self.queues.unlimited:
             # Nothing to decide: placement takes it once admitted. Whatever is read about it later (its
@@ -614,14 +625,11 @@ class QuotaState:
         inventory = self.inventory
         if job.held is None or job.held[0] != inventory.version:
             assert job.spec is not None
-            # With pools a flavour is held only where one pool holds the job whole (a gang never spans pools).
-            hardware = (
-                None
-                if not inventory.known
-                else inventory.pooled
-                if self.pools is not None
-                else inventory.hardware
-            )
+            hardware: HoldsWorkers | None = inventory.hardware if inventory.known else None
+            pool = self.routed.get(job.job_id) if self.pools is not None else None
+            if hardware is not None and pool is not None:
+                # With pools a flavour is held only where its pool holds the job whole (no gang spans pools).
+                hardware = inventory.pooled.only(pool)
             fits, misfits = held_flavours(hardware, worker_ask(job.spec), self.options(job))
             job.held = (inventory.version, fits, misfits)
         return job.held[1], job.held[2]
@@ -686,8 +694,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
         return reconsidered + queue_statuses(state, envelope, now)
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
-    if state.pools is not None and isinstance(data, JobAdmitted) and data.job_id in state.unlimited:
-        out += _route_unlimited(state, data, envelope, now)
+    if state.pools is not None and isinstance(data, JobAdmitted):
+        out += _route_admitted(state, data, envelope, now)
     if isinstance(data, JobAdmitted | JobRequeued):
         job = state.jobs.get(data.job_id)
         if job is not None and job.eligible:
@@ -800,47 +808,38 @@ def _queue(
     replaces: str | None = None,
 ) -> Outgoing:
     assert job.spec is not None
-    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces)
-    if state.pools is not None:
-        pool = _route(state, job.job_id, job.spec, model)
-        event = event.model_copy(update={"pool": pool, "spec": job.spec, "admitted_at": job.admitted_at})
+    pool = state.routed.get(job.job_id) if state.pools is not None else None
+    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces, pool=pool)
     envelope = _envelope(event, cause.id, "queued" if replaces is None else f"moved-{model}", now)
     state.fold(envelope, at=cause.time)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
 
 
-def _route(state: QuotaState, job_id: JobId, spec: JobSpec, model: str | None) -> str:
-    """The pool of ``job_id``: the one it was routed to before, else the core's choice (gangline.core.pools);
-    when no pool can hold it whole, the pool with the most usable GPUs (its placement says why it waits)."""
+def _route_admitted(
+    state: QuotaState, admitted: JobAdmitted, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """With pools, every admitted job is routed to one pool (``job.routed``, on the pool's partition): the
+    core's choice among the pools that hold it whole on one of its models (gangline.core.pools), or, when no
+    pool can, the one with the most usable GPUs (it waits there, its placement saying why). Once per job:
+    an admission read again is not routed again. A job of an unlimited queue too (nothing is charged): a
+    pool's owners learn of a job only from its partition."""
     layout = state.pools
     assert layout is not None
-    known = state.routed.get(job_id)
-    if known is not None:
-        return known
+    if admitted.job_id in state.routed:
+        return []
+    spec = admitted.spec
+    job = state.jobs.get(admitted.job_id)
+    models: list[str | None] = [f.model for f in state.options(job)] if job is not None else [spec.gpu_type]
     inventory = state.inventory
-    chosen = route(
-        GpuModel(model) if model is not None else None,
+    pool = route(
+        [GpuModel(m) if m is not None else None for m in models],
         worker_ask(spec),
         inventory.pooled,
         inventory.pool_gpus,
         state.routed_gpus,
         layout.pools,
-    )
-    if chosen is not None:
-        return chosen
-    return min(layout.pools, key=lambda p: (-sum(inventory.pool_gpus.get(p, Counter()).values()), p))
-
-
-def _route_unlimited(
-    state: QuotaState, admitted: JobAdmitted, cause: Envelope, now: datetime
-) -> list[Outgoing]:
-    """With pools, a job of an unlimited queue is routed too (nothing charged): a pool's placement learns of
-    a job only from the ``job.queued`` on its partition. Once per job (an admission read again is not)."""
-    if admitted.job_id in state.routed:
-        return []
-    spec = admitted.spec
-    pool = _route(state, admitted.job_id, spec, spec.gpu_type)
-    event = JobQueued(job_id=admitted.job_id, queue=spec.queue, pool=pool, spec=spec, admitted_at=cause.time)
+    ) or min(layout.pools, key=lambda p: (-sum(inventory.pool_gpus.get(p, Counter()).values()), p))
+    event = JobRouted(job_id=admitted.job_id, pool=pool, spec=spec, admitted_at=cause.time)
     envelope = _envelope(event, cause.id, "routed", now)
     state.fold(envelope)
     return [(state.topics.events, envelope)]

@@ -9,11 +9,10 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
-from gangline.bus.pools import routed_by
+from gangline.bus.pools import PartitionOf
 from gangline.bus.records import KafkaRecord
-from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobQueued
+from gangline.events.types import JobId
 from gangline.fold.cordons import CORDON_EVENTS
 from gangline.queues_file import load_queues_file
 from services.common.env import processor_settings, topic_names
@@ -33,6 +32,7 @@ log = logging.getLogger(__name__)
 SERVICE = "quota"
 QUOTA_EVENTS = (
     "job.admitted",
+    "job.routed",
     "job.queued",
     "job.requeued",
     "job.completed",
@@ -169,18 +169,20 @@ async def main(settings: QuotaSettings) -> None:
             metrics=metrics,
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=snapshots,
-            # With pools, each routed job's job.queued goes to its pool's partition (gangline.bus.pools).
-            partition_of=routed_by(pool_partition(state.pools)) if state.pools is not None else None,
+            # With pools, what it writes about a routed job goes to its pool's partition (gangline.bus.pools).
+            partition_of=pool_partitions(state) if state.pools is not None else None,
         )
 
 
-def pool_partition(layout: PoolLayout) -> Callable[[Envelope], int | None]:
-    """The partition of the pool a ``job.queued`` routes its job to (None for any other output)."""
+def pool_partitions(state: QuotaState) -> PartitionOf:
+    """With pools: what quota writes about a routed job (its ``job.routed``, ``job.queued``, pending reasons,
+    failure) goes to its pool's partition, so the pool's owners read it; the rest by key."""
+    layout = state.pools
+    assert layout is not None
+    pooled = frozenset(state.topics.pooled())
 
-    def partition(envelope: Envelope) -> int | None:
-        data = envelope.data
-        if isinstance(data, JobQueued) and data.pool is not None:
-            return layout.partition(data.pool)
-        return None
+    def partition_of(topic: str, envelope: Envelope) -> int | None:
+        pool = state.routed.get(JobId(envelope.subject)) if topic in pooled else None
+        return layout.partition(pool) if pool is not None else None
 
-    return partition
+    return partition_of

@@ -1,15 +1,17 @@
 """Two placement replicas, one pool each, deciding at once; kill -9 one and the other takes its pool over.
 
 The cluster (deploy/clusters/pools.yaml) has two pools, one per spine. Quota routes each job to one pool
-(its ``job.queued`` names the pool and lands on the pool's partition); replica p0 leads pool spine-a
-(partition 0) and stands by for spine-b, p1 the other way round. Before the kill both pools are granted
-by their own replicas in the same stretch of time; after it p1's standby seat takes spine-a's lock,
-restores spine-a from its partitions and grants the rest. Every job is granted exactly once, on nodes of
-the pool it was routed to, on that pool's partition, and no GPU is ever held twice.
+(its ``job.routed`` names the pool; every later record of the job is on the pool's partition). Replica
+p0 leads pool spine-a (partition 0) and stands by for spine-b, p1 the other way round. Before the kill
+both pools are granted by their own replicas in the same stretch of time; after it p1's standby seat
+takes spine-a's lock, restores spine-a from its partitions and grants the rest. Every job is granted
+exactly once, on nodes of the pool it was routed to, on that pool's partition, no GPU is ever held
+twice, and every decision replays identical per pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -34,7 +36,7 @@ from gangline.bus.positions import INCARNATION_HEADER
 from gangline.cluster_spec import load_cluster_spec
 from gangline.core.pools import PoolLayout
 from gangline.events.allocations import AllocationGranted
-from gangline.events.jobs import JobQueued
+from gangline.events.jobs import JobRouted
 from gangline.replay.kafka import KafkaSource
 from gangline.replay.log import write_jsonl
 from services.common.replay import decider_topics
@@ -95,7 +97,18 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
             start_pipeline(tasks, env, only=("admission", "quota"))
             for proc in replicas:
                 proc.start()
-            await send_raw(kafka_bootstrap, topics.requests, jobs[: JOBS // 2])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 120
+            while not all(
+                processor_started(p, pool) for p, pool in zip(replicas, ("spine-a", "spine-b"), strict=True)
+            ):
+                assert loop.time() < deadline, "the replicas did not both start deciding their pools"
+                assert all(p.alive() for p in replicas)
+                await asyncio.sleep(0.2)
+            # A steady stream for a few seconds, so each pool has work all along, not one burst.
+            for k in range(0, JOBS // 2, 10):
+                await send_raw(kafka_bootstrap, topics.requests, jobs[k : k + 10])
+                await asyncio.sleep(0.7)
             async with LogReader(kafka_bootstrap, [topics.allocations, topics.events]) as log:
 
                 def grants() -> list[tuple[int, int, AllocationGranted, bytes | None]]:
@@ -158,9 +171,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
             assert audit_allocations(log.stamped[topics.allocations]) == []
             # Each grant is on its pool's partition, on nodes of the pool quota routed the job to.
             routed = {
-                e.data.job_id: e.data.pool
-                for e in log.events[topics.events]
-                if isinstance(e.data, JobQueued) and e.data.pool is not None
+                e.data.job_id: e.data.pool for e in log.events[topics.events] if isinstance(e.data, JobRouted)
             }
             pools = ("spine-a", "spine-b")
             for partition, _, g, _ in every:

@@ -12,9 +12,9 @@ Who writes where:
   pool's partition (:func:`to_pool`);
 * a node agent sends its node's records, and the reports of the jobs it runs, to its node's pool's
   partition (:func:`to_pool` with the agent's pool);
-* quota sends the ``job.queued`` that routes a job to the partition of the pool it names
-  (:func:`routed_by`); what it writes about a job before routing goes by the key, as does what
-  admission writes (no pool owner reads it: a pool folds a job from the ``job.queued`` that routes it).
+* quota routes each admitted job to a pool (``job.routed``) and sends what it writes about the job to
+  that pool's partition; what admission writes goes by the key (no pool owner reads it: a pool folds a
+  job from its ``job.routed``).
 """
 
 from __future__ import annotations
@@ -39,14 +39,5 @@ def to_pool(partition: int, pooled_topics: Iterable[str]) -> PartitionOf:
 
     def partition_of(topic: str, envelope: Envelope) -> int | None:
         return partition if topic in pooled else None
-
-    return partition_of
-
-
-def routed_by(pool_partition: Callable[[Envelope], int | None]) -> PartitionOf:
-    """Each record to the partition ``pool_partition`` reads off it (its event's pool), else by key."""
-
-    def partition_of(topic: str, envelope: Envelope) -> int | None:
-        return pool_partition(envelope)
 
     return partition_of

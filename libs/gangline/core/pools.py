@@ -14,10 +14,11 @@ workers all in one pool, on that pool's usable hardware), as Kueue admits a work
 Volcano binds a job to one queue's nodes. A job no pool can hold whole waits, with the reason of the
 roomiest pool, even when the cluster as a whole could hold it; it never runs split.
 
-Routing (:func:`route`): among the pools that can hold the job whole on its GPU model, the one with the
-most usable GPUs of that model left after what is already routed there and not finished; ties by name.
-A job keeps its pool for all its attempts (its records and its allocation ids live in that pool's
-partitions): a requeue or a move to another GPU model stays there.
+Routing (:func:`route`), once per job, at its admission: among the pools that can hold the job whole on
+one of its GPU models (its flavours'), the one with the most usable GPUs of those models left after what
+is already routed there and not finished; ties by name. A job keeps its pool for all its attempts (its
+records and its allocation ids live in that pool's partitions): quota charges it only to a model its pool
+holds it on, and a requeue or a move to another model stays there.
 """
 
 from __future__ import annotations
@@ -119,6 +120,10 @@ class PooledHardware:
             )
         return first
 
+    def only(self, name: str) -> OnePool:
+        """One pool's hardware, whose reasons name the pool (a job routed there is held there only)."""
+        return OnePool(name, self.pools.get(name) or Hardware())
+
     def pools_holding(self, model: GpuModel | None, ask: WorkerAsk) -> list[str]:
         """The pools that can hold ``ask`` whole on ``model`` (any of their models for None), by name."""
         return [
@@ -126,6 +131,18 @@ class PooledHardware:
             for name in sorted(self.pools)
             if any(self.pools[name].holds(m, ask).ok for m in _models(self.pools[name], model))
         ]
+
+
+@dataclass(frozen=True)
+class OnePool:
+    """A pool's hardware as :class:`~gangline.core.hardware.HoldsWorkers`: its reasons say the pool."""
+
+    name: str
+    hardware: Hardware
+
+    def holds(self, model: GpuModel, ask: WorkerAsk) -> Status:
+        status = self.hardware.holds(model, ask)
+        return status if status.ok else _in_pool(self.name, status)
 
 
 def _models(hardware: Hardware, model: GpuModel | None) -> Sequence[GpuModel]:
@@ -142,7 +159,7 @@ def _in_pool(pool: str, status: Status) -> Status:
 
 
 def route(
-    model: GpuModel | None,
+    models: Sequence[GpuModel | None],
     ask: WorkerAsk,
     hardware: PooledHardware,
     usable_gpus: Mapping[str, Mapping[GpuModel, int]],
@@ -151,18 +168,18 @@ def route(
 ) -> str | None:
     """The pool a job goes to (the module docstring), None when no pool of ``pools`` can hold it whole.
 
-    ``usable_gpus``: each pool's usable GPUs per model; ``routed_gpus``: each pool's GPUs asked by the jobs
-    routed there and not finished.
+    ``models``: the GPU models the job may run on (its flavours'; None: any model). ``usable_gpus``: each
+    pool's usable GPUs per model; ``routed_gpus``: each pool's GPUs asked by the jobs routed there and not
+    finished.
     """
-    holding = set(hardware.pools_holding(model, ask))
+    holding = {p for model in models for p in hardware.pools_holding(model, ask)}
     best: tuple[int, str] | None = None
     for pool in sorted(pools):
         if pool not in holding:
             continue
         usable = usable_gpus.get(pool, {})
-        room = (usable.get(model, 0) if model is not None else sum(usable.values())) - routed_gpus.get(
-            pool, 0
-        )
+        wanted = set(usable) if None in models else {m for m in models if m is not None}
+        room = sum(usable.get(m, 0) for m in wanted) - routed_gpus.get(pool, 0)
         if best is None or (-room, pool) < best:
             best = (-room, pool)
     return best[1] if best is not None else None

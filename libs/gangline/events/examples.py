@@ -229,6 +229,12 @@ def example_events() -> list[Event]:
             drain_grace_s=600,
         ),
         nodes.NodeUncordoned(node="dgx-a02", reason="firmware updated", requested_by="sre-oncall"),
+        jobs.JobRouted(
+            job_id=job,
+            pool="spine-a",
+            spec=request.spec(),
+            admitted_at=datetime(2025, 3, 1, 9, 0, 3, tzinfo=UTC),
+        ),
     ]
 
 

@@ -246,6 +246,23 @@ class JobAdmitted(_JobEvent):
     spec: JobSpec
 
 
+class JobRouted(_JobEvent):
+    """Quota routed an admitted job to one pool of the cluster (gangline.core.pools), which can hold it whole.
+
+    Written only when the cluster is split into pools, on the pool's partition of jobs.events, as the first
+    record of the job there: the pool's placement, preemption and node_health, which read only their
+    pool's partitions (not the ``job.admitted``, which may be on another), learn the job from it. Every
+    later record of the job is on the same partition; the job keeps its pool for all its attempts."""
+
+    TYPE = "job.routed"
+    VERSION = 1
+
+    pool: Label
+    spec: JobSpec
+    admitted_at: UtcDatetime
+    """When the job was admitted (its place in line, as job.admitted's time gives it)."""
+
+
 class JobRejected(Event):
     """A request that will never run: invalid, unreadable, or refused by policy. The producer reads this.
 
@@ -283,13 +300,8 @@ class JobQueued(_JobEvent):
     moves a job not placed yet when the nodes of the model it was charged to cannot hold it any more):
     not a new attempt. None: a new attempt."""
     pool: Label | None = None
-    """The pool quota routed the job to, when the cluster is split into pools (gangline.core.pools): the
-    event is on that pool's partition, and that pool's placement alone places the job. None: no pools."""
-    spec: JobSpec | None = None
-    """With ``pool``: the job's spec, so the pool's placement, which reads only its pool's partitions (not
-    the ``job.admitted`` that may be on another), knows what to place. None: read it from job.admitted."""
-    admitted_at: UtcDatetime | None = None
-    """With ``spec``: when the job was admitted (its place in line, as job.admitted's time gives it)."""
+    """The pool the job was routed to (``job.routed``), when the cluster is split into pools: the event is
+    on that pool's partition. None: no pools."""
 
 
 class PendingReason(BaseModel):
@@ -449,6 +461,7 @@ EVENTS: list[type[Event]] = [
     JobCancelRequested,
     JobAdmitted,
     JobRejected,
+    JobRouted,
     JobQueued,
     JobPending,
     JobPlaced,

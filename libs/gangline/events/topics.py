@@ -112,6 +112,7 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         (
             jobs.JobAdmitted,
             jobs.JobRejected,
+            jobs.JobRouted,
             jobs.JobQueued,
             jobs.JobPending,
             jobs.JobPlaced,

@@ -46,6 +46,7 @@ from gangline.events.jobs import (
     JobPreempting,
     JobQueued,
     JobRequeued,
+    JobRouted,
     JobSpec,
 )
 from gangline.events.nodes import (
@@ -70,6 +71,7 @@ FOLDED_EVENTS = (
     "gpu.health_changed",
     *CORDON_EVENTS,
     "job.admitted",
+    "job.routed",
     "job.queued",
     "job.requeued",
     "job.completed",
@@ -285,23 +287,20 @@ class ClusterFold:
                 degraded.add(data.gpu)
             self._snapshot = None
             return bool(data.state == "healthy")
-        job_event = JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed
+        job_event = JobAdmitted | JobRouted | JobQueued | JobRequeued | JobCompleted | JobFailed
         if isinstance(data, job_event) and data.job_id in self.retired:
             return False  # finished and released: nothing about it can change any more
         if isinstance(data, AllocationGranted | AllocationReleased) and self._absorbed_by_retired(data):
             return False
-        if isinstance(data, JobAdmitted):
+        if isinstance(data, JobAdmitted | JobRouted):
+            # Routed to a pool (job.routed): what a pool's owners read instead of the job.admitted.
             record = self._record(data.job_id)
             if record.spec is None:
                 record.spec = data.spec
-                record.admitted_at = envelope.time
+                record.admitted_at = data.admitted_at if isinstance(data, JobRouted) else envelope.time
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)
-            if data.spec is not None and record.spec is None:
-                # Routed to a pool: its placement reads the spec here, not from job.admitted.
-                record.spec = data.spec
-                record.admitted_at = data.admitted_at or envelope.time
             moved = (
                 data.replaces is not None and data.gpu_type is not None and data.gpu_type != record.flavour
             )

@@ -54,8 +54,9 @@ def test_routing_picks_the_pool_that_holds_it_with_the_most_room_left_after_what
     hardware = pooled(a=[node(H100, 8, "a")], b=[node(H100, 8, "b"), node(L40S, 4, "b")])
     usable = {"a": {H100: 8}, "b": {H100: 8, L40S: 4}}
     ask = WorkerAsk(workers=1, gpus=4)
-    assert route(H100, ask, hardware, usable, {}, ["a", "b"]) == "a"  # a tie: by name
-    assert route(H100, ask, hardware, usable, {"a": 4}, ["a", "b"]) == "b"
-    assert route(L40S, ask, hardware, usable, {}, ["a", "b"]) == "b"  # only b has the model
-    assert route(None, ask, hardware, usable, {}, ["a", "b"]) == "b"  # any model: b has 12
-    assert route(H100, WorkerAsk(workers=2, gpus=8), hardware, usable, {}, ["a", "b"]) is None
+    assert route([H100], ask, hardware, usable, {}, ["a", "b"]) == "a"  # a tie: by name
+    assert route([H100], ask, hardware, usable, {"a": 4}, ["a", "b"]) == "b"
+    assert route([L40S], ask, hardware, usable, {}, ["a", "b"]) == "b"  # only b has the model
+    assert route([None], ask, hardware, usable, {}, ["a", "b"]) == "b"  # any model: b has 12
+    assert route([H100, L40S], ask, hardware, usable, {"b": 3}, ["a", "b"]) == "b"  # 12 - 3 > 8
+    assert route([H100], WorkerAsk(workers=2, gpus=8), hardware, usable, {}, ["a", "b"]) is None

@@ -263,16 +263,17 @@ def test_a_degraded_gpu_keeps_its_running_work_but_takes_no_new_work() -> None:
     assert [g.job_id for g in back] == ["j2"]
 
 
-def test_a_pools_placement_places_a_job_from_the_job_queued_that_routes_it_alone() -> None:
-    """A pool's placement reads no job.admitted (it may be on another pool's partition): the job.queued
-    that routes the job to the pool carries its spec and admitted time."""
-    from gangline.events.jobs import JobSpec
+def test_a_pools_placement_places_a_job_it_learns_from_its_routing() -> None:
+    """A pool's placement reads no job.admitted (it may be on another pool's partition): the job.routed on
+    its partition carries the spec and the admitted time."""
+    from gangline.events.jobs import JobRouted, JobSpec
 
     state = new_state(("a", 1, 8), gated=True)
     spec = JobSpec(queue="team-a", workers=1, gpus_per_worker=4)
-    routed = JobQueued(job_id=JobId("r1"), queue="team-a", pool="spine-a", spec=spec, admitted_at=T0)
-    [grant] = grants(feed(state, env(routed, at=5.0)))
-    assert grant.job_id == "r1"
+    assert (
+        feed(state, env(JobRouted(job_id=JobId("r1"), pool="spine-a", spec=spec, admitted_at=T0), at=5.0))
+        == []
+    )
     assert state.jobs[JobId("r1")].admitted_at == T0
-    # Without a spec (no pools) a job.queued alone places nothing: the spec comes from job.admitted.
-    assert grants(feed(state, env(JobQueued(job_id=JobId("r2"), queue="team-a")))) == []
+    [grant] = grants(feed(state, env(JobQueued(job_id=JobId("r1"), queue="team-a", pool="spine-a"), at=6.0)))
+    assert grant.job_id == "r1"
