@@ -58,6 +58,7 @@ from services.common.replay import (
     decoded,
     group_transactions,
     kind_of,
+    per_pool,
     unstamped_differences,
     verify_with,
 )
@@ -93,8 +94,8 @@ class PlacementReplayer:
         max_jobs_per_cycle: int = FRONT_OF_LINE,
         pooled: bool = False,
     ) -> None:
-        """``pooled``: the records are one pool's (:func:`pool_records`), decided as a pool's placement
-        decides: without the job.admitted events, which may be of another pool's jobs."""
+        """``pooled``: the records are one pool's (:func:`~services.common.replay.pool_records`), decided
+        as a pool's placement decides: without the job.admitted events, which may be of another pool's."""
         self.topics = topics
         self._folded_events = frozenset(POOL_FOLDED_EVENTS if pooled else FOLDED_EVENTS)
         self._live_events = self._folded_events - {"allocation.granted"}
@@ -248,8 +249,7 @@ def replay_placement(
 
     ``unlimited_queues``: the queues the run's queues file marked unlimited (None: the configuration
     without a file, where only ``default`` is). With ``pools`` each pool is replayed on its own, over its
-    partitions (:func:`pool_records`), as its owners decided it (whichever replica that was: each owner's
-    run is an incarnation of the pool's); the report sums them.
+    partitions, as its owners decided it (:func:`~services.common.replay.per_pool`).
     """
     if unlimited_queues is None:
         from services.common.queues import unlimited_queues as read_unlimited
@@ -257,7 +257,7 @@ def replay_placement(
         unlimited_queues = read_unlimited(None)
     names = topics if topics is not None else TopicNames()
 
-    def replay(view: Sequence[LogRecord], pooled: bool) -> ReplayReport:
+    def replay(view: Sequence[LogRecord], pooled: bool = False) -> ReplayReport:
         return PlacementReplayer(
             view,
             topics=names,
@@ -269,22 +269,8 @@ def replay_placement(
         ).replay()
 
     if pools is None:
-        return replay(records, False)
-    reports = [replay(pool_records(records, names, pools.partition(pool)), True) for pool in pools.pools]
-    return ReplayReport(
-        service="placement",
-        transactions=sum(r.transactions for r in reports),
-        incarnations=sum(r.incarnations for r in reports),
-        inputs=sum(r.inputs for r in reports),
-        compared=sum(r.compared for r in reports),
-        differences=[d for r in reports for d in r.differences],
-    )
-
-
-def pool_records(records: Sequence[LogRecord], topics: TopicNames, partition: int) -> list[LogRecord]:
-    """What one pool's placement reads and writes: its partition of each pooled topic, all of the others."""
-    pooled = frozenset(topics.pooled())
-    return [r for r in records if r.topic not in pooled or r.partition == partition]
+        return replay(records)
+    return per_pool(records, names, pools, lambda view: replay(view, pooled=True))
 
 
 def decider_topics(prefix: str) -> list[str]:
