@@ -128,7 +128,7 @@ async def main(settings: NodeHealthSettings) -> None:
 async def main_pools(settings: NodeHealthSettings, layout: PoolLayout) -> None:
     """node_health with pools: one seat per pool (services.common.pools), watching its pool's nodes alone
     (their heartbeats, health and allocations are on its partitions; silence is judged by its pool's
-    heartbeats, so a pool whose agents lost the bus is not judged by another pool's). No snapshots yet."""
+    heartbeats, so a pool whose agents lost the bus is not judged by another pool's)."""
     metrics = ServiceMetrics(SERVICE)
     topics = topic_names(settings)
     inputs = [topics.inventory, topics.health, topics.operator, topics.allocations, topics.heartbeats]
@@ -153,6 +153,14 @@ async def main_pools(settings: NodeHealthSettings, layout: PoolLayout) -> None:
             started=state.started,
             metrics=metrics if seat.home else None,
             partition_of=to_pool(seat.partition, topics.pooled()),
+            snapshots=settings.state_snapshots(
+                state,
+                topic=topics.snapshots(SERVICE),
+                service=SERVICE,
+                restore_topics=restore_topics(topics),
+                config={**snapshot_config(settings), "pool": seat.pool},
+                partition=seat.partition,
+            ),
         )
 
     async with metrics.serve(settings):

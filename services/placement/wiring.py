@@ -159,6 +159,15 @@ async def main_pools(settings: PlacementSettings, layout: PoolLayout) -> None:
             metrics=metrics if seat.home else None,
             # Every output to the pool's partition: what the pool decides is read back by its next owner.
             partition_of=to_pool(seat.partition, topics.pooled()),
+            # The pool's state, on the pool's partition of the snapshot topic: its next owner loads it.
+            snapshots=settings.state_snapshots(
+                state,
+                topic=topics.snapshots(SERVICE),
+                service=SERVICE,
+                restore_topics=inputs,
+                config={**snapshot_config(state), "pool": seat.pool},
+                partition=seat.partition,
+            ),
         )
 
     log.info("placement pools", extra={"pools": str(layout), "home": sorted(home)})

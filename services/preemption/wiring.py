@@ -153,6 +153,14 @@ async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
             record_inputs=True,
             metrics=metrics if seat.home else None,
             partition_of=to_pool(seat.partition, topics.pooled()),
+            snapshots=settings.state_snapshots(
+                state,
+                topic=topics.snapshots(SERVICE),
+                service=SERVICE,
+                restore_topics=inputs,
+                config={**snapshot_config(state), "pool": seat.pool},
+                partition=seat.partition,
+            ),
         )
 
     async with metrics.serve(settings):

@@ -15,6 +15,7 @@ import asyncio
 import json
 import random
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,17 @@ JOBS = 120
 POOLS = "spine=spine-a,spine-b"
 
 
+def logged_at(proc: Proc, message: str, contains: str) -> list[float]:
+    """The times (epoch seconds) of ``proc``'s JSON log lines with ``message`` whose text has ``contains``."""
+    times = []
+    for line in proc.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and contains in line:
+            entry = json.loads(line)
+            if entry.get("message") == message:
+                times.append(datetime.fromisoformat(entry["time"]).timestamp())
+    return times
+
+
 def processor_started(proc: Proc, pool: str) -> bool:
     """Whether ``proc``'s log says its seat of ``pool`` started deciding (its transactional id names it)."""
     return f"placement.pool-{pool}.leader" in "".join(
@@ -80,7 +92,10 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
     spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
     pool_of_node = {r.node: r.spine for r in spec.registrations()}
     async with private_topics(kafka_bootstrap, "pools") as topics:
-        env = service_env(kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s="2")
+        # Snapshots every few events: the new owner of spine-a loads the pool's latest and reads the tail.
+        env = service_env(
+            kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s="2", snapshot_every_events="5"
+        )
         replicas = [
             Proc(
                 "services.placement",
@@ -161,6 +176,10 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 for _ in range(10):
                     await log.poll()
             assert processor_started(replicas[1], "spine-a"), "p1 did not take spine-a over"
+            # p1 loaded one snapshot: spine-a's, written by p0, at the takeover (spine-b had none at start).
+            loaded = replicas[1].log_path.read_text().count("state loaded from a snapshot")
+            assert loaded == 1, loaded
+            [took_over] = logged_at(replicas[1], "processor started", "placement.pool-spine-a.leader")
 
             every = grants()
             per_job: dict[str, int] = {}
@@ -185,6 +204,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 "granted_before_kill": per_pool(before),
                 "granted_total": per_pool(every),
                 "both_pools_deciding_overlap_s": round(overlap_ms / 1000, 2),
+                "kill_to_new_owner_processing_s": round(took_over - killed_at, 2),
                 "kill_to_first_pool_a_grant_s": round(first_after - killed_at, 2),
                 "duplicated": 0,
                 "lost": JOBS - len(per_job),

@@ -882,7 +882,7 @@ class Processor:
                 value=record.value,
                 key=record.key,
                 headers=list(record.headers),
-                partition=0,
+                partition=self._snapshots.partition,
             )
             sent.append(future)
         return sent

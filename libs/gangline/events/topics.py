@@ -208,13 +208,13 @@ _SNAPSHOTS: tuple[TopicSpec, ...] = tuple(
     TopicSpec(
         snapshot_topic(service),
         "snapshot_part",
-        1,
+        POOL_PARTITIONS,  # one per pool's owner (0 without pools)
         "compact",
         None,
         (),
         None,
         retention="compacted: the latest snapshot of the service's state survives whole (its chunks and "
-        "manifest); older ones are superseded within the hour",
+        "manifest; with pools, each pool's on its partition); older ones are superseded within the hour",
         segment_ms=SNAPSHOT_SEGMENT_MS,
     )
     for service in SNAPSHOTTED_SERVICES
