@@ -169,11 +169,13 @@ class EventProducer:
         *,
         key: str | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> RecordMetadata:
         """Send one envelope and wait until the broker has it (acks=all).
 
         ``key`` defaults to ``envelope.subject`` (the job or node id), which keeps one job's
-        events in one partition, in order.
+        events in one partition, in order. ``partition``: where it goes (a pool's); None: the
+        producer's ``partition_of``, else the key's.
         """
         chain = self._chain
         future = await send_envelope(
@@ -184,7 +186,7 @@ class EventProducer:
             key=key,
             headers=headers,
             chain=chain,
-            partition=self._partition_of(topic, envelope),
+            partition=partition if partition is not None else self._partition_of(topic, envelope),
         )
         try:
             metadata: RecordMetadata = await future
