@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +50,10 @@ from services.tools.cli import main as gangline_main
 
 JOBS = 120
 POOLS = "spine=spine-a,spine-b"
+STANDBY_DELAY_S = "10"
+"""Each replica stands by for the other's pool only this long after its start, so that the other, started
+at the same time but slower to import on a loaded machine, takes its own pool first (a pool is not handed
+back once taken)."""
 
 
 def logged_at(proc: Proc, message: str, contains: str) -> list[float]:
@@ -60,6 +65,16 @@ def logged_at(proc: Proc, message: str, contains: str) -> list[float]:
             if entry.get("message") == message:
                 times.append(datetime.fromisoformat(entry["time"]).timestamp())
     return times
+
+
+async def standing_by(proc: Proc, pool: str, *, timeout_s: float = 60) -> None:
+    """Wait until ``proc``'s seat of ``pool`` (not its own) waits for the pool's lock: a standby in place."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not logged_at(proc, "pool seat waiting for its lock", f'"pool": "{pool}"'):
+        assert loop.time() < deadline, f"{proc.log_path.name}: no standby seat for {pool}"
+        assert proc.alive()
+        await asyncio.sleep(0.2)
 
 
 def processor_started(proc: Proc, pool: str) -> bool:
@@ -94,7 +109,11 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
     async with private_topics(kafka_bootstrap, "pools") as topics:
         # Snapshots every few events: the new owner of spine-a loads the pool's latest and reads the tail.
         env = service_env(
-            kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s="2", snapshot_every_events="5"
+            kafka_bootstrap,
+            topics,
+            pools=POOLS,
+            pool_standby_delay_s=STANDBY_DELAY_S,
+            snapshot_every_events="5",
         )
         replicas = [
             Proc(
@@ -163,6 +182,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 overlap_ms = min(spans[0][1], spans[1][1]) - max(spans[0][0], spans[1][0])
                 assert overlap_ms > 0, f"the two pools were not decided at once: {spans}"
 
+                await standing_by(replicas[1], "spine-a")
                 killed_at = time.time()
                 replicas[0].kill9()
                 await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
@@ -239,3 +259,84 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
     figures["replayed_quota_outputs"] = quota.compared
     print(capsys.readouterr().out)
     print("pool failover:", json.dumps(figures))
+
+
+async def test_a_pools_owner_frozen_past_its_lock_is_replaced_for_that_pool_and_fenced_when_it_resumes(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A false failover of one pool (its owner frozen past the lock's session, as by a long GC pause):
+    the other replica takes the pool over; the frozen one resumes, learns it lost, and exits, having
+    committed nothing meanwhile (the pool's transactional id is the new owner's now)."""
+    rng = random.Random(13)
+    jobs = [
+        (
+            f"pz-{i:03d}",
+            request_bytes(
+                f"pz-{i:03d}",
+                queue="default",
+                workers=1,
+                gpus_per_worker=rng.choice([1, 2, 4, 8]),
+                duration_hint_s=1,
+            ),
+        )
+        for i in range(JOBS)
+    ]
+    spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
+    async with private_topics(kafka_bootstrap, "poolz") as topics:
+        env = service_env(kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s=STANDBY_DELAY_S)
+        old, new = (
+            Proc(
+                "services.placement",
+                {**env, "GANGLINE_INSTANCE_ID": f"z{k}", "GANGLINE_POOL_GROUP": pool},
+                tmp_path / f"z{k}.log",
+            )
+            for k, pool in enumerate(("spine-a", "spine-b"))
+        )
+        cluster = fake_cluster(kafka_bootstrap, topics, spec, time_scale=0.2, heartbeat_s=0.5)
+        tasks = Tasks()
+        try:
+            tasks.start("fake-nodes", cluster.run())
+            await cluster.ready.wait()
+            start_pipeline(tasks, env, only=("admission", "quota"))
+            old.start()
+            new.start()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 120
+            while not (processor_started(old, "spine-a") and processor_started(new, "spine-b")):
+                assert loop.time() < deadline and old.alive() and new.alive()
+                await asyncio.sleep(0.2)
+            await send_raw(kafka_bootstrap, topics.requests, jobs[: JOBS // 2])
+            async with LogReader(kafka_bootstrap, [topics.allocations]) as log:
+
+                def granted() -> list[str]:
+                    return [g.job_id for g in log.of(topics.allocations, AllocationGranted)]
+
+                await log.until(lambda: len(granted()) >= JOBS // 4, timeout_s=90, check=tasks.check)
+                await standing_by(new, "spine-a")
+                assert old.proc is not None
+                old.proc.send_signal(signal.SIGSTOP)  # frozen mid-work, its pool's lock and transaction open
+                try:
+                    deadline = loop.time() + 60
+                    while not processor_started(new, "spine-a"):
+                        assert loop.time() < deadline, "the other replica did not take spine-a over"
+                        await log.poll()
+                    await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
+                    await log.until(lambda: len(granted()) > JOBS // 2, timeout_s=90, check=tasks.check)
+                finally:
+                    old.proc.send_signal(signal.SIGCONT)
+                await log.until(lambda: len(set(granted())) == JOBS, timeout_s=120, check=tasks.check)
+                deadline = loop.time() + 60
+                while old.alive() and loop.time() < deadline:
+                    await log.poll()
+                for _ in range(10):
+                    await log.poll()
+            assert not old.alive(), "the resumed old owner of spine-a did not stop"
+            assert new.alive()
+            assert sorted(granted()) == sorted(job for job, _ in jobs)  # each exactly once
+            assert audit_allocations(log.stamped[topics.allocations]) == []
+        finally:
+            for proc in (old, new):
+                if proc.proc is not None and proc.alive():
+                    proc.proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+            await tasks.stop()
