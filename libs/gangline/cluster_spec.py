@@ -27,6 +27,12 @@ it with ``topology.nodes_per_leaf`` nodes before the next; ``topology.leaves_per
 consecutive leaves share a spine ``spine-NN``. A group with a ``leaf`` puts all its nodes under it
 (and under ``spine``, ``spine-0`` when omitted). A multi-node NVLink domain never spans leaves.
 
+Pools (optional) split the cluster by one node label; every node must be in one of them:
+
+```yaml
+pools: {label: spine, names: [spine-a, spine-b]}   # or gpu_model, leaf, or a key of the nodes' labels
+```
+
 A ``shared`` group's GPUs are shared by milli fractions in the simulator; ``node.registered`` has
 no field for that, so its registrations show whole GPUs.
 """
@@ -42,11 +48,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gangline.core.model import GpuMode, GpuModel, Node
+from gangline.core.pools import PoolLayout, PoolLayoutError
 from gangline.core.queues import Resource, gpu_resource
 from gangline.events.ids import derived_id
 from gangline.events.nodes import GpuInfo, NodeRegistered
 from gangline.events.types import GpuId, MiB, NodeId
-from gangline.fold.adapter import core_node
+from gangline.fold.adapter import core_node, pool_labels
 
 DEFAULT_SPINE = "spine-0"
 SIMULATED_LABEL = "gangline/simulated"
@@ -101,6 +108,20 @@ class NodeGroup(BaseModel):
         return GpuMode(self.mode)
 
 
+class Pools(BaseModel):
+    """How the cluster is split into pools (see module docstring): a node label and its pools, in order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: Annotated[str, Field(min_length=1)]
+    """``spine``, ``leaf``, ``nvlink_domain``, ``gpu_model``, or a key of the nodes' ``labels`` (a region)."""
+    names: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(min_length=1)]
+    """The pools: values of ``label``. A pool's index is its partition of every pooled topic."""
+
+    def layout(self) -> PoolLayout:
+        return PoolLayout(self.label, self.names)
+
+
 class ClusterSpec(BaseModel):
     """A validated cluster spec (see module docstring)."""
 
@@ -109,6 +130,9 @@ class ClusterSpec(BaseModel):
     name: Annotated[str, Field(min_length=1)] = "cluster"
     topology: Topology = Topology()
     groups: Annotated[tuple[NodeGroup, ...], Field(min_length=1)]
+    pools: Pools | None = None
+    """The pools the cluster is split into (None: one pool, the whole cluster); the services read the same
+    layout from ``GANGLINE_POOLS`` (``label=pool,...``: :meth:`Pools.layout`'s text)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterSpec:
@@ -116,6 +140,18 @@ class ClusterSpec(BaseModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"group name {twice[0]} repeats (node ids would collide)")
+        if self.pools is not None:
+            try:
+                layout = self.pools.layout()
+            except PoolLayoutError as e:
+                raise ValueError(f"pools: {e}") from None
+            unpooled = sorted(
+                {r.node for r in self.registrations() if layout.pool_of(pool_labels(r)) is None}
+            )
+            if unpooled:
+                raise ValueError(
+                    f"pools: nodes whose {layout.label} names no pool of {list(layout.pools)}: {unpooled[:5]}"
+                )
         for g in self.groups:
             per_domain = g.nodes_per_nvlink_domain
             if g.leaf is None and per_domain > 1 and self.topology.nodes_per_leaf % per_domain:

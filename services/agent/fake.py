@@ -36,6 +36,7 @@ from gangline.bus.producer import send_envelope
 from gangline.bus.records import KafkaRecord
 from gangline.bus.security import client_options
 from gangline.cluster_spec import ClusterSpec
+from gangline.core.pools import PoolLayout
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.codec import DecodeError, decode
@@ -51,6 +52,7 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, GpuStatus, HealthCause, NodeHeartbeat, NodeRegistered
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, Seconds
+from gangline.fold.adapter import pool_labels
 from gangline.telemetry.tracing import get_tracer
 from services.common.select import wire_type_of
 from services.common.topics import TopicNames
@@ -96,6 +98,9 @@ class FakeCluster:
     default_duration_s: int | None = None
     """Run time of jobs without a duration hint; None runs them until released."""
     checkpoint_delay_s: float = 0.2
+    pools: PoolLayout | None = None
+    """The cluster's pools: each node's records, and the reports of the jobs it runs, go to its pool's
+    partition (gangline.bus.pools), as each node's own agent sends them. None: by key."""
     nodes: dict[NodeId, NodeRegistered] = field(init=False)
     silent: set[NodeId] = field(default_factory=set)
     stats: FakeStats = field(default_factory=FakeStats)
@@ -119,6 +124,9 @@ class FakeCluster:
         self._outbox: list[Outgoing] = []
         self._sending = asyncio.Lock()
         self._flushes: set[asyncio.Future[None]] = set()
+        self._job_node: dict[JobId, NodeId] = {}
+        """The node (rank 0's) each job granted here runs on: its reports go to that node's pool."""
+        self._pooled = frozenset(self.topics.pooled())
 
     # -- control -------------------------------------------------------------------------------
 
@@ -193,6 +201,16 @@ class FakeCluster:
                     if running.timer is not None:
                         running.timer.cancel()
                 self._producer = None
+
+    def _pool_partition(self, topic: str, envelope: Envelope) -> int | None:
+        """A record's pool partition: its node's pool (a node event's node; a job report's job's node)."""
+        layout = self.pools
+        if layout is None or topic not in self._pooled:
+            return None
+        node = getattr(envelope.data, "node", None) or self._job_node.get(JobId(envelope.subject))
+        registered = self.nodes.get(NodeId(node)) if node is not None else None
+        pool = layout.pool_of(pool_labels(registered)) if registered is not None else None
+        return layout.partition(pool) if pool is not None else None
 
     def _wanted(self, record: KafkaRecord) -> bool:
         """Whether to decode a record: the agents' events, but not releases of jobs not running here.
@@ -270,6 +288,7 @@ class FakeCluster:
             if any(p.node in self.silent for p in data.placements):
                 return  # a dead node starts nothing
             self._running[data.allocation_id] = _Running(data, datetime.now(UTC))
+            self._job_node[data.job_id] = data.placements[0].node
             self._running_jobs[data.job_id] = self._running_jobs.get(data.job_id, 0) + 1
             started = JobStarted(job_id=data.job_id, allocation_id=data.allocation_id)
             self._outbox.append((self.topics.events, started, derived_id(envelope.id, "started")))
@@ -400,16 +419,19 @@ class FakeCluster:
             return
         now = datetime.now(UTC)
         tracer = get_tracer()
-        futures = [
-            await send_envelope(
-                producer.raw,
-                tracer,
-                topic,
-                make_envelope(event, event_id=event_id, source=self._source, time=now),
-                chain=producer.chain,
+        futures = []
+        for topic, event, event_id in items:
+            envelope = make_envelope(event, event_id=event_id, source=self._source, time=now)
+            futures.append(
+                await send_envelope(
+                    producer.raw,
+                    tracer,
+                    topic,
+                    envelope,
+                    chain=producer.chain,
+                    partition=self._pool_partition(topic, envelope),
+                )
             )
-            for topic, event, event_id in items
-        ]
         await asyncio.gather(*futures)
 
 

@@ -286,6 +286,7 @@ def create_app(
     tracer = get_tracer(tracer_provider)
     requests_topic = settings.topic_prefix + topics.JOBS_REQUESTS
     operator_topic = settings.topic_prefix + topics.NODES_OPERATOR
+    layout = settings.pool_layout
     state: dict[str, Resources] = {}
     # Submissions accepted here that the ledger may not have yet: job id -> the request's data.
     recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -433,13 +434,15 @@ def create_app(
         log.exception("unhandled error")  # a bug: the body says nothing of it
         return problem(500, "the API failed on this request; it is logged", kind="internal")
 
-    async def publish(request: Request, name: str, data: Event, *, topic: str | None = None) -> str:
+    async def publish(
+        request: Request, name: str, data: Event, *, topic: str | None = None, partition: int | None = None
+    ) -> str:
         event_id = event_ids()
         headers = [(k, v.encode()) for k, v in request.headers.items() if k in ("traceparent", "tracestate")]
         with tracer.start_as_current_span(name, context=extract_context(headers), kind=SpanKind.SERVER):
             envelope = make_envelope(data, event_id=event_id, source=SOURCE, time=clock())
             try:
-                await res().producer.publish(topic or requests_topic, envelope)
+                await res().producer.publish(topic or requests_topic, envelope, partition=partition)
             except MessageSizeTooLargeError as error:
                 raise ApiProblem(
                     status.HTTP_413_CONTENT_TOO_LARGE,
@@ -635,7 +638,12 @@ def create_app(
         async with res().pool.acquire() as conn:
             if not await queries.node_known(conn, node):
                 raise ApiProblem(status.HTTP_404_NOT_FOUND, f"no node {node!r}", kind="not-found")
-        event_id = await publish(request, f"POST /v1/nodes/{{node}}/{action}", event, topic=operator_topic)
+            # With pools the word goes to the node's pool's partition, where that pool's owners read it.
+            pool = layout.pool_of(await queries.node_pool_labels(conn, node)) if layout is not None else None
+        partition = layout.partition(pool) if layout is not None and pool is not None else None
+        event_id = await publish(
+            request, f"POST /v1/nodes/{{node}}/{action}", event, topic=operator_topic, partition=partition
+        )
         grace = event.drain_grace_s if isinstance(event, NodeCordoned) else None
         return OperatorAction(node=node, action=action, event_id=event_id, drain_grace_s=grace)
 

@@ -332,6 +332,22 @@ async def node_known(conn: asyncpg.Connection, node: str) -> bool:
     return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM nodes WHERE node = $1)", node))
 
 
+async def node_pool_labels(conn: asyncpg.Connection, node: str) -> dict[str, str]:
+    """The labels a pool layout may split the cluster by, as the ledger has them for ``node`` (its
+    ``labels``, its topology, its GPU model: gangline.fold.adapter.pool_labels); empty if unknown."""
+    row = await conn.fetchrow(
+        "SELECT labels, spine, leaf, nvlink_domain, gpu_model FROM nodes WHERE node = $1", node
+    )
+    if row is None:
+        return {}
+    raw = row["labels"]
+    labels = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+    for name in ("spine", "leaf", "nvlink_domain", "gpu_model"):
+        if row[name] is not None:
+            labels[name] = row[name]
+    return {str(k): str(v) for k, v in labels.items()}
+
+
 CORDON_TYPES = ("gangline.node.cordoned.v1", "gangline.node.uncordoned.v1")
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from gangline.bus import ProcessorSettings
 from gangline.bus.security import KafkaSecurity, SaslMechanism, SecurityProtocol
+from gangline.core.pools import PoolLayout
 from services.common.topics import TopicNames
 
 PREFIX = "GANGLINE_"
@@ -89,6 +90,19 @@ class ServiceSettings(BaseModel):
     writer_principal: str | None = None
     """GANGLINE_WRITER_PRINCIPAL: the access-file principal to sign as when the Kafka user name differs
     (deploy/k8s: ``node_health`` authenticates as ``node-health``); unset: the Kafka user name."""
+    pools: str | None = None
+    """GANGLINE_POOLS: the cluster's pools, ``label=pool,pool,...`` (e.g. ``spine=spine-a,spine-b``; the
+    cluster spec's ``pools``): a pool's index is its partition of every pooled topic (gangline.core.pools).
+    Unset: one pool, the whole cluster, as before pools existed."""
+    pool_group: str | None = None
+    """GANGLINE_POOL_GROUP: the pools this replica of a pool-owned service leads first, comma-separated
+    (unset: by ``pool_replicas`` and its ordinal, else all); it stands by for the others
+    (services.common.pools)."""
+    pool_replicas: int | None = Field(default=None, ge=1)
+    """GANGLINE_POOL_REPLICAS: with no ``pool_group``, the replicas the pools are dealt over by ordinal
+    (a StatefulSet's replica count: pod ``-N`` leads the pools whose index is N modulo it)."""
+    pool_standby_delay_s: float = Field(default=5.0, ge=0)
+    """GANGLINE_POOL_STANDBY_DELAY_S: how long a replica waits before standing by for other groups' pools."""
     otlp_endpoint: str | None = None
     """OTLP/HTTP collector; traces are exported only when set (or OTEL_EXPORTER_OTLP_* is)."""
     metrics_host: str = "127.0.0.1"
@@ -100,6 +114,25 @@ class ServiceSettings(BaseModel):
     @classmethod
     def _metrics_off(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
+
+    @field_validator("pools")
+    @classmethod
+    def _pools_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            PoolLayout.parse(value)
+        return value
+
+    @property
+    def pool_group_names(self) -> list[str] | None:
+        """``pool_group`` as a list (None: unset)."""
+        if not self.pool_group:
+            return None
+        return [p.strip() for p in self.pool_group.split(",") if p.strip()]
+
+    @property
+    def pool_layout(self) -> PoolLayout | None:
+        """The pools (None: one pool, the whole cluster)."""
+        return PoolLayout.parse(self.pools) if self.pools else None
 
     @model_validator(mode="after")
     def _trust_has_its_key(self) -> Self:

@@ -86,6 +86,7 @@ from gangline.bus.positions import (
     parse_batch,
     parse_positions,
 )
+from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode, dumps, encode
 from gangline.replay.log import FileSource, LogFormatError, LogRecord, LogSource
@@ -773,3 +774,33 @@ def main(
 
 if __name__ == "__main__":
     raise SystemExit(main(prog="python -m services.common.replay"))
+
+
+# -- pools -------------------------------------------------------------------------------------------
+
+
+def pool_records(records: Sequence[LogRecord], topics: TopicNames, partition: int) -> list[LogRecord]:
+    """What one pool's owner reads and writes: its partition of each pooled topic, all of the others."""
+    pooled = frozenset(topics.pooled())
+    return [r for r in records if r.topic not in pooled or r.partition == partition]
+
+
+def per_pool(
+    records: Sequence[LogRecord],
+    topics: TopicNames,
+    layout: PoolLayout,
+    replay: Callable[[Sequence[LogRecord]], ReplayReport],
+) -> ReplayReport:
+    """A pool-owned service's replay (gangline.core.pools): each pool on its own, over its partitions
+    (:func:`pool_records`), as its owners decided it (each owner's run an incarnation of the pool's); the
+    report sums them."""
+    reports = [replay(pool_records(records, topics, layout.partition(pool))) for pool in layout.pools]
+    return ReplayReport(
+        service=reports[0].service,
+        transactions=sum(r.transactions for r in reports),
+        incarnations=sum(r.incarnations for r in reports),
+        inputs=sum(r.inputs for r in reports),
+        compared=sum(r.compared for r in reports),
+        differences=[d for r in reports for d in r.differences],
+        unverified=sum(r.unverified for r in reports),
+    )

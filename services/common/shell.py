@@ -56,6 +56,7 @@ from gangline.bus import (
     Select,
 )
 from gangline.bus.consumer import decode_or_dead_letter
+from gangline.bus.pools import PartitionOf
 from gangline.bus.processor import InputRecording, transactional_producer
 from gangline.bus.records import DeadLetter
 from gangline.bus.security import client_options
@@ -154,11 +155,14 @@ async def read_to_end(
     select: Select | None = None,
     read_up_to: dict[tuple[str, int], int] | None = None,
     start: Mapping[tuple[str, int], int] | None = None,
+    partitions: Mapping[str, Sequence[int]] | None = None,
 ) -> int:
     """Fold every committed event of ``topics`` (each topic in order), up to their current end; the count.
 
     ``read_up_to``, when given, receives the offset each ``(topic, partition)`` was read up to.
     ``start``: where to begin reading a ``(topic, partition)`` (one not named: at its beginning).
+    ``partitions``: per topic, the partitions to read (a pool's, :mod:`gangline.bus.pools`); a topic not
+    named: all of them.
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -181,6 +185,11 @@ async def read_to_end(
         missing = [topic for topic, partitions in layout.items() if not partitions]
         if missing:
             raise RuntimeError(f"topics missing on the broker: {missing}")
+        for topic, only in (partitions or {}).items():
+            if topic in layout:
+                if set(only) - set(layout[topic]):
+                    raise RuntimeError(f"{topic} has no partition {sorted(set(only) - set(layout[topic]))}")
+                layout[topic] = sorted(only)
         # Every end in one request, before any fetch is under way.
         ends = await consumer.end_offsets([TopicPartition(t, p) for t in topics for p in layout[t]])
         if read_up_to is not None:
@@ -236,8 +245,13 @@ async def restore_and_process(
     refusal: Refusal | None = None,
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
+    partition_of: PartitionOf | None = None,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
+
+    A pool's owner (:mod:`services.common.pools`) reads only its pool's partitions of the pooled topics
+    (``settings.input_partitions``, the restore too) and sends its outputs there (``partition_of``, the
+    bus's :data:`~gangline.bus.pools.PartitionOf`; quota sends each routed job to its pool's).
 
     With ``snapshots`` (needs ``record_inputs``) the restore starts from the latest snapshot of the state
     and the processor writes new ones (:mod:`services.common.snapshots`).
@@ -290,6 +304,7 @@ async def restore_and_process(
             metrics,
             snapshots,
             warm,
+            partition_of,
         )
 
     if lock_topic is None:
@@ -383,6 +398,7 @@ class WarmStandby:
                     select=self._select,
                     read_up_to=reached,
                     start=self.positions,
+                    partitions=settings.input_partitions,
                 )
                 self.positions = reached
                 with contextlib.suppress(TimeoutError):
@@ -447,6 +463,7 @@ async def _restore_and_process(
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
     warm: WarmStandby | None = None,
+    partition_of: PartitionOf | None = None,
 ) -> None:
     if metrics is not None:
         metrics.phase = "restoring"
@@ -466,6 +483,7 @@ async def _restore_and_process(
             snapshots,
             producer,
             warm,
+            partition_of,
         )
     except BaseException:
         await producer.stop()
@@ -490,6 +508,7 @@ async def _restore(
     snapshots: StateSnapshots | None,
     producer: AIOKafkaProducer,
     warm: WarmStandby | None = None,
+    partition_of: PartitionOf | None = None,
 ) -> Processor:
     """Restore ``state`` (the predecessor fenced by ``producer``), and the processor to run on it. A
     ``warm`` state (restored while standing by) only reads the log after where it got to."""
@@ -510,6 +529,7 @@ async def _restore(
         select=restore_select,
         read_up_to=restored,
         start=start,
+        partitions=settings.input_partitions,
     )
     if snapshots is not None:
         snapshots.restored(events)
@@ -536,4 +556,5 @@ async def _restore(
         snapshots=snapshots,
         chain_resume=snapshots.chain if snapshots is not None else None,
         producer=producer,
+        partition_of=partition_of,
     )

@@ -146,8 +146,11 @@ class StateSnapshots:
         every_s: float = DEFAULT_EVERY_S,
         max_share: float = DEFAULT_MAX_SHARE,
         clock: Callable[[], float] = time.monotonic,
+        partition: int = 0,
     ) -> None:
         self.topic = topic
+        self.partition = partition
+        """The snapshot topic's partition: 0, or with pools the pool's (each pool's owner its own)."""
         self._state = state
         self._kind = f"{service}/{state.SNAPSHOT_VERSION}"
         self._restore_topics = frozenset(restore_topics)
@@ -181,7 +184,11 @@ class StateSnapshots:
         started = time.perf_counter()
         try:
             snapshot = await read_latest(
-                bootstrap, self.topic, bounds_of=sorted(self._restore_topics), security=security
+                bootstrap,
+                self.topic,
+                bounds_of=sorted(self._restore_topics),
+                security=security,
+                partition=self.partition,
             )
         except SnapshotUnreadable as error:
             log.warning("snapshot unreadable; rebuilding from the whole log: %s", error)
@@ -322,8 +329,10 @@ class SnapshotSettings(BaseModel):
         service: str,
         restore_topics: Sequence[str],
         config: Mapping[str, Any] | None = None,
+        partition: int = 0,
     ) -> StateSnapshots | None:
-        """The snapshots of ``state`` under these settings (None when they are off)."""
+        """The snapshots of ``state`` under these settings (None when they are off); ``partition``: the
+        snapshot topic's, a pool's with pools."""
         if not self.snapshots:
             return None
         return StateSnapshots(
@@ -335,4 +344,5 @@ class SnapshotSettings(BaseModel):
             every_events=self.snapshot_every_events,
             every_s=self.snapshot_every_s,
             max_share=self.snapshot_max_share,
+            partition=partition,
         )

@@ -59,6 +59,10 @@ class TopicNames(BaseModel):
         """The compacted topic ``service`` writes snapshots of its state to (``<service>.snapshots``)."""
         return self._name(catalogue.snapshot_topic(service))
 
+    def pooled(self) -> tuple[str, ...]:
+        """The topics split by pool (a pool's records on its partition: gangline.bus.pools)."""
+        return tuple(self._name(spec.name) for spec in catalogue.CATALOGUE if spec.pooled)
+
     def specs(self) -> list[TopicSpec]:
         """Every catalogue topic (and dead-letter twin) under this prefix, ready for ``ensure_topics``."""
         return [

@@ -55,11 +55,12 @@ from services.common.replay import (
     ServiceModel,
     earliest,
     main,
+    per_pool,
     verify_with,
 )
 from services.node_health.handlers import SOURCE, NodeHealthState, decide
 from services.node_health.settings import NodeHealthSettings
-from services.node_health.wiring import NODE_HEALTH_EVENTS, new_state, record_time
+from services.node_health.wiring import NODE_HEALTH_EVENTS, POOL_NODE_HEALTH_EVENTS, new_state, record_time
 
 NAME = "node-health"
 """The decider's name for `gangline replay --decider`."""
@@ -69,9 +70,10 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
     name = "node_health"
     source = SOURCE
 
-    def __init__(self, settings: NodeHealthSettings) -> None:
+    def __init__(self, settings: NodeHealthSettings, *, pooled: bool = False) -> None:
         self.settings = settings
         self.topics = topic_names(settings)
+        self._wanted = frozenset(POOL_NODE_HEALTH_EVENTS if pooled else NODE_HEALTH_EVENTS)
         self._heard_at: datetime | None = None
         """The timestamp of the record about to be handled (the replayer selects it just before)."""
 
@@ -93,11 +95,11 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
         return new_state(self.settings, now=started or NO_TIME)
 
     def restores(self, kind: str) -> bool:
-        return kind in NODE_HEALTH_EVENTS or not kind
+        return kind in self._wanted or not kind
 
     def selects(self, state: NodeHealthState, record: LogRecord, kind: str) -> bool:
         self._heard_at = record_time(record.timestamp_ms)  # when the bus heard it, as the live fold had it
-        return kind in NODE_HEALTH_EVENTS or not kind
+        return kind in self._wanted or not kind
 
     def restore(self, state: NodeHealthState, envelope: Envelope) -> None:
         state.restore(envelope)
@@ -118,8 +120,17 @@ class NodeHealthModel(ServiceModel[NodeHealthState]):
 
 
 def replay_node_health(records: Sequence[LogRecord], settings: NodeHealthSettings) -> ReplayReport:
-    """Re-run node_health's handlers over the recorded inputs; every difference in its outputs, in order."""
-    return EventReplayer(NodeHealthModel(settings), records).replay()
+    """Re-run node_health's handlers over the recorded inputs; every difference in its outputs, in order.
+    With pools, each pool on its own (:func:`~services.common.replay.per_pool`)."""
+    layout = settings.pool_layout
+    if layout is None:
+        return EventReplayer(NodeHealthModel(settings), records).replay()
+    return per_pool(
+        records,
+        topic_names(settings),
+        layout,
+        lambda view: EventReplayer(NodeHealthModel(settings, pooled=True), view).replay(),
+    )
 
 
 def decider_topics(prefix: str) -> list[str]:

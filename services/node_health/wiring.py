@@ -6,9 +6,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.bus.pools import to_pool
+from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
+from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.common.snapshots import StateSnapshots
@@ -34,6 +37,8 @@ NODE_HEALTH_EVENTS = (
     "job.completed",
     "job.failed",
 )
+POOL_NODE_HEALTH_EVENTS = tuple("job.routed" if t == "job.admitted" else t for t in NODE_HEALTH_EVENTS)
+"""What a pool's node_health reads: a job is its pool's from its ``job.routed`` (gangline.core.pools)."""
 
 
 def record_time(timestamp_ms: int | None) -> datetime | None:
@@ -92,6 +97,10 @@ def state_snapshots(settings: NodeHealthSettings, state: NodeHealthState) -> Sta
 
 
 async def main(settings: NodeHealthSettings) -> None:
+    layout = settings.pool_layout
+    if layout is not None:
+        await main_pools(settings, layout)
+        return
     metrics = ServiceMetrics(SERVICE)
     state = new_state(settings, now=datetime.now(UTC))
     topics = state.topics
@@ -114,3 +123,45 @@ async def main(settings: NodeHealthSettings) -> None:
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=state_snapshots(settings, state),
         )
+
+
+async def main_pools(settings: NodeHealthSettings, layout: PoolLayout) -> None:
+    """node_health with pools: one seat per pool (services.common.pools), watching its pool's nodes alone
+    (their heartbeats, health and allocations are on its partitions; silence is judged by its pool's
+    heartbeats, so a pool whose agents lost the bus is not judged by another pool's)."""
+    metrics = ServiceMetrics(SERVICE)
+    topics = topic_names(settings)
+    inputs = [topics.inventory, topics.health, topics.operator, topics.allocations, topics.heartbeats]
+    home = home_pools(
+        layout,
+        group=settings.pool_group_names,
+        instance_id=settings.instance_id,
+        replicas=settings.pool_replicas,
+    )
+
+    async def run_seat(seat: Seat) -> None:
+        state = new_state(settings, now=datetime.now(UTC))
+        base = processor_settings(settings, SERVICE, [*inputs, topics.events])
+        await restore_and_process(
+            seat_settings(base, seat, topics.pooled()),
+            state,
+            handler(state, lambda: datetime.now(UTC)),
+            restore_topics=restore_topics(topics),
+            select=select_types(dict.fromkeys(POOL_NODE_HEALTH_EVENTS, True)),
+            lock_topic=topics.inventory,
+            record_inputs=True,
+            started=state.started,
+            metrics=metrics if seat.home else None,
+            partition_of=to_pool(seat.partition, topics.pooled()),
+            snapshots=settings.state_snapshots(
+                state,
+                topic=topics.snapshots(SERVICE),
+                service=SERVICE,
+                restore_topics=restore_topics(topics),
+                config={**snapshot_config(settings), "pool": seat.pool},
+                partition=seat.partition,
+            ),
+        )
+
+    async with metrics.serve(settings):
+        await run_seats(seats(layout, home), run_seat, standby_delay_s=settings.pool_standby_delay_s)

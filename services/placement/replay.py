@@ -40,6 +40,7 @@ from datetime import datetime
 from gangline.bus.positions import format_positions
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
+from gangline.core.pools import PoolLayout
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
@@ -57,6 +58,7 @@ from services.common.replay import (
     decoded,
     group_transactions,
     kind_of,
+    per_pool,
     unstamped_differences,
     verify_with,
 )
@@ -64,7 +66,7 @@ from services.common.replay import (
     main as replay_main,
 )
 from services.common.topics import TopicNames
-from services.placement.handlers import SOURCE, PlacementState, end_batch, fold_event
+from services.placement.handlers import POOL_FOLDED_EVENTS, SOURCE, PlacementState, end_batch, fold_event
 
 NAME = "placement-service"
 """The decider's name for `gangline replay --decider`."""
@@ -90,8 +92,13 @@ class PlacementReplayer:
         unlimited_queues: frozenset[str] = frozenset(),
         profile: Profile | None = None,
         max_jobs_per_cycle: int = FRONT_OF_LINE,
+        pooled: bool = False,
     ) -> None:
+        """``pooled``: the records are one pool's (:func:`~services.common.replay.pool_records`), decided
+        as a pool's placement decides: without the job.admitted events, which may be of another pool's."""
         self.topics = topics
+        self._folded_events = frozenset(POOL_FOLDED_EVENTS if pooled else FOLDED_EVENTS)
+        self._live_events = self._folded_events - {"allocation.granted"}
         self._gated = gated
         self._unlimited = unlimited_queues
         self._profile = profile if profile is not None else default_profile()
@@ -181,7 +188,7 @@ class PlacementReplayer:
             for tp in self._index.of_topic(topic):
                 end = positions.get(tp, self._folded.get(tp, 0))
                 for record in self._index.range(tp, 0, end):
-                    if kind_of(record.type) in FOLDED_EVENTS:
+                    if kind_of(record.type) in self._folded_events:
                         envelope = decoded(record)
                         if envelope is not None:
                             self._state.restore(envelope)
@@ -206,7 +213,7 @@ class PlacementReplayer:
         elif record.topic == self.topics.heartbeats:
             wanted = kind == "node.heartbeat" and self._state.needs_cycle
         else:
-            wanted = kind in LIVE_EVENTS or kind == AllocationGranted.TYPE
+            wanted = kind in self._live_events or kind == AllocationGranted.TYPE
         if not wanted:
             return []
         envelope = decoded(record)
@@ -238,24 +245,34 @@ def replay_placement(
     unlimited_queues: frozenset[str] | None = None,
     profile: Profile | None = None,
     max_jobs_per_cycle: int = FRONT_OF_LINE,
+    pools: PoolLayout | None = None,
 ) -> PlacementReplay:
     """Re-run placement's handlers over the recorded inputs; every difference in its outputs, in order.
 
     ``unlimited_queues``: the queues the run's queues file marked unlimited (None: the configuration
-    without a file, where only ``default`` is).
+    without a file, where only ``default`` is). With ``pools`` each pool is replayed on its own, over its
+    partitions, as its owners decided it (:func:`~services.common.replay.per_pool`).
     """
     if unlimited_queues is None:
         from services.common.queues import unlimited_queues as read_unlimited
 
         unlimited_queues = read_unlimited(None)
-    return PlacementReplayer(
-        records,
-        topics=topics if topics is not None else TopicNames(),
-        gated=gated,
-        unlimited_queues=unlimited_queues,
-        profile=profile,
-        max_jobs_per_cycle=max_jobs_per_cycle,
-    ).replay()
+    names = topics if topics is not None else TopicNames()
+
+    def replay(view: Sequence[LogRecord], pooled: bool = False) -> ReplayReport:
+        return PlacementReplayer(
+            view,
+            topics=names,
+            gated=gated,
+            unlimited_queues=unlimited_queues,
+            profile=profile,
+            max_jobs_per_cycle=max_jobs_per_cycle,
+            pooled=pooled,
+        ).replay()
+
+    if pools is None:
+        return replay(records)
+    return per_pool(records, names, pools, lambda view: replay(view, pooled=True))
 
 
 def decider_topics(prefix: str) -> list[str]:
@@ -290,6 +307,7 @@ def replay_log(records: Sequence[LogRecord], *, prefix: str, gated: bool) -> Rep
         unlimited_queues=unlimited_queues(settings.queues_file),
         profile=profile,
         max_jobs_per_cycle=settings.max_jobs_per_cycle,
+        pools=settings.pool_layout,
     )
 
 

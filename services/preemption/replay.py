@@ -45,6 +45,7 @@ from services.common.replay import (
     ServiceModel,
     latest,
     main,
+    per_pool,
     verify_with,
 )
 from services.preemption.handlers import SOURCE, PreemptionState, end_batch, fold_event
@@ -56,15 +57,18 @@ NAME = "preemption"
 
 WANTED = frozenset({*FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 """What the live ``select`` decodes (heartbeats too, while a victim is asked to checkpoint)."""
+POOL_WANTED = WANTED - {"job.admitted"}
+"""What a pool's preemption decodes: it learns a job from its ``job.routed`` (gangline.core.pools)."""
 
 
 class PreemptionModel(ServiceModel[PreemptionState]):
     name = NAME
     source = SOURCE
 
-    def __init__(self, settings: PreemptionSettings) -> None:
+    def __init__(self, settings: PreemptionSettings, *, pooled: bool = False) -> None:
         self.settings = settings
         self.topics = topic_names(settings)
+        self._wanted = POOL_WANTED if pooled else WANTED
 
     @property
     def output_topics(self) -> tuple[str, ...]:
@@ -83,12 +87,12 @@ class PreemptionModel(ServiceModel[PreemptionState]):
         return new_state(self.settings)
 
     def restores(self, kind: str) -> bool:
-        return kind in WANTED or not kind
+        return kind in self._wanted or not kind
 
     def selects(self, state: PreemptionState, record: LogRecord, kind: str) -> bool:
         if kind == "node.heartbeat":
             return state.awaits_deadline()
-        return kind in WANTED or not kind
+        return kind in self._wanted or not kind
 
     def restore(self, state: PreemptionState, envelope: Envelope) -> None:
         state.restore(envelope)
@@ -110,8 +114,17 @@ class PreemptionModel(ServiceModel[PreemptionState]):
 
 
 def replay_preemption(records: Sequence[LogRecord], settings: PreemptionSettings) -> ReplayReport:
-    """Re-run preemption's handlers over the recorded inputs; every difference in its outputs, in order."""
-    return EventReplayer(PreemptionModel(settings), records).replay()
+    """Re-run preemption's handlers over the recorded inputs; every difference in its outputs, in order.
+    With pools, each pool on its own (:func:`~services.common.replay.per_pool`)."""
+    layout = settings.pool_layout
+    if layout is None:
+        return EventReplayer(PreemptionModel(settings), records).replay()
+    return per_pool(
+        records,
+        topic_names(settings),
+        layout,
+        lambda view: EventReplayer(PreemptionModel(settings, pooled=True), view).replay(),
+    )
 
 
 def decider_topics(prefix: str) -> list[str]:

@@ -6,13 +6,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
+from gangline.bus.pools import to_pool
 from gangline.core.actions.queueing import PreemptionPolicy
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
+from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
 from gangline.fold.cluster import FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
+from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
 from services.common.queues import Queues, load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
@@ -52,6 +55,10 @@ def snapshot_config(state: PreemptionState) -> dict[str, object]:
 
 
 async def main(settings: PreemptionSettings) -> None:
+    layout = settings.pool_layout
+    if layout is not None:
+        await main_pools(settings, layout)
+        return
     metrics = ServiceMetrics(SERVICE)
     state = new_state(settings)
     preemption_metrics.watch(metrics, state)
@@ -94,3 +101,69 @@ async def main(settings: PreemptionSettings) -> None:
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=snapshots,
         )
+
+
+POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
+"""What a pool's preemption folds: a job is its pool's from its ``job.routed`` (gangline.core.pools)."""
+
+
+async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
+    """Preemption with pools: one seat per pool (services.common.pools); victims only in the pool's nodes,
+    for the pool's waiting jobs (a gang never spans pools, so what would free room for it is in its pool)."""
+    metrics = ServiceMetrics(SERVICE)
+    topics = topic_names(settings)
+    inputs = [topics.inventory, topics.health, topics.operator, topics.events, topics.allocations]
+    home = home_pools(
+        layout,
+        group=settings.pool_group_names,
+        instance_id=settings.instance_id,
+        replicas=settings.pool_replicas,
+    )
+    watched: list[PreemptionState] = []
+
+    async def run_seat(seat: Seat) -> None:
+        state = new_state(settings)
+        if not watched:
+            watched.append(state)
+            preemption_metrics.watch(metrics, state)
+
+        def handle(envelope: Envelope, meta: RecordMeta) -> Sequence[Outgoing]:
+            return fold_event(envelope, state, now=datetime.now(UTC))
+
+        def search(cause: str) -> Sequence[Outgoing]:
+            return end_batch(state, now=datetime.now(UTC))
+
+        base = processor_settings(settings, SERVICE, [*inputs, topics.heartbeats])
+        await restore_and_process(
+            seat_settings(base, seat, topics.pooled()),
+            state,
+            handle,
+            restore_topics=inputs,
+            select=select_types(
+                {
+                    **dict.fromkeys(POOL_FOLDED_EVENTS, True),
+                    "job.pending": True,
+                    "job.checkpointed": True,
+                    "node.heartbeat": lambda: bool(state.in_flight),
+                }
+            ),
+            restore_select=select_types(
+                {**dict.fromkeys(POOL_FOLDED_EVENTS, True), "job.pending": True, "job.checkpointed": True}
+            ),
+            lock_topic=topics.inventory,
+            end_batch=search,
+            record_inputs=True,
+            metrics=metrics if seat.home else None,
+            partition_of=to_pool(seat.partition, topics.pooled()),
+            snapshots=settings.state_snapshots(
+                state,
+                topic=topics.snapshots(SERVICE),
+                service=SERVICE,
+                restore_topics=inputs,
+                config={**snapshot_config(state), "pool": seat.pool},
+                partition=seat.partition,
+            ),
+        )
+
+    async with metrics.serve(settings):
+        await run_seats(seats(layout, home), run_seat, standby_delay_s=settings.pool_standby_delay_s)

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -85,8 +86,10 @@ from gangline.core.charging import Charge, QuotaCharges, usage_steps
 from gangline.core.fairshare import FairShare, Pending, Step
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
-from gangline.core.hardware import Hardware, NodeOffer
+from gangline.core.hardware import Hardware, HoldsWorkers, NodeOffer
+from gangline.core.model import GpuModel
 from gangline.core.model import JobId as CoreJobId
+from gangline.core.pools import PooledHardware, PoolLayout, route
 from gangline.core.queues import QueueName as Queue
 from gangline.core.queues import QuotaLedger, Resource
 from gangline.core.quota_gate import (
@@ -107,13 +110,14 @@ from gangline.events.jobs import (
     JobPending,
     JobQueued,
     JobRequeued,
+    JobRouted,
     JobSpec,
     PendingReason,
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.queues import QuotaTicked
 from gangline.events.types import JobId, NodeId
-from gangline.fold.adapter import node_offer, worker_ask
+from gangline.fold.adapter import node_offer, pool_labels, worker_ask
 from gangline.fold.cluster import FINAL_RELEASES, ClusterFold, JobRecord
 from services.common.queues import Queues, request_on
 from services.common.topics import TopicNames
@@ -161,6 +165,14 @@ class Inventory:
     hardware: Hardware = field(default_factory=Hardware)
     version: int = 0
     """Bumped whenever what some node offers changes."""
+    layout: PoolLayout | None = None
+    """The pools (None: one pool, the whole cluster); with them, what each pool's nodes offer too."""
+    node_pool: dict[str, str] = field(default_factory=dict)
+    """Each counted node's pool (with ``layout``; a node whose label names no pool is in none)."""
+    pooled: PooledHardware = field(default_factory=PooledHardware)
+    """``hardware`` per pool (with ``layout``): whether one pool can hold a job whole."""
+    pool_gpus: dict[str, Counter[GpuModel]] = field(default_factory=dict)
+    """Each pool's usable GPUs per model (with ``layout``): the room routing compares."""
 
     @property
     def known(self) -> bool:
@@ -185,8 +197,40 @@ class Inventory:
             self.hardware.remove(before)
         self.hardware.add(offer)
         self.offers[node] = offer
+        if self.layout is not None:
+            self._recount_pool(node, before, offer)
         self.version += 1
         return True
+
+    def _recount_pool(self, node: str, before: NodeOffer | None, offer: NodeOffer) -> None:
+        """Move the node's offer in its pool's counts (its pool may change with a re-registration)."""
+        assert self.layout is not None
+        old = self.node_pool.pop(node, None)
+        if old is not None and before is not None:
+            self._count_in_pool(old, before, -1)
+        registered = self.cluster.nodes.get(NodeId(node))
+        pool = self.layout.pool_of(pool_labels(registered)) if registered is not None else old
+        if pool is not None:
+            self.node_pool[node] = pool
+            self._count_in_pool(pool, offer, 1)
+
+    def _count_in_pool(self, pool: str, offer: NodeOffer, delta: int) -> None:
+        if delta > 0:
+            self.pooled.add(pool, offer)
+        else:
+            self.pooled.remove(pool, offer)
+        gpus = self.pool_gpus.setdefault(pool, Counter())
+        for gpu in offer.gpus:
+            gpus[gpu.model] += delta
+
+    def pools_loaded(self) -> None:
+        """After a snapshot is loaded: each pool's counts from the saved offers and pools."""
+        self.pooled = PooledHardware()
+        self.pool_gpus = {}
+        for node, pool in sorted(self.node_pool.items()):
+            offer = self.offers.get(node)
+            if offer is not None:
+                self._count_in_pool(pool, offer, 1)
 
     def _offer(self, node: NodeId) -> NodeOffer:
         cluster = self.cluster
@@ -288,7 +332,13 @@ class _Settled(AbstractSet[JobId]):
         self._state = state
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._state.cluster.retired or job_id in self._state.unlimited
+        state = self._state
+        if job_id in state.cluster.retired:
+            return True
+        # With pools an unlimited queue's job is read until it ends: its routing and its pool's load.
+        return job_id in state.unlimited and (
+            state.pools is None or (job_id in state.routed and job_id not in state.routed_live)
+        )
 
     def __iter__(self) -> Iterator[JobId]:
         yield from self._state.cluster.retired
@@ -310,6 +360,15 @@ class QuotaState:
     """Quota's own facts per job of a limited queue, while it is not finished."""
     unlimited: set[JobId] = field(default_factory=set)
     """Jobs of unlimited queues: not quota's business (placement takes them once admitted)."""
+    pools: PoolLayout | None = None
+    """The pools (None: one pool). With pools every job quota lets through, and every job of an unlimited
+    queue, is routed to one pool at its admission (``job.routed``: :func:`_route_admitted`)."""
+    routed: dict[JobId, str] = field(default_factory=dict)
+    """With pools: the pool each job was routed to (it keeps it for every attempt)."""
+    routed_gpus: dict[str, int] = field(default_factory=dict)
+    """With pools: per pool, the GPUs asked by the jobs routed there and not finished (``routed_live``)."""
+    routed_live: dict[JobId, tuple[str, int]] = field(default_factory=dict)
+    """With pools: each unfinished routed job's pool and GPUs."""
     waiting: dict[TreeKey, dict[JobId, QuotaJob]] = field(default_factory=dict)
     """Eligible jobs (owed a job.queued, nothing charged), per quota tree."""
     last_pending: dict[JobId, str] = field(default_factory=dict)
@@ -334,6 +393,10 @@ class QuotaState:
         "unplaced",
         "charges.usage",
         "inventory.offers",
+        "inventory.node_pool",
+        "routed",
+        "routed_gpus",
+        "routed_live",
     )
     """What a restore from the log fills, and nothing else (services.common.snapshots): the lifecycle
     fold, quota's facts per job (the times of its charges among them) and their indexes, what it last told
@@ -367,10 +430,11 @@ class QuotaState:
                 for job in self.waiting[tree].values():
                     self.charges.hold(_pending_item(job))
         self.inventory.hardware = Hardware(self.inventory.offers.values())
+        self.inventory.pools_loaded()
 
     def __post_init__(self) -> None:
         self.charges = self._new_charges()
-        self.inventory = Inventory(self.cluster)
+        self.inventory = Inventory(self.cluster, layout=self.pools)
         self.retired = _Settled(self)
         """Jobs whose records the select may skip: nothing read about them changes the state."""
 
@@ -400,6 +464,8 @@ class QuotaState:
         if isinstance(envelope.data, NODE_EVENT_TYPES):
             self.fold_nodes(envelope)
             return None
+        if self.pools is not None:
+            self._fold_route(envelope)
         job = self._fold(envelope)
         if job is None:
             return None
@@ -412,9 +478,31 @@ class QuotaState:
             self.charges.reflavour()
         return changed
 
+    def _fold_route(self, envelope: Envelope) -> None:
+        """With pools: the pool each job was routed to (our own ``job.routed``), and each pool's load."""
+        data = envelope.data
+        if isinstance(data, JobRouted):
+            if data.job_id not in self.routed:
+                self.routed[data.job_id] = data.pool
+                gpus = data.spec.workers * data.spec.gpus_per_worker
+                self.routed_live[data.job_id] = (data.pool, gpus)
+                self.routed_gpus[data.pool] = self.routed_gpus.get(data.pool, 0) + gpus
+            return
+        over = isinstance(data, JobCompleted | JobFailed) or (
+            isinstance(data, AllocationReleased) and data.reason in FINAL_RELEASES
+        )
+        if over:
+            live = self.routed_live.pop(JobId(envelope.subject), None)
+            if live is not None:
+                self.routed_gpus[live[0]] -= live[1]
+
     def _fold(self, envelope: Envelope) -> QuotaJob | None:
         data = envelope.data
-        if not isinstance(data, QUOTA_EVENT_TYPES) or data.job_id in self.retired:
+        if (
+            not isinstance(data, QUOTA_EVENT_TYPES)
+            or data.job_id in self.retired
+            or data.job_id in self.unlimited
+        ):
             return None
         if isinstance(data, JobAdmitted) and Queue(data.spec.queue) in self.queues.unlimited:
             # Nothing to decide: placement takes it once admitted. Whatever is read about it later (its
@@ -573,7 +661,11 @@ class QuotaState:
         inventory = self.inventory
         if job.held is None or job.held[0] != inventory.version:
             assert job.spec is not None
-            hardware = inventory.hardware if inventory.known else None
+            hardware: HoldsWorkers | None = inventory.hardware if inventory.known else None
+            pool = self.routed.get(job.job_id) if self.pools is not None else None
+            if hardware is not None and pool is not None:
+                # With pools a flavour is held only where its pool holds the job whole (no gang spans pools).
+                hardware = inventory.pooled.only(pool)
             fits, misfits = held_flavours(hardware, worker_ask(job.spec), self.options(job))
             job.held = (inventory.version, fits, misfits)
         return job.held[1], job.held[2]
@@ -627,6 +719,8 @@ def decide(envelope: Envelope, state: QuotaState, *, now: datetime) -> list[Outg
         return queue_statuses(state, envelope, now)  # the clock: what the throttle held back is due now
     dropped = state.fold(envelope)
     out: list[Outgoing] = []
+    if state.pools is not None and isinstance(data, JobAdmitted):
+        out += _route_admitted(state, data, envelope, now)
     if isinstance(data, JobAdmitted | JobRequeued):
         job = state.jobs.get(data.job_id)
         if job is not None and job.eligible:
@@ -733,10 +827,41 @@ def _queue(
     replaces: str | None = None,
 ) -> Outgoing:
     assert job.spec is not None
-    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces)
+    pool = state.routed.get(job.job_id) if state.pools is not None else None
+    event = JobQueued(job_id=job.job_id, queue=job.spec.queue, gpu_type=model, replaces=replaces, pool=pool)
     envelope = _envelope(event, cause.id, "queued" if replaces is None else f"moved-{model}", now)
     state.fold(envelope)  # charge it now, so the next decision sees it
     return (state.topics.events, envelope)
+
+
+def _route_admitted(
+    state: QuotaState, admitted: JobAdmitted, cause: Envelope, now: datetime
+) -> list[Outgoing]:
+    """With pools, every admitted job is routed to one pool (``job.routed``, on the pool's partition): the
+    core's choice among the pools that hold it whole on one of its models (gangline.core.pools), or, when no
+    pool can, the one with the most usable GPUs (it waits there, its placement saying why). Once per job:
+    an admission read again is not routed again. A job of an unlimited queue too (nothing is charged): a
+    pool's owners learn of a job only from its partition."""
+    layout = state.pools
+    assert layout is not None
+    if admitted.job_id in state.routed:
+        return []
+    spec = admitted.spec
+    job = state.jobs.get(admitted.job_id)
+    models: list[str | None] = [f.model for f in state.options(job)] if job is not None else [spec.gpu_type]
+    inventory = state.inventory
+    pool = route(
+        [GpuModel(m) if m is not None else None for m in models],
+        worker_ask(spec),
+        inventory.pooled,
+        inventory.pool_gpus,
+        state.routed_gpus,
+        layout.pools,
+    ) or min(layout.pools, key=lambda p: (-sum(inventory.pool_gpus.get(p, Counter()).values()), p))
+    event = JobRouted(job_id=admitted.job_id, pool=pool, spec=spec, admitted_at=cause.time)
+    envelope = _envelope(event, cause.id, "routed", now)
+    state.fold(envelope)
+    return [(state.topics.events, envelope)]
 
 
 def _fail(

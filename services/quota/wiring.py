@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gangline.bus import EventProducer, Outgoing, RecordMeta
+from gangline.bus.pools import PartitionOf
 from gangline.bus.records import KafkaRecord
 from gangline.events.base import Envelope
+from gangline.events.types import JobId
 from gangline.fold.cordons import CORDON_EVENTS
 from gangline.queues_file import load_queues_file
 from services.common.env import processor_settings, topic_names
@@ -32,6 +34,7 @@ from services.quota.status import StatusBoard, held_back, tick
 SERVICE = "quota"
 QUOTA_EVENTS = (
     "job.admitted",
+    "job.routed",
     "job.queued",
     "job.requeued",
     "job.completed",
@@ -103,6 +106,7 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
         queues=queues if queues is not None else load_queues(settings.queues_file),
         half_life_s=settings.fair_share_half_life_s,
         status=StatusBoard(interval_s=settings.status_interval_s),
+        pools=settings.pool_layout,
     )
 
 
@@ -112,7 +116,9 @@ def snapshot_config(settings: QuotaSettings) -> dict[str, object]:
     fair-share half-life)."""
     doc = load_queues_file(settings.queues_file).model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return {"queues": digest, "half_life_s": settings.fair_share_half_life_s}
+    layout = settings.pool_layout
+    pools = {"pools": str(layout)} if layout is not None else {}  # no pools: as before they existed
+    return {"queues": digest, "half_life_s": settings.fair_share_half_life_s, **pools}
 
 
 def state_snapshots(settings: QuotaSettings, state: QuotaState) -> StateSnapshots | None:
@@ -217,8 +223,25 @@ async def main(settings: QuotaSettings) -> None:
                 metrics=metrics,
                 # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
                 snapshots=snapshots,
+                # With pools, what it writes about a routed job goes to its pool's partition
+                # (gangline.bus.pools).
+                partition_of=pool_partitions(state) if state.pools is not None else None,
             )
         finally:
             ticking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticking
+
+
+def pool_partitions(state: QuotaState) -> PartitionOf:
+    """With pools: what quota writes about a routed job (its ``job.routed``, ``job.queued``, pending reasons,
+    failure) goes to its pool's partition, so the pool's owners read it; the rest by key."""
+    layout = state.pools
+    assert layout is not None
+    pooled = frozenset(state.topics.pooled())
+
+    def partition_of(topic: str, envelope: Envelope) -> int | None:
+        pool = state.routed.get(JobId(envelope.subject)) if topic in pooled else None
+        return layout.partition(pool) if pool is not None else None
+
+    return partition_of

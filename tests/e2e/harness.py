@@ -120,6 +120,8 @@ class LogReader:
         self.raw: dict[str, list[bytes | None]] = {t: [] for t in topics}
         self.headers: dict[str, list[list[tuple[str, bytes]]]] = {t: [] for t in topics}
         self.stamped: dict[str, list[tuple[int, Envelope]]] = {t: [] for t in topics}
+        self.partitions: dict[str, list[int]] = {t: [] for t in topics}
+        """The partition of each decoded event (``events``' order)."""
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> LogReader:
@@ -151,6 +153,7 @@ class LogReader:
                     envelope = decode(record.value or b"")
                     self.events[tp.topic].append(envelope)
                     self.stamped[tp.topic].append((record.timestamp, envelope))
+                    self.partitions[tp.topic].append(tp.partition)
                 n += 1
         return n
 
@@ -309,8 +312,10 @@ def fake_cluster(
     bootstrap: str, topics: TopicNames, spec: ClusterSpec | None = None, **options: Any
 ) -> FakeCluster:
     """The lightweight fake nodes on a test's private topics (``deploy/clusters/default.yaml`` by default)."""
+    spec = spec or load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml")
     return FakeCluster(
-        spec=spec or load_cluster_spec(ROOT / "deploy" / "clusters" / "default.yaml"),
+        spec=spec,
+        pools=spec.pools.layout() if spec.pools is not None else None,
         bootstrap=bootstrap,
         topics=topics,
         group_id=f"g-{topics.prefix.rstrip('.')}.fake-nodes.{(spec.name if spec else 'default')}",

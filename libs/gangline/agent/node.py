@@ -78,8 +78,10 @@ from gangline.agent.runner import Gang, GangLaunch, Runner
 from gangline.agent.settings import NodeAgentSettings
 from gangline.agent.simulated import SimulatedGang, SimulatedRunner
 from gangline.bus.consumer import EventConsumer
+from gangline.bus.pools import PartitionOf, to_pool
 from gangline.bus.producer import EventProducer
 from gangline.core.health import GpuError, health_of
+from gangline.core.pools import PoolLayout, PoolLayoutError
 from gangline.events.allocations import AllocationGranted, AllocationReleased, MigSlice
 from gangline.events.allocations import Placement as GrantPlacement
 from gangline.events.base import Envelope, Event, make_envelope
@@ -107,6 +109,7 @@ from gangline.events.nodes import (
     NodeRegistered,
 )
 from gangline.events.types import AllocationId, GpuId, JobId, MiB, NodeId, Seconds
+from gangline.fold.adapter import pool_labels
 from gangline.nvml.health import (
     SEVERITY,
     Action,
@@ -455,6 +458,7 @@ class NodeAgent:
             self._own_producer = EventProducer(
                 s.kafka_bootstrap,
                 client_id=f"gangline-agent-{s.node}",
+                partition_of=self._pool_partition(),
             )
             await self._own_producer.start()
             self._producer = self._own_producer
@@ -496,6 +500,20 @@ class NodeAgent:
             await self.stop()
         if self._fault is not None:
             raise RuntimeError(f"agent {self.node} stopped: a loop failed") from self._fault
+
+    def _pool_partition(self) -> PartitionOf | None:
+        """With pools: all this agent writes goes to its node's pool's partition (gangline.bus.pools)."""
+        s = self.settings
+        if s.pools is None or self._registration is None:
+            return None
+        layout = PoolLayout.parse(s.pools)
+        pool = layout.pool_of(pool_labels(self._registration))
+        if pool is None:
+            raise PoolLayoutError(f"node {s.node}: its {layout.label} names no pool of {list(layout.pools)}")
+        topics = s.topics
+        return to_pool(
+            layout.partition(pool), [topics.events, topics.inventory, topics.heartbeats, topics.health]
+        )
 
     async def stop(self) -> None:
         """Graceful: stop taking events, stop every gang (``stop_grace_s``), publish what is left, close."""

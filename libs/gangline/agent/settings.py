@@ -65,6 +65,9 @@ class NodeAgentSettings(BaseModel):
     """When set, every other node is reached at this address (local runs: 127.0.0.1); otherwise a node's
     name is taken as its DNS name."""
     labels: dict[str, str] = Field(default_factory=dict)
+    pools: str | None = None
+    """GANGLINE_POOLS: the cluster's pools (``label=pool,...``, gangline.core.pools), as every service reads
+    them: the agent sends its node's records and its jobs' reports to its pool's partition. None: by key."""
 
     checkpoint_root: Path
     """Jobs checkpoint under ``<checkpoint_root>/<job id>``: the same directory on every (re)start."""

@@ -146,15 +146,20 @@ class ChainStamper:
 
     # -- stamping ------------------------------------------------------------------------
 
-    async def stamp(self, topic: str, key: bytes, envelope: JsonObject) -> Stamp:
+    async def stamp(
+        self, topic: str, key: bytes, envelope: JsonObject, *, partition: int | None = None
+    ) -> Stamp:
         """The partition and headers of the next record of ``envelope``'s chain; advances the head.
+
+        ``partition``: the record's partition when the writer chose it (a pool's); None: the key's.
 
         Call with :attr:`lock` held, and queue the record before releasing it.
         """
         if topic not in self._fresh:
             # Safe inside a transaction: none of its records is on this topic yet.
             await self.refresh([topic])
-        partition = partition_for(key, self._partitions[topic])
+        if partition is None:
+            partition = partition_for(key, self._partitions[topic])
         source = envelope.get("source")
         chain = (topic, partition, source if isinstance(source, str) else "?")
         writer = self._heads.setdefault(chain, ChainWriter())

@@ -111,6 +111,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from gangline.bus.chain import ChainKey, ChainStamper
 from gangline.bus.consumer import decode_or_dead_letter
 from gangline.bus.lag import lag_by_topic, position_now
+from gangline.bus.pools import PartitionOf, by_key
 from gangline.bus.positions import (
     BATCH_HEADER,
     INCARNATION_HEADER,
@@ -274,6 +275,7 @@ class Processor:
         snapshots: SnapshotWriter | None = None,
         chain_resume: ChainResume | None = None,
         producer: AIOKafkaProducer | None = None,
+        partition_of: PartitionOf | None = None,
     ) -> None:
         """``producer``: a :func:`transactional_producer` of these settings, started already (the one
         that fenced the predecessor before a restore): used instead of starting another; the processor
@@ -310,6 +312,7 @@ class Processor:
         self._dead_letter_outputs = dead_letter_outputs
         self._refusal = refusal
         self._select = select
+        self._partition_of: PartitionOf = partition_of or by_key
         self._stop = asyncio.Event()
         self._batch_lock = asyncio.Lock()
         self._generation = 0
@@ -446,13 +449,21 @@ class Processor:
         )
 
     async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
-        """Without group membership: every partition of the inputs, from the group's committed offsets."""
+        """Without group membership: every partition of the inputs (those ``input_partitions`` names, for
+        a topic it names), from the group's committed offsets."""
         await consumer._client.force_metadata_update()
         assigned: list[TopicPartition] = []
+        only = self._settings.input_partitions
         for topic in self._settings.input_topics:
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
                 raise RuntimeError(f"input topic missing on the broker: {topic}")
+            if topic in only:
+                # A pool's processor reads only its pool's partitions (gangline.bus.pools).
+                missing = set(only[topic]) - set(partitions)
+                if missing:
+                    raise RuntimeError(f"{topic} has no partition {sorted(missing)}: too few for the pools")
+                partitions = set(only[topic])
             assigned += [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
         committed = await self._committed_all(consumer, assigned)
@@ -810,7 +821,13 @@ class Processor:
                 for topic, output in self._dead_letter_outputs(outcome):
                     sent.append(
                         await send_envelope(
-                            producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                            producer,
+                            self._tracer,
+                            topic,
+                            output,
+                            headers=self._headers,
+                            chain=self._chain,
+                            partition=self._partition_of(topic, output),
                         )
                     )
             return sent
@@ -836,7 +853,13 @@ class Processor:
                 caused = output.model_copy(update={"causationid": envelope.id})
                 deliveries.append(
                     await send_envelope(
-                        producer, self._tracer, topic, caused, headers=self._headers, chain=self._chain
+                        producer,
+                        self._tracer,
+                        topic,
+                        caused,
+                        headers=self._headers,
+                        chain=self._chain,
+                        partition=self._partition_of(topic, caused),
                     )
                 )
             refused = self._refusal(envelope, outputs) if self._refusal is not None else None
@@ -865,7 +888,13 @@ class Processor:
             ):
                 deliveries.append(
                     await send_envelope(
-                        producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                        producer,
+                        self._tracer,
+                        topic,
+                        output,
+                        headers=self._headers,
+                        chain=self._chain,
+                        partition=self._partition_of(topic, output),
                     )
                 )
         return deliveries
@@ -892,7 +921,7 @@ class Processor:
                 value=record.value,
                 key=record.key,
                 headers=list(record.headers),
-                partition=0,
+                partition=self._snapshots.partition,
             )
             sent.append(future)
         return sent

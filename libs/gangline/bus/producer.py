@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gangline.bus.chain import ChainStamper
+from gangline.bus.pools import PartitionOf, by_key
 from gangline.bus.security import KafkaSecurity, client_options
 from gangline.bus.trust import default_signer
 from gangline.events.base import Envelope
@@ -57,6 +58,7 @@ async def send_envelope(
     key: str | None = None,
     headers: Sequence[tuple[str, bytes]] = (),
     chain: ChainStamper | None = None,
+    partition: int | None = None,
 ) -> Any:
     """Queue one envelope on ``producer`` inside a PRODUCER span; returns aiokafka's delivery future.
 
@@ -64,6 +66,7 @@ async def send_envelope(
     transaction when this is called). When ``chain`` chains ``topic`` the record gets its chain
     headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`). When the
     environment gives this process a writer key, the record is signed (:mod:`gangline.bus.trust`).
+    ``partition``: where the record goes (a pool's partition, :mod:`gangline.bus.pools`); None: the key's.
     """
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes=send_span_attributes(topic, envelope)
@@ -76,10 +79,10 @@ async def send_envelope(
             headers = [*headers, *signer.headers(topic, record_key, value)]
         if chain is None or not chain.chains(topic):
             return await producer.send(
-                topic, value=value, key=record_key, headers=with_trace_headers(headers)
+                topic, value=value, key=record_key, partition=partition, headers=with_trace_headers(headers)
             )
         async with chain.lock:
-            stamp = await chain.stamp(topic, record_key, json.loads(value))
+            stamp = await chain.stamp(topic, record_key, json.loads(value), partition=partition)
             return await producer.send(
                 topic,
                 value=value,
@@ -102,9 +105,12 @@ class EventProducer:
         request_timeout_ms: int = 40_000,
         chained_topics: Iterable[str] = (),
         security: KafkaSecurity | None = None,
+        partition_of: PartitionOf | None = None,
     ) -> None:
         """``chained_topics``: topics whose records carry the hash chain (:mod:`gangline.bus.chain`);
-        ``security``: credentials (None: the ``GANGLINE_KAFKA_*`` environment)."""
+        ``security``: credentials (None: the ``GANGLINE_KAFKA_*`` environment); ``partition_of``: where
+        a record goes (a node agent's pool's partition, :mod:`gangline.bus.pools`; None: by its key)."""
+        self._partition_of: PartitionOf = partition_of or by_key
         self._bootstrap_servers = bootstrap_servers
         self._security = security
         chained = tuple(chained_topics)
@@ -163,15 +169,24 @@ class EventProducer:
         *,
         key: str | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> RecordMetadata:
         """Send one envelope and wait until the broker has it (acks=all).
 
         ``key`` defaults to ``envelope.subject`` (the job or node id), which keeps one job's
-        events in one partition, in order.
+        events in one partition, in order. ``partition``: where it goes (a pool's); None: the
+        producer's ``partition_of``, else the key's.
         """
         chain = self._chain
         future = await send_envelope(
-            self.raw, self._tracer, topic, envelope, key=key, headers=headers, chain=chain
+            self.raw,
+            self._tracer,
+            topic,
+            envelope,
+            key=key,
+            headers=headers,
+            chain=chain,
+            partition=partition if partition is not None else self._partition_of(topic, envelope),
         )
         try:
             metadata: RecordMetadata = await future
@@ -196,7 +211,12 @@ class EventProducer:
         pending: list[Any] = []
         for topic, envelope in items:
             try:
-                pending.append(await send_envelope(self.raw, self._tracer, topic, envelope, chain=chain))
+                partition = self._partition_of(topic, envelope)
+                pending.append(
+                    await send_envelope(
+                        self.raw, self._tracer, topic, envelope, chain=chain, partition=partition
+                    )
+                )
             except Exception as err:
                 if chain is not None and chain.chains(topic):
                     chain.forget(topic)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gangline.bus.security import KafkaSecurity
 
@@ -78,6 +78,18 @@ class ProcessorSettings(BaseModel):
     goes on from ``group_id``'s committed offsets (its transactions still commit there). For the one
     leader behind a lock (services.common.leader), which alone consumes: a new leader starts at once,
     without waiting for a dead leader's membership to expire, and a long batch makes no rebalance."""
+
+    input_partitions: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    """Per input topic, the partitions to read (a topic not named: all of them). Only without group
+    membership: a pool's processor reads its pool's partitions of the pooled topics (gangline.bus.pools)."""
+
+    @model_validator(mode="after")
+    def _partitions_need_no_group(self) -> Self:
+        if self.input_partitions and self.group_membership:
+            raise ValueError(
+                "input_partitions is for a processor without group membership (a lock owns them)"
+            )
+        return self
 
     @property
     def transactional_id(self) -> str:

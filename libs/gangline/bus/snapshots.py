@@ -208,9 +208,10 @@ async def read_latest(
     bounds_of: Sequence[str] = (),
     security: KafkaSecurity | None = None,
     request_timeout_ms: int = 30_000,
+    partition: int = 0,
 ) -> Snapshot | None:
-    """The latest committed snapshot on ``topic`` (partition 0), with the bounds of the logs of the
-    ``bounds_of`` topics (:meth:`Snapshot.out_of_bounds`); None when there is none.
+    """The latest committed snapshot on ``topic`` (``partition``: 0, or a pool's), with the bounds of the
+    logs of the ``bounds_of`` topics (:meth:`Snapshot.out_of_bounds`); None when there is none.
 
     Raises :class:`SnapshotUnreadable` when the latest manifest or its chunks cannot be used, and
     ``RuntimeError`` when the topic does not exist.
@@ -231,7 +232,9 @@ async def read_latest(
         await consumer._client.force_metadata_update()
         if not consumer.partitions_for_topic(topic):
             raise RuntimeError(f"snapshot topic missing on the broker: {topic}")
-        tp = TopicPartition(topic, 0)
+        if partition not in consumer.partitions_for_topic(topic):
+            raise RuntimeError(f"snapshot topic {topic} has no partition {partition}")
+        tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         start = (await consumer.beginning_offsets([tp]))[tp]
         end = (await consumer.end_offsets([tp]))[tp]
@@ -312,6 +315,8 @@ class SnapshotWriter(Protocol):
     """
 
     topic: str
+    partition: int
+    """The snapshot topic's partition the snapshots go to (0; a pool's index with pools)."""
 
     def due(self, events: int) -> bool:
         """Whether this batch (``events`` records) is to carry a snapshot."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from gangline.core.framework.status import ReasonCode, Status
 from gangline.core.mig import MigGeometry, MigProfile, mig_geometry
@@ -106,6 +106,13 @@ def instances_per_gpu(geometry: MigGeometry, profile: MigProfile) -> int:
         compute += profile.compute
         count += 1
     return count
+
+
+class HoldsWorkers(Protocol):
+    """What can tell whether a GPU model's usable GPUs hold a job's workers: a cluster's :class:`Hardware`,
+    or the pools' (:class:`gangline.core.pools.PooledHardware`: one pool must hold them whole)."""
+
+    def holds(self, model: GpuModel, ask: WorkerAsk) -> Status: ...
 
 
 class Hardware:

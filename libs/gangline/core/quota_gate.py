@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 from gangline.core.fairshare import FairOrder, FairShare, Pending
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
-from gangline.core.hardware import Hardware, WorkerAsk
+from gangline.core.hardware import HoldsWorkers, WorkerAsk
 from gangline.core.model import GpuModel, QueueName
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
 
@@ -90,7 +90,7 @@ Options = Callable[[T], tuple[Sequence[Flavour], Sequence[Reason]]]
 
 
 def held_flavours(
-    hardware: Hardware | None, ask: WorkerAsk, flavours: Iterable[Flavour]
+    hardware: HoldsWorkers | None, ask: WorkerAsk, flavours: Iterable[Flavour]
 ) -> tuple[list[Flavour], list[Reason]]:
     """The flavours whose model's usable nodes can hold ``ask``'s workers, and why each other cannot.
 

@@ -241,6 +241,12 @@ def example_events() -> list[Event]:
             preemptor_job_id="asr-urgent-3",
         ),
         queues.QuotaTicked(cohort="research"),
+        jobs.JobRouted(
+            job_id=job,
+            pool="spine-a",
+            spec=request.spec(),
+            admitted_at=datetime(2025, 3, 1, 9, 0, 3, tzinfo=UTC),
+        ),
     ]
 
 

@@ -248,6 +248,23 @@ class JobAdmitted(_JobEvent):
     spec: JobSpec
 
 
+class JobRouted(_JobEvent):
+    """Quota routed an admitted job to one pool of the cluster (gangline.core.pools), which can hold it whole.
+
+    Written only when the cluster is split into pools, on the pool's partition of jobs.events, as the first
+    record of the job there: the pool's placement, preemption and node_health, which read only their
+    pool's partitions (not the ``job.admitted``, which may be on another), learn the job from it. Every
+    later record of the job is on the same partition; the job keeps its pool for all its attempts."""
+
+    TYPE = "job.routed"
+    VERSION = 1
+
+    pool: Label
+    spec: JobSpec
+    admitted_at: UtcDatetime
+    """When the job was admitted (its place in line, as job.admitted's time gives it)."""
+
+
 class JobRejected(Event):
     """A request that will never run: invalid, unreadable, or refused by policy. The producer reads this.
 
@@ -284,6 +301,9 @@ class JobQueued(_JobEvent):
     """The id of the ``job.queued`` of this attempt whose charge this one moves to ``gpu_type`` (quota
     moves a job not placed yet when the nodes of the model it was charged to cannot hold it any more):
     not a new attempt. None: a new attempt."""
+    pool: Label | None = None
+    """The pool the job was routed to (``job.routed``), when the cluster is split into pools: the event is
+    on that pool's partition. None: no pools."""
 
 
 class PendingReason(BaseModel):
@@ -481,6 +501,7 @@ EVENTS: list[type[Event]] = [
     JobCancelRequested,
     JobAdmitted,
     JobRejected,
+    JobRouted,
     JobQueued,
     JobPending,
     JobPlaced,

@@ -65,6 +65,7 @@ def topics_yaml() -> bytes:
         "# retention_ms: -1 keeps the log forever (it is the truth replay reads); null for compacted topics.",
         "# retention: why (a restart never needs a deleted record: what a state folds is kept, or a",
         "# snapshot covers it); segment_ms: how soon a segment closes (compacted: superseded records go).",
+        "# pooled: split by pool (a pool's records on the partition of its index; one partition per pool).",
         "topics:",
     ]
     for spec in topics.CATALOGUE:
@@ -81,6 +82,8 @@ def topics_yaml() -> bytes:
             lines.append(f"    dead_letter: {spec.dead_letter}")
         if spec.segment_ms is not None:
             lines.append(f"    segment_ms: {spec.segment_ms}")
+        if spec.pooled:
+            lines.append("    pooled: true")
         if spec.retention:
             lines.append(f"    retention: {json.dumps(spec.retention)}")
     return ("\n".join(lines) + "\n").encode()

@@ -78,6 +78,9 @@ class TopicSpec:
     """Why the topic keeps what it keeps (the retention policy, in a sentence)."""
     segment_ms: int | None = None
     """How soon a segment closes (compacted topics: how soon the cleaner may drop superseded records)."""
+    pooled: bool = False
+    """Split by pool (gangline.core.pools): a pool's records are on the partition of its index, so the
+    topic has a partition per pool at least (``POOL_PARTITIONS``: raise it for more pools)."""
 
     def wire_types(self) -> list[str]:
         return [cls.wire_type() for cls in self.event_types]
@@ -87,6 +90,10 @@ class TopicSpec:
 # the same partition number everywhere (co-partitioned joins). The log is the truth and replay reads
 # it from the start, so the decision topics are kept forever; only heartbeats expire.
 JOB_PARTITIONS = 3
+POOL_PARTITIONS = JOB_PARTITIONS
+"""The partitions of every pooled topic: the most pools a cluster can be split into (one owner each; a
+pool's index is its partition). The node topics have as many as the job topics, so one pool is the same
+partition number everywhere."""
 _PUBLIC: tuple[TopicSpec, ...] = (
     TopicSpec(
         JOBS_REQUESTS,
@@ -101,12 +108,13 @@ _PUBLIC: tuple[TopicSpec, ...] = (
     TopicSpec(
         JOBS_EVENTS,
         "job_id",
-        JOB_PARTITIONS,
+        POOL_PARTITIONS,
         "delete",
         FOREVER,
         (
             jobs.JobAdmitted,
             jobs.JobRejected,
+            jobs.JobRouted,
             jobs.JobQueued,
             jobs.JobPending,
             jobs.JobPlaced,
@@ -122,61 +130,67 @@ _PUBLIC: tuple[TopicSpec, ...] = (
         ),
         dead_letter_topic(JOBS_EVENTS),
         retention=_KEPT_FOREVER,
+        pooled=True,
     ),
     TopicSpec(
         ALLOCATIONS_LOG,
         "job_id",
-        JOB_PARTITIONS,
+        POOL_PARTITIONS,
         "delete",
         FOREVER,
         (allocations.AllocationGranted, allocations.AllocationReleased),
         dead_letter_topic(ALLOCATIONS_LOG),
         retention="kept forever: the audit log of every grant and release (analytics, replay, every fold)",
+        pooled=True,
     ),
     # Kept forever, not compacted: replay must see the inventory as it was at each decision.
     TopicSpec(
         NODES_INVENTORY,
         "node",
-        1,
+        POOL_PARTITIONS,
         "delete",
         FOREVER,
         (nodes.NodeRegistered,),
         dead_letter_topic(NODES_INVENTORY),
         retention=_KEPT_FOREVER,
+        pooled=True,
     ),
     # Liveness only: node-health turns missed heartbeats into node.failed on nodes.health.
     TopicSpec(
         NODES_HEARTBEATS,
         "node",
-        1,
+        POOL_PARTITIONS,
         "delete",
         HEARTBEAT_RETENTION_MS,
         (nodes.NodeHeartbeatV1, nodes.NodeHeartbeat),
         dead_letter_topic(NODES_HEARTBEATS),
         retention="6 hours: liveness now, not history; no restore reads it (node_health counts silence "
         "from its own start) and a consumer back after longer needs only the latest",
+        pooled=True,
     ),
     TopicSpec(
         NODES_HEALTH,
         "node",
-        1,
+        POOL_PARTITIONS,
         "delete",
         FOREVER,
         (nodes.GpuHealthChanged, nodes.GpuErrorReported, nodes.NodeFailed, nodes.NodeRejected),
         dead_letter_topic(NODES_HEALTH),
         retention=_KEPT_FOREVER,
+        pooled=True,
     ),
     # Operators' word on nodes (cordon, drain, uncordon), written by the API for admins only. Kept
     # forever: replay must see which nodes were out of service at each decision.
     TopicSpec(
         NODES_OPERATOR,
         "node",
-        1,
+        POOL_PARTITIONS,
         "delete",
         FOREVER,
         (nodes.NodeCordoned, nodes.NodeUncordoned),
         dead_letter_topic(NODES_OPERATOR),
         retention=_KEPT_FOREVER,
+        pooled=True,
     ),
     # A table, not a log: the latest status of each queue is all anyone reads (quota restores its
     # throttle from it, the ledger projects it). Quota's replay reads what compaction left.
@@ -210,13 +224,13 @@ _SNAPSHOTS: tuple[TopicSpec, ...] = tuple(
     TopicSpec(
         snapshot_topic(service),
         "snapshot_part",
-        1,
+        POOL_PARTITIONS,  # one per pool's owner (0 without pools)
         "compact",
         None,
         (),
         None,
         retention="compacted: the latest snapshot of the service's state survives whole (its chunks and "
-        "manifest); older ones are superseded within the hour",
+        "manifest; with pools, each pool's on its partition); older ones are superseded within the hour",
         segment_ms=SNAPSHOT_SEGMENT_MS,
     )
     for service in SNAPSHOTTED_SERVICES

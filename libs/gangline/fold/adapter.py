@@ -211,3 +211,12 @@ def node_offer(node: NodeRegistered | None, unusable_gpus: frozenset[str] = froz
         if g.id not in unusable_gpus
     ]
     return NodeOffer(tuple(sorted(offered)), node.nvlink_domain, node.leaf, node.spine)
+
+
+def pool_labels(node: NodeRegistered) -> dict[str, str]:
+    """The labels a pool layout may split the cluster by (gangline.core.pools): the node's own ``labels``,
+    its topology (``spine``, ``leaf``, ``nvlink_domain``) its GPU model (``gpu_model``: the first GPU's)."""
+    labels = {**node.labels, "spine": node.spine, "leaf": node.leaf, "nvlink_domain": node.nvlink_domain}
+    if node.gpus:
+        labels["gpu_model"] = node.gpus[0].model
+    return labels

@@ -55,6 +55,7 @@ from gangline.events.jobs import (
     JobQueued,
     JobRequeued,
     JobResizing,
+    JobRouted,
     JobSpec,
 )
 from gangline.events.nodes import (
@@ -80,6 +81,7 @@ FOLDED_EVENTS = (
     "gpu.health_changed",
     *CORDON_EVENTS,
     "job.admitted",
+    "job.routed",
     "job.queued",
     "job.requeued",
     "job.completed",
@@ -324,16 +326,17 @@ class ClusterFold:
                 degraded.add(data.gpu)
             self._snapshot = None
             return bool(data.state == "healthy")
-        job_event = JobAdmitted | JobQueued | JobRequeued | JobCompleted | JobFailed
+        job_event = JobAdmitted | JobRouted | JobQueued | JobRequeued | JobCompleted | JobFailed
         if isinstance(data, job_event) and data.job_id in self.retired:
             return False  # finished and released: nothing about it can change any more
         if isinstance(data, AllocationGranted | AllocationReleased) and self._absorbed_by_retired(data):
             return False
-        if isinstance(data, JobAdmitted):
+        if isinstance(data, JobAdmitted | JobRouted):
+            # Routed to a pool (job.routed): what a pool's owners read instead of the job.admitted.
             record = self._record(data.job_id)
             if record.spec is None:
                 record.spec = data.spec
-                record.admitted_at = envelope.time
+                record.admitted_at = data.admitted_at if isinstance(data, JobRouted) else envelope.time
             return self._refresh(record)
         if isinstance(data, JobQueued):
             record = self._record(data.job_id)

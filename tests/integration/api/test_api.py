@@ -530,3 +530,59 @@ async def test_history_shows_a_tenant_only_its_own_jobs_and_wants_a_zoned_since(
         "/v1/history", params={"queue": world.vision}, headers=world.auth(world.research_token)
     )
     assert other_queue.status_code == 403
+
+
+async def test_with_pools_an_operators_word_goes_to_the_nodes_pools_partition(
+    api_prefix: str, pg_pool: asyncpg.Pool, pg_dsn: str, kafka_bootstrap: str
+) -> None:
+    """A pool's owners read only its partition of nodes.operator: the API sends a cordon there."""
+    from services.api.auth import Tenant
+
+    # Both names hash to partition 2 of 3: by key, neither would reach its pool's partition.
+    spines = {"pool-node-0": "s0", "pool-node-3": "s1"}
+    gpus = (nodes.GpuInfo(id="gpu0", index=0, uuid="GPU-x", model="H100", memory_mib=81920),)
+    await seed(
+        pg_pool,
+        envelopes(
+            *(
+                (
+                    0,
+                    nodes.NodeRegistered(
+                        node=n, address="10.0.0.9", gpus=gpus, nvlink_domain=n, leaf="l", spine=s
+                    ),
+                )
+                for n, s in spines.items()
+            )
+        ),
+    )
+    token = f"tok-ops-{uuid.uuid4().hex}"
+    settings = ApiSettings.from_env(
+        {}, kafka_bootstrap=kafka_bootstrap, topic_prefix=api_prefix, pg_dsn=pg_dsn, pools="spine=s0,s1"
+    )
+    auth = Authenticator(TokenConfig(tenants=(Tenant.with_token("ops", token, admin=True),)))
+    async with EventProducer(kafka_bootstrap) as producer:
+        app = create_app(settings, resources=Resources(pg_pool, producer), authenticator=auth)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            for node in spines:
+                answer = await client.post(
+                    f"/v1/nodes/{node}/cordon", headers={"Authorization": f"Bearer {token}"}
+                )
+                assert answer.status_code == 202
+    consumer = AIOKafkaConsumer(
+        api_prefix + "nodes.operator",
+        bootstrap_servers=kafka_bootstrap,
+        **client_options(),
+        auto_offset_reset="earliest",
+        group_id=None,
+    )
+    await consumer.start()
+    try:
+        where: dict[str, int] = {}
+        for _ in range(50):
+            batch = await consumer.getmany(timeout_ms=200)
+            where |= {decode(r.value).subject: tp.partition for tp, rs in batch.items() for r in rs}
+            if len(where) >= 2:
+                break
+    finally:
+        await consumer.stop()
+    assert where == {"pool-node-0": 0, "pool-node-3": 1}

@@ -15,6 +15,9 @@ import pytest
 import yaml
 
 from gangline.agent.settings import NodeAgentSettings
+from gangline.core.pools import PoolLayout
+from services.common.pools import home_pools
+from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -222,8 +225,21 @@ def test_the_trust_keys_are_secrets_mounted_where_the_services_look() -> None:
 
 @needs_tools
 def test_placement_pools_are_statefulset_replicas_with_stable_ids() -> None:
-    placement = by_kind(rendered(), "StatefulSet")["placement"]
-    assert placement["spec"]["replicas"] >= 2  # a leader and a standby today; one per pool group later
+    docs = rendered()
+    placement = by_kind(docs, "StatefulSet")["placement"]
     assert placement["spec"]["podManagementPolicy"] == "Parallel"
     env = {e["name"]: e for e in _container(placement)["env"]}
     assert env["GANGLINE_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # One replica per pool group: the pools are dealt over the ordinals (services/common/pools.py).
+    replicas = placement["spec"]["replicas"]
+    assert replicas >= 2 and int(env["GANGLINE_POOL_REPLICAS"]["value"]) == replicas
+    layout = PoolLayout.parse(by_kind(docs, "ConfigMap")["gangline-env"]["data"]["GANGLINE_POOLS"])
+    groups = [
+        home_pools(layout, group=None, instance_id=f"placement-{i}", replicas=replicas)
+        for i in range(replicas)
+    ]
+    assert all(groups) and set().union(*groups) == set(layout.pools)
+    # Every pooled topic has a partition per pool.
+    topics = {t["spec"]["topicName"]: t["spec"]["partitions"] for t in by_kind(docs, "KafkaTopic").values()}
+    for name in TopicNames().pooled():
+        layout.check_partitions(topics[name], name)

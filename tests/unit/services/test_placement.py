@@ -261,3 +261,19 @@ def test_a_degraded_gpu_keeps_its_running_work_but_takes_no_new_work() -> None:
     assert grants(feed(state, env(release))) == []  # 3 usable GPUs free: still not enough for j2
     back = grants(feed(state, _health("a-0", free[0], "degraded", "healthy")))
     assert [g.job_id for g in back] == ["j2"]
+
+
+def test_a_pools_placement_places_a_job_it_learns_from_its_routing() -> None:
+    """A pool's placement reads no job.admitted (it may be on another pool's partition): the job.routed on
+    its partition carries the spec and the admitted time."""
+    from gangline.events.jobs import JobRouted, JobSpec
+
+    state = new_state(("a", 1, 8), gated=True)
+    spec = JobSpec(queue="team-a", workers=1, gpus_per_worker=4)
+    assert (
+        feed(state, env(JobRouted(job_id=JobId("r1"), pool="spine-a", spec=spec, admitted_at=T0), at=5.0))
+        == []
+    )
+    assert state.jobs[JobId("r1")].admitted_at == T0
+    [grant] = grants(feed(state, env(JobQueued(job_id=JobId("r1"), queue="team-a", pool="spine-a"), at=6.0)))
+    assert grant.job_id == "r1"

@@ -1,0 +1,104 @@
+"""One owner per pool: a decision service's replica leads the pools of its group and stands by for the rest.
+
+With pools (``GANGLINE_POOLS``, :mod:`gangline.core.pools`) a pool-owned service (placement first) runs one
+*seat* per pool in each replica. A seat is the single-leader machinery of :mod:`services.common.shell`
+for one pool: its own state, its own lock (the group ``<group>.pool-<pool>.leader``), its own consumer
+offsets (``<group>.pool-<pool>``), and its own transactional id (``<group>.pool-<pool>.leader``), shared by
+every replica's seat of that pool. It reads only the pool's partition of each pooled topic
+(:mod:`gangline.bus.pools`) and writes its outputs there.
+
+* **Failover per pool.** A replica's seats for the pools of its group (``GANGLINE_POOL_GROUP``, or by
+  StatefulSet ordinal: :func:`home_pools`) join their locks at once; its other seats join after
+  ``pool_standby_delay_s``, so each group's replica takes its own pools first and the others wait
+  behind it. When a replica dies, its locks lapse after the lock's session (1.5 s) and another replica's
+  waiting seats take them over: each restores its pool's state from its pool's partitions and decides.
+* **Fencing and exactly once per pool.** A new owner's producer has the pool's transactional id, so its
+  ``InitProducerId`` aborts what the dead owner left open and fences it if it comes back; the lock's
+  epochs make a zombie learn it lost and exit. Everything a pool decides is in the pool's partitions,
+  read back by the new owner, so a job granted and committed is never granted again, and a grant not
+  committed is aborted, never seen.
+* A seat that loses its lock ends the whole replica (as a lone leader does): it restarts as a standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from gangline.bus import ProcessorSettings
+from gangline.core.pools import PoolLayout, PoolLayoutError
+
+log = logging.getLogger(__name__)
+
+POOL_STANDBY_DELAY_S = 5.0
+"""How long a replica waits before it stands by for pools outside its group (their own replica goes first)."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One pool as one replica holds or waits for it."""
+
+    pool: str
+    partition: int
+    home: bool
+    """In this replica's group: it joins the pool's lock at once (else after the standby delay)."""
+
+
+def home_pools(
+    layout: PoolLayout, *, group: Sequence[str] | None, instance_id: str, replicas: int | None
+) -> set[str]:
+    """The pools a replica leads first: ``group`` when given; else, with ``replicas``, the pools whose index
+    is the replica's ordinal modulo ``replicas`` (the ``-N`` ending of a StatefulSet pod's name); else all."""
+    if group:
+        unknown = set(group) - set(layout.pools)
+        if unknown:
+            raise PoolLayoutError(f"pool group names pools not in the layout: {sorted(unknown)}")
+        return set(group)
+    if replicas:
+        match = re.search(r"-(\d+)$", instance_id)
+        if match is None:
+            raise PoolLayoutError(f"instance id {instance_id!r} has no -N ordinal to pick its pools by")
+        ordinal = int(match.group(1))
+        return {pool for i, pool in enumerate(layout.pools) if i % replicas == ordinal % replicas}
+    return set(layout.pools)
+
+
+def seats(layout: PoolLayout, home: Iterable[str]) -> list[Seat]:
+    """Every pool of the layout as this replica's seat, its group's first."""
+    mine = set(home)
+    every = [Seat(pool, layout.partition(pool), pool in mine) for pool in layout.pools]
+    return sorted(every, key=lambda seat: (not seat.home, seat.partition))
+
+
+def seat_settings(base: ProcessorSettings, seat: Seat, pooled_topics: Iterable[str]) -> ProcessorSettings:
+    """``base`` for one pool's seat: its group (offsets, lock, transactional id) and its partitions."""
+    pooled = set(pooled_topics)
+    return base.model_copy(
+        update={
+            "group_id": f"{base.group_id}.pool-{seat.pool}",
+            "input_partitions": {t: (seat.partition,) for t in base.input_topics if t in pooled},
+            "group_membership": False,
+        }
+    )
+
+
+async def run_seats(
+    all_seats: Sequence[Seat],
+    run: Callable[[Seat], Awaitable[None]],
+    *,
+    standby_delay_s: float = POOL_STANDBY_DELAY_S,
+) -> None:
+    """Run every seat until one ends (a lost lock, a failure): then the others are cancelled and it raises."""
+
+    async def seat_task(seat: Seat) -> None:
+        if not seat.home:
+            await asyncio.sleep(standby_delay_s)
+        log.info("pool seat waiting for its lock", extra={"pool": seat.pool, "home": seat.home})
+        await run(seat)
+
+    async with asyncio.TaskGroup() as group:
+        for seat in all_seats:
+            group.create_task(seat_task(seat), name=f"pool-{seat.pool}")
