@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
+from gangline.core.actions.queueing import (
+    EarliestStart,
+    PreemptionPolicy,
+    QueueContext,
+    RunFacts,
+    open_context,
+)
 from gangline.core.model import GpuId as CoreGpuId
 from gangline.core.model import Job
 from gangline.core.model import JobId as CoreJobId
@@ -221,6 +227,9 @@ class ClusterFold:
     _snapshot: Snapshot | None = None
     _run_facts: dict[CoreJobId, tuple[str, RunFacts]] = field(default_factory=dict, repr=False)
     """Running job → (its allocation, its run facts), so each cycle does not work them out again."""
+    _starts: dict[tuple[object, ...], EarliestStart] = field(default_factory=dict, repr=False)
+    """Reserve's earliest starts (`QueueContext.start_memo`), each read only on the snapshot version it
+    was found on: the run facts (grant times) change only with the snapshot."""
 
     # -- folding the log ---------------------------------------------------------------------
 
@@ -519,7 +528,7 @@ class ClusterFold:
                     known[job_id] = (running.allocation.id, facts)
         if len(known) > 2 * len(snap.running) + 64:
             self._run_facts = {j: f for j, f in known.items() if j in snap.running}
-        return open_context(
+        ctx = open_context(
             snap,
             jobs,
             now=now.timestamp(),
@@ -528,6 +537,10 @@ class ClusterFold:
             freeing=self.freeing(),
             policy=policy,
         )
+        if len(self._starts) > 4096:
+            self._starts.clear()  # one entry per request shape: bounded, but never unbounded
+        ctx.start_memo = self._starts
+        return ctx
 
     def freeing(self) -> dict[CoreJobId, frozenset[CoreGpuId]]:
         """Per waiting preemptor, the GPUs of the allocations its victims were asked to give back."""

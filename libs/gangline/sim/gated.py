@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gangline.core.actions.queueing import (
+    EarliestStart,
     PreemptionPolicy,
     QueueContext,
     RunFacts,
@@ -100,6 +101,9 @@ class GatedPolicy:
         self._held = 0.0
         self._cycle = 0
         self._shapes: dict[tuple[object, ...], list[Flavour]] = {}
+        self._starts: dict[tuple[object, ...], EarliestStart] = {}
+        """Reserve's earliest starts (`QueueContext.start_memo`): each read only on the snapshot version
+        it was found on; the run facts change only with the snapshot (a start, a release)."""
 
     # -- the simulator's calls ----------------------------------------------------------------------
 
@@ -202,6 +206,7 @@ class GatedPolicy:
             policy=self.preemption,
         )
         ctx.explain = False
+        ctx.start_memo = self._starts
         return ctx
 
     def _place(self, now: float, out: _Outcome) -> None:

@@ -5,6 +5,8 @@
   after grants, releases and transactions undone.
 * `Snapshot.version`: renewed by every committed change, brought back by an undone transaction,
   never shared by two snapshots.
+* Reserve's earliest-start memo (`QueueContext.start_memo`) kept across cycles, keyed on the
+  version: every cycle decides the same as one with no memo.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gangline.core.actions.queueing import (
+    EarliestStart,
+    RunFacts,
     held_by_queue,
     held_request,
     open_context,
@@ -34,6 +38,7 @@ from gangline.core.model import (
     Node,
     NodeId,
     QueueName,
+    Seconds,
 )
 from gangline.core.queues import QueueSpec, QuotaTree, Resource
 from gangline.core.snapshot import Snapshot
@@ -141,3 +146,71 @@ def test_version_is_renewed_by_committed_changes_and_brought_back_by_an_undo() -
         change()
         assert snap.version not in seen
         seen.add(snap.version)
+
+
+def _gang(k: int, gpus: int, hint: float | None) -> Job:
+    return Job(
+        JobId(f"j{k:03d}"),
+        QueueName("a"),
+        workers=gpus // 8 if gpus >= 8 else 1,
+        gpus_per_worker=8 if gpus >= 8 else gpus,
+        duration_hint_s=Seconds(hint) if hint is not None else None,
+    )
+
+
+def _world_step(
+    snap: Snapshot,
+    waiting: dict[JobId, Job],
+    submitted: dict[JobId, float],
+    facts: dict[JobId, RunFacts],
+    memo: dict[tuple[object, ...], EarliestStart] | None,
+    now: float,
+    cycle: int,
+) -> str:
+    def context(jobs: list[Job]):  # type: ignore[no-untyped-def]
+        ctx = open_context(snap, jobs, now=now, submit_time=submitted, run_facts=facts)
+        ctx.start_memo = memo
+        return ctx
+
+    plan, decisions = placement_cycle(
+        snap, list(waiting.values()), submitted, PROFILE, context, head=256, cycle=cycle
+    )
+    assert apply_plan(snap, plan) == []
+    for p in plan.placed:
+        del waiting[p.job.id]
+        facts[p.job.id] = RunFacts(started_at=now)
+    reservations = [(r.job_id, r.start, r.placements) for r in decisions.reservations]
+    return plan.canonical_json().decode() + repr(reservations)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**20), nodes=st.integers(2, 5), steps=st.integers(5, 40))
+def test_kept_earliest_starts_decide_as_a_fresh_search(seed: int, nodes: int, steps: int) -> None:
+    """Two runs of the same inputs, one keeping reserve's earliest starts across cycles (as the
+    gated simulator does), one searching afresh: every cycle's plan and reservations agree."""
+    rng = random.Random(seed)
+    worlds = [Snapshot([_node(k) for k in range(nodes)]) for _ in range(2)]
+    state = [({}, {}, {}) for _ in range(2)]  # waiting, submitted, facts
+    memo: dict[tuple[object, ...], EarliestStart] = {}
+    now = 0.0
+    k = 0
+    for cycle in range(steps):
+        now += rng.choice([0.0, 30.0, 600.0, 3600.0])
+        action = rng.random()
+        arrivals: list[Job] = []
+        if action < 0.5:
+            size = rng.choice([1, 2, 4, 8, 16, 16, 24, 32])
+            arrivals.append(_gang(k, size, rng.choice([None, 600.0, 3600.0, 7200.0])))
+            k += 1
+        outs = []
+        for w, (snap, (waiting, submitted, facts)) in enumerate(zip(worlds, state, strict=True)):
+            if action >= 0.5 and snap.running:
+                # the same running job ends in both worlds (they decide alike, so both hold it)
+                victim = sorted(snap.running)[int(action * 1000) % len(snap.running)]
+                snap.release(victim)
+                facts.pop(victim, None)
+            for job in arrivals:
+                waiting[job.id] = job
+                submitted[job.id] = now
+            outs.append(_world_step(snap, waiting, submitted, facts, memo if w == 0 else None, now, cycle))
+        assert outs[0] == outs[1]

@@ -186,9 +186,11 @@ class QueueContext:
     sentences about reserved GPUs). They decide nothing: a caller that never reads them (the
     simulator) may leave them out."""
     start_memo: dict[tuple[object, ...], EarliestStart] | None = None
-    """Reserve's earliest-start searches, kept by the caller across cycles (None: not kept). The
-    caller must empty it whenever its snapshot or its running jobs' facts change; entries are read
-    only while the working snapshot is still the cycle's own (see `backfill.earliest_start`)."""
+    """Reserve's earliest-start searches, kept by the caller across cycles (None: not kept). An entry
+    is read only on the snapshot version it was found on (`Snapshot.version`: any committed change
+    makes it stale) and while the working snapshot is still the cycle's own (see
+    `backfill.earliest_start`); the caller must empty it when its running jobs' facts change with no
+    change to the snapshot."""
 
     def lost_hours(self, job_id: JobId) -> float:
         facts = self.run_facts.get(job_id)
@@ -218,6 +220,8 @@ class EarliestStart:
     start: float
     candidate: Any
     valid_until: float
+    version: int
+    """The snapshot version it was found on (`Snapshot.version`); on any other it is not read."""
 
 
 QUEUES: StateKey[QueueContext] = StateKey("queueing.queues")
