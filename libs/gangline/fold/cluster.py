@@ -512,13 +512,19 @@ class ClusterFold:
             waiting = self.waiting.get(JobId(job.id))
             if waiting is not None and waiting.admitted_at:
                 submit_time[job.id] = waiting.admitted_at.timestamp()
-        run_facts: dict[CoreJobId, RunFacts] = {}
         known = self._run_facts
-        for job_id, running in snap.running.items():
-            seen = known.get(job_id)
-            if seen is not None and seen[0] == running.allocation.id:
-                run_facts[job_id] = seen[1]  # the same allocation: its grant's time does not change
-                continue
+        # The same allocation as when last seen: its grant's time does not change (one pass, no calls).
+        run_facts: dict[CoreJobId, RunFacts] = {
+            job_id: seen[1]
+            for job_id, running in snap.running.items()
+            if (seen := known.get(job_id)) is not None and seen[0] == running.allocation.id
+        }
+        missing = (
+            [item for item in snap.running.items() if item[0] not in run_facts]
+            if len(run_facts) < len(snap.running)
+            else []
+        )
+        for job_id, running in missing:
             record = self.jobs.get(JobId(job_id))
             live = record.live() if record is not None else None
             started = record.granted_at.get(live.allocation_id) if record and live else None
