@@ -54,6 +54,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also digest every event every service wrote (topic, id, cause, body): slower, strictest",
     )
+    p.add_argument(
+        "--engine",
+        choices=["services", "core"],
+        default="services",
+        help="services: the services' handlers (gangline simulate --services); core: the core's gated "
+        "simulator (the profile's row of gangline simulate)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -99,11 +106,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 grants.update(repr(("r", tx.at, data.allocation_id, data.reason)).encode())
 
     cpu1, wall1 = time.process_time(), time.perf_counter()
-    run = trace_run.simulate_services(
-        jobs, spec, queues=args.queues, profile_path=args.profile, observers=[observe]
-    )
+    if args.engine == "core":
+        result = _core_run(args, jobs, spec, grants, counts)
+    else:
+        result = trace_run.simulate_services(
+            jobs, spec, queues=args.queues, profile_path=args.profile, observers=[observe]
+        ).result
     sim_cpu, sim_wall = time.process_time() - cpu1, time.perf_counter() - wall1
-    result = run.result
     measured = sorted(result.jobs, key=lambda j: j.id)
     outcomes = hashlib.sha256(repr([(j.id, j.start, j.end, j.preemptions) for j in measured]).encode())
     report = build_report(
@@ -129,6 +138,32 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _core_run(
+    args: argparse.Namespace, jobs: Sequence[Any], spec: Any, grants: Any, counts: dict[str, int]
+) -> Any:
+    """The core's gated simulator under the profile, as `gangline simulate` runs it; every grant
+    (time, job, allocation, nodes, GPUs) digested in order, like the services' grants."""
+    from gangline.core.defaults import default_profile, placement_registry
+    from gangline.core.framework.profile import load_profile_file
+    from gangline.queues_file import load_queues_file, queues_of, quota_specs
+    from gangline.sim.gated import GatedPolicy
+    from gangline.sim.run import entitlement_weights
+    from gangline.sim.simulator import SimOptions, Simulator
+
+    profile = load_profile_file(args.profile, placement_registry()) if args.profile else default_profile()
+    queues = load_queues_file(args.queues) if args.queues else None
+    opts = SimOptions(entitlement=entitlement_weights(quota_specs(queues)[0] if queues else (), jobs))
+    gate = queues_of(queues) if queues is not None else None
+    policy = GatedPolicy(profile.name, profile, spec.build_nodes(), gate)
+    result = Simulator(jobs, policy, float(spec.total_gpus), opts).run()
+    for g in policy.granted:
+        a = g.allocation
+        placed = [(p.node, p.rank, tuple(p.gpus)) for p in a.placements]
+        grants.update(repr(("g", g.at, a.job_id, a.id, placed)).encode())
+    counts["granted"] = len(policy.granted)
+    return result
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -139,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(child(args)))
         return 0
     base = [sys.executable, "-m", "services.bench.sim_services", "--child", "--trace", args.trace]
-    base += ["--cluster", args.cluster, "--time-scale", str(args.time_scale)]
+    base += ["--cluster", args.cluster, "--time-scale", str(args.time_scale), "--engine", args.engine]
     for flag, value in (("--queues", args.queues), ("--profile", args.profile), ("--limit", args.limit)):
         if value is not None:
             base += [flag, str(value)]
@@ -161,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     digests = {(r["decisions_sha256"], r["outcomes_sha256"], r["events_sha256"]) for r in runs}
     summary = {
         "bench": "sim_services",
+        "engine": args.engine,
         "trace": args.trace,
         "cluster": args.cluster,
         "queues": str(args.queues) if args.queues else None,

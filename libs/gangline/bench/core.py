@@ -1,6 +1,6 @@
 """Benchmark of the scheduling core (not a test): placements/s and decision latency.
 
-    python -m gangline.bench.core [--case 1k|10k|all] [--decisions N] [--seed S]
+    python -m gangline.bench.core [--case 1k|10k|waiting-10k|all] [--decisions N] [--cycles N] [--seed S]
 
 A Philly-shaped job mix (93% 1 GPU, 6.5% 2-8 GPUs, 0.5% 16-128 GPUs as 8-GPU workers preferring
 one leaf) runs against 8-GPU nodes in leaves of 32 nodes, kept near 90% full: before each new
@@ -9,7 +9,9 @@ decision is one cycle for one job plus its commit (`run_cycle` + `apply_plan`), 
 core. Latencies are process CPU time per decision (`time.process_time`), so other load on a
 shared machine does not count; the `wall_*` fields give the wall-clock view of the same run
 (gang decisions included). The 10k case also places a 256-GPU leaf-required gang every 200
-decisions and reports its p99. Each case ends with one JSON line on stdout.
+decisions and reports its p99. The waiting-10k case times the live placement cycle (the placement
+service's, `placement_cycle`) with 10,000 jobs waiting on 1,000 nodes (see `waiting_case`).
+Each case ends with one JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import resource
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import apply_plan, run_cycle
@@ -37,6 +40,7 @@ from gangline.core.model import (
     Node,
     NodeId,
     QueueName,
+    Seconds,
     TopologyConstraint,
     TopologyLevel,
     TopologyMode,
@@ -203,11 +207,107 @@ def run_case(
     return out
 
 
+def waiting_case(
+    name: str, n_nodes: int, n_waiting: int, cycles: int, seed: int, profile: Profile
+) -> dict[str, object]:
+    """The live placement cycle with ``n_waiting`` jobs waiting (the placement service's, from the core:
+    `placement_cycle` over every waiting job, its window of `FRONT_OF_LINE` and the jobs the free GPUs
+    could hold, the queue facts of `open_context` with each running job's start), then its commit.
+
+    The cluster is kept about 90% busy with the Philly-shaped mix (every fifth job with a duration
+    hint, so reserve finds earliest starts); before each cycle a few running jobs end and as many
+    jobs arrive as the last cycle placed, so ``n_waiting`` wait every cycle. Each sample is one cycle
+    and its commit, in CPU time (`time.process_time`).
+    """
+    from gangline.core.actions.queueing import RunFacts, open_context, placement_cycle
+    from gangline.core.waiting import FRONT_OF_LINE
+
+    rng = random.Random(seed)
+    snap = Snapshot.build(build_cluster(n_nodes))
+    capacity = sum(snap.capacity)
+    admitted: dict[JobId, float] = {}
+    facts: dict[JobId, RunFacts] = {}
+    waiting: dict[JobId, Job] = {}
+    running: list[JobId] = []
+    k = 0
+    now = 0.0
+
+    def arrive() -> None:
+        nonlocal k
+        k += 1
+        job = philly_job(rng, k)
+        if k % 5 == 0:
+            job = replace(job, duration_hint_s=Seconds(rng.randint(600, 86_400)))
+        waiting[job.id] = job
+        admitted[job.id] = now + k * 1e-6
+
+    def cycle(c: int) -> tuple[int, float]:
+        cpu0 = time.process_time()
+        plan, _ = placement_cycle(
+            snap,
+            list(waiting.values()),
+            admitted,
+            profile,
+            lambda jobs: open_context(snap, jobs, now=now, submit_time=admitted, run_facts=facts),
+            head=FRONT_OF_LINE,
+            cycle=c,
+        )
+        apply_plan(snap, plan)
+        took = time.process_time() - cpu0
+        for p in plan.placed:
+            del waiting[p.job.id]
+            facts[p.job.id] = RunFacts(started_at=now)
+            running.append(p.job.id)
+        return len(plan.placed), took
+
+    for _ in range(n_waiting):
+        arrive()
+    c = 0
+    while 1 - sum(snap.total_free) / capacity < TARGET_BUSY:  # fill, untimed
+        c += 1
+        now += 1.0
+        if not cycle(c)[0]:
+            break
+        while len(waiting) < n_waiting:
+            arrive()
+    gc.collect()
+    gc.freeze()
+    latencies: list[float] = []
+    placed = 0
+    for _ in range(cycles):
+        now += 60.0
+        for _ in range(min(len(running), rng.randint(1, 4))):
+            victim = running.pop(rng.randrange(len(running)))
+            snap.release(victim)
+            facts.pop(victim, None)
+        c += 1
+        n, took = cycle(c)
+        latencies.append(took)
+        placed += n
+        while len(waiting) < n_waiting:
+            arrive()
+    gc.unfreeze()
+    return {
+        "case": name,
+        "nodes": n_nodes,
+        "gpus": capacity,
+        "waiting": n_waiting,
+        "cycles": len(latencies),
+        "placed": placed,
+        "p50_ms": round(pct(latencies, 0.50) * 1000, 3),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 3),
+        "max_ms": round(max(latencies) * 1000, 3),
+        "busy": round(1 - sum(snap.total_free) / capacity, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the cases and print one JSON line per case."""
     ap = argparse.ArgumentParser(prog="python -m gangline.bench.core", description=__doc__.splitlines()[0])
-    ap.add_argument("--case", choices=("1k", "10k", "all"), default="all")
+    ap.add_argument("--case", choices=("1k", "10k", "waiting-10k", "all"), default="all")
     ap.add_argument("--decisions", type=int, default=20_000)
+    ap.add_argument("--cycles", type=int, default=300, help="waiting-10k: cycles timed")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     profile = default_profile()
@@ -215,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(run_case("1k-nodes", 1_000, args.decisions, args.seed, profile)), flush=True)
     if args.case in ("10k", "all"):
         out = run_case("10k-nodes", 10_000, args.decisions, args.seed, profile, gang_every=200)
+        print(json.dumps(out), flush=True)
+    if args.case in ("waiting-10k", "all"):
+        out = waiting_case("waiting-10k-1k-nodes", 1_000, 10_000, args.cycles, args.seed, profile)
         print(json.dumps(out), flush=True)
     return 0
 

@@ -27,6 +27,7 @@ exactly as it was. `savepoint()` / `rollback_to()` nest inside a transaction.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,11 +49,15 @@ from gangline.core.model import (
     Milli,
     Node,
     NodeId,
+    QueueName,
     TopologyLevel,
     WorkerPlacement,
 )
 
 NAME = "snapshot"
+
+_VERSIONS = itertools.count()
+"""`Snapshot.version`s, unique in the process."""
 
 
 def most_over(values: Sequence[int], models: Sequence[int]) -> int:
@@ -82,6 +87,11 @@ class RunningJob:
 
     job: Job
     allocation: Allocation
+
+
+HeldKey = tuple[int, str | None, bool]
+"""What a running job's workers hold, as `Snapshot.queue_held` counts it: (model index of its first
+GPU, its MIG profile or None, whether it holds milli-GPU shares)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +226,18 @@ class Snapshot:
         self.running: dict[JobId, RunningJob] = {}
         self.preemptible_running = 0
         """How many of ``running`` are preemptible: none, and no action can find a victim."""
+        self.queue_held: dict[QueueName, dict[HeldKey, list[int]]] = {}
+        """Per queue with running jobs, what they hold (kept with ``running``, O(change)): per
+        `HeldKey`, [jobs, units], units being whole GPUs (workers x GPUs per worker), MIG workers or
+        milli; a job whose allocation names no GPU counts under no key. The quota a queue's running
+        jobs hold is read from it (`queueing.build_context`) instead of a pass over every job."""
+        self.queue_running: dict[QueueName, int] = {}
+        """How many running jobs each queue has (queues with none are absent)."""
+        self.version = next(_VERSIONS)
+        """Renewed by every change made outside a transaction (a grant, a release, a cordon, a health
+        change, a committed plan), from a count shared by every snapshot of the process, so no two
+        states of any two snapshots have the same: what is computed from the committed snapshot alone
+        may be kept, keyed on it, while it stands. Undoing a transaction brings its version back."""
         self._journal: list[tuple[object, ...]] | None = None
 
     def _modelled(self, ordered: Sequence[Node]) -> list[Node]:
@@ -309,6 +331,7 @@ class Snapshot:
         if journal is None:
             raise RuntimeError("rollback_to() needs an open transaction")
         self._journal = None  # undo without journaling
+        version = self.version  # an undo brings back a state of this version: it is no change
         try:
             while len(journal) > mark:
                 entry = journal.pop()
@@ -329,6 +352,7 @@ class Snapshot:
                     self._set_running(entry[1], entry[2])  # type: ignore[arg-type]
         finally:
             self._journal = journal
+            self.version = version
 
     @property
     def in_transaction(self) -> bool:
@@ -356,6 +380,8 @@ class Snapshot:
         old = self.g_owner[g]
         if self._journal is not None:
             self._journal.append(("o", g, old))
+        else:
+            self.version = next(_VERSIONS)
         self.g_owner[g] = owner
         if (old is None) == (owner is None) or self.gpus[g].mode is not GpuMode.WHOLE:
             return
@@ -371,6 +397,8 @@ class Snapshot:
             return
         if self._journal is not None:
             self._journal.append(("u", g, old))
+        else:
+            self.version = next(_VERSIONS)
         self.g_usable[g] = usable
         if self.g_owner[g] is None and self.gpus[g].mode is GpuMode.WHOLE:
             m = self.g_model[g]
@@ -382,6 +410,8 @@ class Snapshot:
         old = inst.get(start)
         if self._journal is not None:
             self._journal.append(("m", g, start, old))
+        else:
+            self.version = next(_VERSIONS)
         if old is not None:
             self.g_mig_mask[g] &= ~old[0].mask_at(start)
             self.g_mig_compute[g] -= old[0].compute
@@ -396,6 +426,8 @@ class Snapshot:
         old = shares.get(job)
         if self._journal is not None:
             self._journal.append(("s", g, job, old))
+        else:
+            self.version = next(_VERSIONS)
         if old is not None:
             self.g_milli_used[g] -= old
             del shares[job]
@@ -407,14 +439,50 @@ class Snapshot:
         old = self.running.get(job_id)
         if self._journal is not None:
             self._journal.append(("r", job_id, old))
-        if old is not None and old.job.preemptible:
-            self.preemptible_running -= 1
+        else:
+            self.version = next(_VERSIONS)
+        if old is not None:
+            self._count_held(old, -1)
+            if old.job.preemptible:
+                self.preemptible_running -= 1
         if entry is None:
             self.running.pop(job_id, None)
         else:
             self.running[job_id] = entry
+            self._count_held(entry, 1)
             if entry.job.preemptible:
                 self.preemptible_running += 1
+
+    def _count_held(self, r: RunningJob, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) what ``r`` holds in `queue_held` and `queue_running`."""
+        job = r.job
+        queue = job.queue
+        n = self.queue_running.get(queue, 0) + sign
+        if n:
+            self.queue_running[queue] = n
+        else:
+            del self.queue_running[queue]
+        placements = r.allocation.placements
+        if not placements or not placements[0].gpus:
+            return
+        key = (self.g_model[self.gpu_pos[placements[0].gpus[0]]], job.mig_profile, job.gpu_milli is not None)
+        if job.kind is GpuMode.MIG:
+            units = len(placements)
+        elif job.kind is GpuMode.SHARED:
+            assert job.gpu_milli is not None
+            units = len(placements) * job.gpu_milli
+        else:
+            units = len(placements) * job.gpus_per_worker
+        held = self.queue_held.setdefault(queue, {})
+        entry = held.get(key)
+        if entry is None:
+            entry = held[key] = [0, 0]
+        entry[0] += sign
+        entry[1] += sign * units
+        if not entry[0]:
+            del held[key]
+            if not held:
+                del self.queue_held[queue]
 
     # ---------------------------------------------------------------- reserving slots
 
@@ -539,6 +607,8 @@ class Snapshot:
             return
         if self._journal is not None:
             self._journal.append(("c", i, self.node_cordoned[i]))
+        else:
+            self.version = next(_VERSIONS)
         self.node_cordoned[i] = cordoned
         for g in self.node_gpus[i]:
             self._set_usable(g, self.g_healthy[g] and not cordoned)
@@ -550,6 +620,8 @@ class Snapshot:
             return
         if self._journal is not None:
             self._journal.append(("h", g, self.g_healthy[g]))
+        else:
+            self.version = next(_VERSIONS)
         self.g_healthy[g] = healthy
         self._set_usable(g, healthy and not self.node_cordoned[self.g_node[g]])
 

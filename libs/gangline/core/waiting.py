@@ -158,11 +158,7 @@ class WaitingIndex:
             job = group[0][1]
             fkey = fit_keys.get(gkey)
             if fkey is None:
-                fkey = fit_keys[gkey] = (
-                    (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
-                    if job.kind is GpuMode.WHOLE
-                    else ()
-                )
+                fkey = fit_keys[gkey] = fit_key(job)
             keep = fits.copies_of(fkey, len(group)) if fkey else len(group)
             if admit is not None and keep < len(group):
                 keep = max(keep, admit(job, len(group)))
@@ -173,6 +169,14 @@ class WaitingIndex:
             if blocked is not None:
                 blocked.extend(group[keep : keep + blocked_each])
         return out
+
+
+def fit_key(job: Job) -> tuple[GpuModel | None, MiB | None, int, int] | tuple[()]:
+    """A request as `_FitCounter.copies_of` counts it: (GPU type, memory, GPUs per worker, fewest
+    workers) of a whole-GPU job; () for MIG and fractional ones, which are not counted."""
+    if job.kind is GpuMode.WHOLE:
+        return (job.gpu_type, job.gpu_memory_mib, job.gpus_per_worker, job.fewest_workers)
+    return ()
 
 
 def _hint_key(e: tuple[float, LineKey] | tuple[float, LineKey, Job]) -> tuple[float, LineKey]:
@@ -247,9 +251,21 @@ def cycle_jobs(snapshot: Snapshot, line: Sequence[Job], head: int) -> list[Job]:
     """
     if len(line) <= head:
         return list(line)
-    rest = WaitingIndex()
+    # `WaitingIndex.candidates` over the rest, each job keyed by its place in line: built in line
+    # order, so each group is in line order as it is filled, with no insertion sort and no hints.
+    groups: dict[GroupKey, list[int]] = {}
     for k in range(head, len(line)):
-        rest.add(line[k], (float(k), line[k].id))
-    kept = rest.candidates(snapshot)
-    kept.sort(key=lambda e: e[0])
-    return [*line[:head], *(job for _, job in kept)]
+        key = group_key(line[k])
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [k]
+        else:
+            group.append(k)
+    fits = _FitCounter(snapshot)
+    kept: list[int] = []
+    for group in groups.values():
+        fkey = fit_key(line[group[0]])
+        keep = fits.copies_of(fkey, len(group)) if fkey else len(group)
+        kept.extend(group if keep >= len(group) else group[:keep])
+    kept.sort()
+    return [*line[:head], *(line[k] for k in kept)]

@@ -39,7 +39,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from gangline.core.actions.queueing import PreemptionPolicy, QueueContext, RunFacts, open_context
+from gangline.core.actions.queueing import (
+    EarliestStart,
+    PreemptionPolicy,
+    QueueContext,
+    RunFacts,
+    open_context,
+)
 from gangline.core.model import Allocation, Job
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import GpuId as CoreGpuId
@@ -262,6 +268,9 @@ class ClusterFold:
     _snapshot: Snapshot | None = None
     _run_facts: dict[CoreJobId, tuple[str, RunFacts]] = field(default_factory=dict, repr=False)
     """Running job → (its allocation, its run facts), so each cycle does not work them out again."""
+    _starts: dict[tuple[object, ...], EarliestStart] = field(default_factory=dict, repr=False)
+    """Reserve's earliest starts (`QueueContext.start_memo`), each read only on the snapshot version it
+    was found on: the run facts (grant times) change only with the snapshot."""
 
     # -- folding the log ---------------------------------------------------------------------
 
@@ -618,13 +627,19 @@ class ClusterFold:
             waiting = self.waiting.get(JobId(job.id))
             if waiting is not None and waiting.admitted_at:
                 submit_time[job.id] = waiting.admitted_at.timestamp()
-        run_facts: dict[CoreJobId, RunFacts] = {}
         known = self._run_facts
-        for job_id, running in snap.running.items():
-            seen = known.get(job_id)
-            if seen is not None and seen[0] == running.allocation.id:
-                run_facts[job_id] = seen[1]  # the same allocation: its grant's time does not change
-                continue
+        # The same allocation as when last seen: its grant's time does not change (one pass, no calls).
+        run_facts: dict[CoreJobId, RunFacts] = {
+            job_id: seen[1]
+            for job_id, running in snap.running.items()
+            if (seen := known.get(job_id)) is not None and seen[0] == running.allocation.id
+        }
+        missing = (
+            [item for item in snap.running.items() if item[0] not in run_facts]
+            if len(run_facts) < len(snap.running)
+            else []
+        )
+        for job_id, running in missing:
             record = self.jobs.get(JobId(job_id))
             live = record.live() if record is not None else None
             started = record.granted_at.get(live.allocation_id) if record and live else None
@@ -634,7 +649,7 @@ class ClusterFold:
                     known[job_id] = (running.allocation.id, facts)
         if len(known) > 2 * len(snap.running) + 64:
             self._run_facts = {j: f for j, f in known.items() if j in snap.running}
-        return open_context(
+        ctx = open_context(
             snap,
             jobs,
             now=now.timestamp(),
@@ -644,6 +659,10 @@ class ClusterFold:
             freeing=self.freeing(),
             policy=policy,
         )
+        if len(self._starts) > 4096:
+            self._starts.clear()  # one entry per request shape: bounded, but never unbounded
+        ctx.start_memo = self._starts
+        return ctx
 
     def freeing(self) -> dict[CoreJobId, frozenset[CoreGpuId]]:
         """Per waiting preemptor, the GPUs of the allocations its victims were asked to give back."""

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gangline.core.actions.queueing import (
+    EarliestStart,
     PreemptionPolicy,
     QueueContext,
     Resize,
@@ -118,6 +119,11 @@ class GatedPolicy:
         self._elastic_running: set[JobId] = set()
         """Running elastic jobs (those a grow may concern)."""
         self._resizes = 0
+        self._job_flavours: dict[JobId, list[Flavour]] = {}
+        """Each waiting job's flavours (its shape's, looked up once: the gate asks on every pass)."""
+        self._starts: dict[tuple[object, ...], EarliestStart] = {}
+        """Reserve's earliest starts (`QueueContext.start_memo`): each read only on the snapshot version
+        it was found on; the run facts change only with the snapshot (a start, a release)."""
 
     # -- the simulator's calls ----------------------------------------------------------------------
 
@@ -205,9 +211,13 @@ class GatedPolicy:
     def _flavours(self, job: Job) -> list[Flavour]:
         """The job's flavours its nodes can hold, in the order the quota service tries them (its GPU
         type, else the models its queue's quotas name, then the file's resource order)."""
+        known = self._job_flavours.get(job.id)
+        if known is not None:
+            return known
         shape = (job.queue, job.gpu_type, job.mig_profile, job.gpu_milli, job.workers, job.gpus_per_worker)
         known = self._shapes.get(shape)
         if known is not None:
+            self._job_flavours[job.id] = known
             return known
         assert self.queues is not None
         models: list[str] = []
@@ -221,7 +231,7 @@ class GatedPolicy:
                     models.append(model)
         options = [Flavour(m, job_request(job, GpuModel(m))) for m in models]
         fits, _ = held_flavours(self._hardware, WorkerAsk.of(job), options)
-        self._shapes[shape] = fits
+        self._shapes[shape] = self._job_flavours[job.id] = fits
         return fits
 
     def _context(self, jobs: list[Job], now: float) -> QueueContext:
@@ -236,6 +246,7 @@ class GatedPolicy:
             policy=self.preemption,
         )
         ctx.explain = False
+        ctx.start_memo = self._starts
         return ctx
 
     def _place(self, now: float, out: _Outcome) -> None:
@@ -268,6 +279,7 @@ class GatedPolicy:
                 continue
             del self._placeable[job.id]
             del self._waiting[job.id]
+            self._job_flavours.pop(job.id, None)
             out.started.append(job.id)
             if len(p.allocation.placements) < job.fewest_workers:
                 out.partial.append(job.id)

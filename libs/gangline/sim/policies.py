@@ -463,8 +463,8 @@ class CorePolicy:
         return run_queue_cycle(self.snapshot, jobs, self.profile, ctx, cycle=self._cycle)
 
     def _keep_starts(self, placed: Sequence[Job], now: float) -> None:
-        """Keep the earliest starts that `placed` (starting now) cannot change: those after all
-        of them are expected to end.
+        """Keep the earliest starts that `placed` (started now, committed) cannot change: those after
+        all of them are expected to end.
 
         Released in expected-end order, every step before such a start now has the GPUs it had,
         less the ones `placed` still hold, so the gang fits at none of them (GPUs only taken); at
@@ -472,9 +472,10 @@ class CorePolicy:
         """
         ends = [now + j.duration_hint_s if j.duration_hint_s is not None else math.inf for j in placed]
         latest, soonest = max(ends), min(ends)
+        version = self.snapshot.version  # called once `placed` are committed: the entries hold on it
         for key, e in list(self._starts.items()):
             if latest < e.start:
-                self._starts[key] = replace(e, valid_until=min(e.valid_until, soonest))
+                self._starts[key] = replace(e, valid_until=min(e.valid_until, soonest), version=version)
             else:
                 del self._starts[key]
 
@@ -531,11 +532,11 @@ class CorePolicy:
                 self.finish(e.job_id, now)
                 self._wait(r.job)
                 evicted.append(e.job_id)
+        problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
         if plan.evicted:
             self._starts.clear()
         elif plan.placed:
             self._keep_starts([p.job for p in plan.placed], now)
-        problems = [s.message for s in apply_plan(self.snapshot, plan) if not s.ok]
         started: list[JobId] = []
         partial: list[JobId] = []
         for p in plan.placed:

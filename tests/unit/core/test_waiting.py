@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
 from gangline.cluster_spec import ClusterSpec, NodeGroup, Topology
+from gangline.core.actions.queueing import open_context, placement_cycle
 from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import load_profile
+from gangline.core.mig import MigProfileName
 from gangline.core.model import GpuModel, Job, JobId, QueueName
 from gangline.core.snapshot import Snapshot
-from gangline.core.waiting import WaitingIndex
+from gangline.core.waiting import WaitingIndex, cycle_jobs
 from gangline.queues_file import QueuesFile
 from gangline.sim.metrics import RunResult, fragmentation, fragmentation_of, summarize, worker_need
 from gangline.sim.policies import FIFO_GANG_BEST_FIT_YAML, CorePolicy, CycleOutcome, PodFirstFit
@@ -167,3 +171,43 @@ def test_fragmentation_from_kept_needs_equals_fragmentation_from_jobs() -> None:
     for waiting, stranded in (([_job("a", 1, 8), _job("c", 1, 8)], 16.0), ([_job("b", 2, 4)], 0.0)):
         needs = {worker_need(j.gpu_type, j.kind, j.gpus_per_worker, j.gpu_milli) for j in waiting}
         assert fragmentation_of(snap, needs) == fragmentation(snap, waiting) == (stranded, 56.0)
+
+
+def _window_by_index(snap: Snapshot, line: Sequence[Job], head: int) -> list[Job]:
+    """`cycle_jobs` as a `WaitingIndex` of the jobs past the head computes it (what it did before)."""
+    if len(line) <= head:
+        return list(line)
+    rest = WaitingIndex()
+    for k in range(head, len(line)):
+        rest.add(line[k], (float(k), line[k].id))
+    kept = rest.candidates(snap)
+    kept.sort(key=lambda e: e[0])
+    return [*line[:head], *(job for _, job in kept)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cycle_window_is_the_index_of_the_jobs_past_the_head(seed: int) -> None:
+    rng = random.Random(seed)
+    snap = Snapshot(_spec().build_nodes())
+    running = [_job(f"r{k}", 1, rng.choice([1, 2, 4, 8])) for k in range(rng.randint(0, 12))]
+    for job in running:
+        plan, _ = placement_cycle(
+            snap,
+            [job],
+            {},
+            default_profile(),
+            lambda jobs: open_context(snap, jobs, now=0.0),
+            head=8,
+            cycle=1,
+        )
+        assert apply_plan(snap, plan) == []
+    shapes = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 4), (4, 8), (9, 8)]
+    line = []
+    for k in range(rng.randint(0, 80)):
+        workers, gpus = rng.choice(shapes)
+        job = _job(f"j{k}", workers, gpus, queue=rng.choice(["qa", "qb"]))
+        if rng.random() < 0.2:
+            job = replace(job, mig_profile=MigProfileName("1g.10gb"), gpus_per_worker=1)
+        line.append(job)
+    head = rng.choice([0, 1, 4, 16])
+    assert [j.id for j in cycle_jobs(snap, line, head)] == [j.id for j in _window_by_index(snap, line, head)]

@@ -45,3 +45,26 @@ def test_a_charged_gang_that_waits_for_gpus_holds_its_queues_quota() -> None:
 def test_without_quotas_the_small_job_is_backfilled_beside_the_reservation() -> None:
     # Nothing is charged: the gang holds a reservation from 100, the small job ends before it and runs.
     assert starts(quotas=False) == {"ops": 0.0, "gang": 100.0, "small": 2.0}
+
+
+def test_each_jobs_flavours_are_its_shapes_found_afresh() -> None:
+    """The flavours the gate reads, kept per waiting job, are those a fresh policy finds for it."""
+    spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
+    shapes = [(1, 1), (1, 8), (2, 8), (1, 4), (3, 8)]
+    jobs = [
+        TraceJob(
+            JobId(f"j{k}"), float(k), 30.0, QueueName("team" if k % 3 else "ops"), *shapes[k % len(shapes)]
+        )
+        for k in range(30)
+    ]
+    kept = GatedPolicy("default", default_profile(), spec.build_nodes(), queues_of(QUEUES))
+    Simulator(jobs, kept, float(spec.total_gpus)).run()
+    # j1 again with another shape (checked first: the check itself keeps what it asks for): a job id
+    # seen before, once it has run, is looked up afresh.
+    again = TraceJob(JobId("j1"), 0.0, 1.0, QueueName("team"), 3, 8)
+    for trace_job in [again, *(j for j in jobs if j.id != again.id)]:
+        if not kept.limits(trace_job.queue):
+            continue  # the gate asks only for the jobs of queues it limits
+        job = trace_job.to_job()
+        fresh = GatedPolicy("default", default_profile(), spec.build_nodes(), queues_of(QUEUES))
+        assert kept._flavours(job) == fresh._flavours(job)

@@ -109,7 +109,7 @@ def earliest_start(
     if memo is not None and _own_snapshot(session, ctx):
         key = group_key(job)
         hit = memo.get(key)
-        if hit is not None and ctx.now <= hit.valid_until:
+        if hit is not None and hit.version == snap.version and ctx.now <= hit.valid_until:
             return hit.start, hit.candidate, []
     place = placement_oracle(session)
     now_free: list[RunningJob] = []
@@ -163,7 +163,7 @@ def earliest_start(
                     # expected end has passed (`max(end, now)` and the release order stay put).
                     soonest = min((t[0] for t in timeline), default=math.inf)
                     if soonest > ctx.now:
-                        memo[key] = EarliestStart(end, got, soonest)
+                        memo[key] = EarliestStart(end, got, soonest, snap.version)
                 return end, got, []
     return None
 

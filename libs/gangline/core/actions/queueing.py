@@ -190,9 +190,11 @@ class QueueContext:
     sentences about reserved GPUs). They decide nothing: a caller that never reads them (the
     simulator) may leave them out."""
     start_memo: dict[tuple[object, ...], EarliestStart] | None = None
-    """Reserve's earliest-start searches, kept by the caller across cycles (None: not kept). The
-    caller must empty it whenever its snapshot or its running jobs' facts change; entries are read
-    only while the working snapshot is still the cycle's own (see `backfill.earliest_start`)."""
+    """Reserve's earliest-start searches, kept by the caller across cycles (None: not kept). An entry
+    is read only on the snapshot version it was found on (`Snapshot.version`: any committed change
+    makes it stale) and while the working snapshot is still the cycle's own (see
+    `backfill.earliest_start`); the caller must empty it when its running jobs' facts change with no
+    change to the snapshot."""
 
     def lost_hours(self, job_id: JobId) -> float:
         facts = self.run_facts.get(job_id)
@@ -222,6 +224,8 @@ class EarliestStart:
     start: float
     candidate: Any
     valid_until: float
+    version: int
+    """The snapshot version it was found on (`Snapshot.version`); on any other it is not read."""
 
 
 QUEUES: StateKey[QueueContext] = StateKey("queueing.queues")
@@ -242,7 +246,8 @@ def context_of(session: Session) -> QueueContext:
 
 def open_tree(snapshot: Snapshot, jobs: Sequence[Job]) -> QuotaTree:
     """Every queue of ``jobs`` and of the snapshot's running jobs, unlimited: no quota applies."""
-    names = {j.queue for j in jobs} | {r.job.queue for r in snapshot.running.values()}
+    names = {j.queue for j in jobs}
+    names.update(snapshot.queue_running)
     return _unlimited_tree(tuple(sorted(names)))
 
 
@@ -297,6 +302,27 @@ def held_request(snapshot: Snapshot, running: RunningJob) -> dict[Resource, int]
     return job_request(job, GpuModel(model), len(placements))
 
 
+def held_by_queue(snapshot: Snapshot, tree: QuotaTree) -> dict[QueueName, dict[Resource, int]]:
+    """The quota the snapshot's running jobs hold, per queue of ``tree`` with running jobs (queues it
+    does not know are left out): what :func:`held_request` gives summed over each queue's jobs, read
+    from the snapshot's own count (`Snapshot.queue_held`), not a pass over every running job."""
+    models = snapshot.models
+    allocation: dict[QueueName, dict[Resource, int]] = {}
+    for queue in sorted(snapshot.queue_running):
+        if not tree.has_queue(queue):
+            continue
+        vec = allocation[queue] = {}
+        for (m, mig_profile, shared), (_, units) in snapshot.queue_held.get(queue, {}).items():
+            if mig_profile is not None:
+                res = mig_resource(models[m], mig_profile)
+            elif shared:
+                res = Resource(f"{models[m]}{SHARED_SUFFIX}")
+            else:
+                res = gpu_resource(models[m])
+            vec[res] = vec.get(res, 0) + units
+    return allocation
+
+
 def build_context(
     snapshot: Snapshot,
     tree: QuotaTree,
@@ -316,24 +342,7 @@ def build_context(
     totals only if the caller's tree names them; they never dominate otherwise).
     """
     ledger = QuotaLedger(tree)
-    allocation: dict[QueueName, dict[Resource, int]] = {}
-    # `held_request` inlined for whole-GPU jobs: this runs for every running job, every cycle.
-    whole_gpus = [gpu_resource(m) for m in snapshot.models]
-    g_model, gpu_pos = snapshot.g_model, snapshot.gpu_pos
-    for r in snapshot.running.values():
-        job = r.job
-        vec = allocation.get(job.queue)
-        if vec is None:
-            if not tree.has_queue(job.queue):
-                continue
-            vec = allocation[job.queue] = {}
-        placements = r.allocation.placements
-        if job.mig_profile is None and job.gpu_milli is None and placements and placements[0].gpus:
-            res = whole_gpus[g_model[gpu_pos[placements[0].gpus[0]]]]
-            vec[res] = vec.get(res, 0) + len(placements) * job.gpus_per_worker
-            continue
-        for res, n in held_request(snapshot, r).items():
-            vec[res] = vec.get(res, 0) + n
+    allocation = held_by_queue(snapshot, tree)
     for q in sorted(allocation):
         ledger.admit(q, allocation[q])
     capacity = {gpu_resource(m): c for m, c in zip(snapshot.models, snapshot.capacity, strict=True)}
