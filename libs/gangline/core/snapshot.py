@@ -48,9 +48,11 @@ from gangline.core.model import (
     Milli,
     Node,
     NodeId,
+    QueueName,
     TopologyLevel,
     WorkerPlacement,
 )
+from gangline.core.queues import Resource, gpu_resource, job_request
 
 NAME = "snapshot"
 
@@ -216,6 +218,12 @@ class Snapshot:
         self.running: dict[JobId, RunningJob] = {}
         self.preemptible_running = 0
         """How many of ``running`` are preemptible: none, and no action can find a victim."""
+        self.queue_held: dict[QueueName, dict[Resource, int]] = {}
+        """Per queue with jobs in ``running``: the quota they hold (:meth:`held_by`), summed per resource.
+        Kept as jobs start and end, so a cycle's ledger is not a walk over every running job."""
+        self._queue_running: dict[QueueName, int] = {}
+        self._held_by_how_many: dict[QueueName, dict[Resource, int]] = {}
+        """Per queue and resource: how many running jobs hold some (a resource none holds is left out)."""
         self._journal: list[tuple[object, ...]] | None = None
 
     def _modelled(self, ordered: Sequence[Node]) -> list[Node]:
@@ -407,14 +415,46 @@ class Snapshot:
         old = self.running.get(job_id)
         if self._journal is not None:
             self._journal.append(("r", job_id, old))
-        if old is not None and old.job.preemptible:
-            self.preemptible_running -= 1
+        if old is not None:
+            self._count_held(old, -1)
+            if old.job.preemptible:
+                self.preemptible_running -= 1
         if entry is None:
             self.running.pop(job_id, None)
         else:
             self.running[job_id] = entry
+            self._count_held(entry, 1)
             if entry.job.preemptible:
                 self.preemptible_running += 1
+
+    def held_by(self, running: RunningJob) -> dict[Resource, int]:
+        """The quota a running job holds: its model (from its first GPU) and its placed worker count."""
+        placements = running.allocation.placements
+        if not placements or not placements[0].gpus:
+            return {}
+        model = self.models[self.g_model[self.gpu_pos[placements[0].gpus[0]]]]
+        job = running.job
+        if job.mig_profile is None and job.gpu_milli is None:
+            return {gpu_resource(model): len(placements) * job.gpus_per_worker}
+        return job_request(job, GpuModel(model), len(placements))
+
+    def _count_held(self, running: RunningJob, sign: int) -> None:
+        """Add (``sign`` 1) or take back (-1) what ``running`` holds in ``queue_held``."""
+        queue = running.job.queue
+        jobs = self._queue_running.get(queue, 0) + sign
+        held = self.queue_held.setdefault(queue, {})
+        holders = self._held_by_how_many.setdefault(queue, {})
+        for resource, n in self.held_by(running).items():
+            count = holders.get(resource, 0) + sign
+            if count:
+                holders[resource] = count
+                held[resource] = held.get(resource, 0) + sign * n
+            else:
+                del holders[resource], held[resource]
+        if jobs:
+            self._queue_running[queue] = jobs
+        else:
+            del self._queue_running[queue], self.queue_held[queue], self._held_by_how_many[queue]
 
     # ---------------------------------------------------------------- reserving slots
 
@@ -676,6 +716,13 @@ class Snapshot:
         preemptible = sum(1 for r in self.running.values() if r.job.preemptible)
         if self.preemptible_running != preemptible:
             problems.append(f"preemptible_running={self.preemptible_running} != {preemptible}")
+        held: dict[QueueName, dict[Resource, int]] = {}
+        for r in self.running.values():
+            vec = held.setdefault(r.job.queue, {})
+            for resource, n in self.held_by(r).items():
+                vec[resource] = vec.get(resource, 0) + n
+        if self.queue_held != held:
+            problems.append(f"queue_held={self.queue_held} != {held} (what the running jobs hold)")
         return problems
 
 

@@ -36,7 +36,6 @@ from gangline.core.actions.queueing import (
     PreemptionPolicy,
     QueueContext,
     RunFacts,
-    job_request,
     open_context,
     placement_cycle,
 )
@@ -45,6 +44,7 @@ from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
 from gangline.core.model import Allocation, GpuModel, Job, JobId, Node, QueueName
+from gangline.core.queues import job_request
 from gangline.core.quota_gate import Flavour, held_flavours
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import FRONT_OF_LINE

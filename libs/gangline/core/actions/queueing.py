@@ -28,36 +28,18 @@ from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.state import StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import GpuId, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.model import GpuId, GpuModel, Job, JobId, QueueName, WorkerPlacement
 from gangline.core.queues import (
     QueueSpec,
     QuotaLedger,
     QuotaTree,
     Resource,
     gpu_resource,
-    mig_resource,
+    job_request,
 )
 from gangline.core.quota_gate import Flavour, fair_admission
 from gangline.core.snapshot import RunningJob, Slot, Snapshot
 from gangline.core.waiting import cycle_jobs, waiting_line
-
-SHARED_SUFFIX = "/milli"
-
-
-def job_request(job: Job, model: GpuModel, workers: int | None = None) -> dict[Resource, int]:
-    """The quota a job consumes on GPUs of ``model``: whole GPUs, MIG slices, or milli-GPUs.
-
-    Whole GPUs count against ``<model>``, MIG workers against ``<model>/<profile>`` (one slice each)
-    and fractional workers against ``<model>/milli`` in thousandths of a GPU.
-    """
-    n = job.workers if workers is None else workers
-    if job.kind is GpuMode.MIG:
-        assert job.mig_profile is not None
-        return {mig_resource(model, job.mig_profile): n}
-    if job.kind is GpuMode.SHARED:
-        assert job.gpu_milli is not None
-        return {Resource(f"{model}{SHARED_SUFFIX}"): n * job.gpu_milli}
-    return {gpu_resource(model): n * job.gpus_per_worker}
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +220,7 @@ def context_of(session: Session) -> QueueContext:
 
 def open_tree(snapshot: Snapshot, jobs: Sequence[Job]) -> QuotaTree:
     """Every queue of ``jobs`` and of the snapshot's running jobs, unlimited: no quota applies."""
-    names = {j.queue for j in jobs} | {r.job.queue for r in snapshot.running.values()}
+    names = {j.queue for j in jobs} | snapshot.queue_held.keys()
     return _unlimited_tree(tuple(sorted(names)))
 
 
@@ -283,14 +265,7 @@ def decisions_of(session: Session) -> QueueDecisions:
 
 def held_request(snapshot: Snapshot, running: RunningJob) -> dict[Resource, int]:
     """The quota a running job holds: its model (from its first GPU) and its placed worker count."""
-    placements = running.allocation.placements
-    if not placements or not placements[0].gpus:
-        return {}
-    model = snapshot.models[snapshot.g_model[snapshot.gpu_pos[placements[0].gpus[0]]]]
-    job = running.job
-    if job.mig_profile is None and job.gpu_milli is None:
-        return {gpu_resource(model): len(placements) * job.gpus_per_worker}
-    return job_request(job, GpuModel(model), len(placements))
+    return snapshot.held_by(running)
 
 
 def build_context(
@@ -312,24 +287,9 @@ def build_context(
     totals only if the caller's tree names them; they never dominate otherwise).
     """
     ledger = QuotaLedger(tree)
-    allocation: dict[QueueName, dict[Resource, int]] = {}
-    # `held_request` inlined for whole-GPU jobs: this runs for every running job, every cycle.
-    whole_gpus = [gpu_resource(m) for m in snapshot.models]
-    g_model, gpu_pos = snapshot.g_model, snapshot.gpu_pos
-    for r in snapshot.running.values():
-        job = r.job
-        vec = allocation.get(job.queue)
-        if vec is None:
-            if not tree.has_queue(job.queue):
-                continue
-            vec = allocation[job.queue] = {}
-        placements = r.allocation.placements
-        if job.mig_profile is None and job.gpu_milli is None and placements and placements[0].gpus:
-            res = whole_gpus[g_model[gpu_pos[placements[0].gpus[0]]]]
-            vec[res] = vec.get(res, 0) + len(placements) * job.gpus_per_worker
-            continue
-        for res, n in held_request(snapshot, r).items():
-            vec[res] = vec.get(res, 0) + n
+    # What the running jobs hold per queue, kept by the snapshot as jobs start and end (not summed here:
+    # this runs every cycle, over every running job of the cluster otherwise).
+    allocation = {q: dict(held) for q, held in snapshot.queue_held.items() if tree.has_queue(q)}
     for q in sorted(allocation):
         ledger.admit(q, allocation[q])
     capacity = {gpu_resource(m): c for m, c in zip(snapshot.models, snapshot.capacity, strict=True)}
