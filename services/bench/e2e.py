@@ -31,15 +31,17 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.security import client_options
+from gangline.cluster_spec import uniform_cluster
+from services.bench.wire import plain_event
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,23 +49,8 @@ SERVICES = ("admission", "quota", "placement", "preemption", "node_health")
 
 
 def request(job_id: str, duration_s: int, queue: str = "default") -> bytes:
-    return json.dumps(
-        {
-            "specversion": "1.0",
-            "id": str(uuid.uuid4()),
-            "source": "bench",
-            "type": "gangline.job.requested.v1",
-            "time": datetime.now(UTC).isoformat(),
-            "subject": job_id,
-            "data": {
-                "job_id": job_id,
-                "queue": queue,
-                "workers": 1,
-                "gpus_per_worker": 1,
-                "duration_hint_s": duration_s,
-            },
-        }
-    ).encode()
+    data = {"queue": queue, "workers": 1, "gpus_per_worker": 1, "duration_hint_s": duration_s}
+    return plain_event("job.requested", job_id, data, source="bench")
 
 
 METERED = "metered"
@@ -253,6 +240,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mib(pid: int) -> float | None:
+    """The most resident memory a process has had so far, in MiB (Linux /proc VmHWM); None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return round(int(found.group(1)) / 1024, 1) if found else None
+
+
+def admin_credentials() -> None:
+    """The dev broker's super user, unless the environment names a principal (as the test fixtures do)."""
+    if (
+        os.environ.get("GANGLINE_KAFKA_USERNAME")
+        or os.environ.get("GANGLINE_KAFKA_SECURITY_PROTOCOL") == "PLAINTEXT"
+    ):
+        return
+    credentials = yaml.safe_load(
+        (ROOT / "deploy" / "kafka" / "credentials.dev.yaml").read_text(encoding="utf-8")
+    )
+    os.environ["GANGLINE_KAFKA_USERNAME"] = "admin"
+    os.environ["GANGLINE_KAFKA_PASSWORD"] = str(credentials["admin"])
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -307,8 +318,25 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         flush=True,
     )
     try:
+        if args.history > 0:
+            began = time.monotonic()
+            # services.bench.restart's generated history, on the simulated cluster's nodes.
+            from services.bench.restart import write_history
+
+            node_names = [r.node for r in uniform_cluster(args.nodes).registrations()]
+            records = await write_history(bootstrap, topics, args.history, node_names, live=0)
+            figures["history_write_s"] = round(time.monotonic() - began, 1)
+            print(
+                f"history: {args.history} finished jobs ({records} records) written in "
+                f"{figures['history_write_s']} s; every service restores them at start",
+                flush=True,
+            )
         procs["fake-nodes"] = start(
-            "services.agent", ["--nodes", str(args.nodes), "--heartbeat-s", "5"], env, logs, "fake-nodes"
+            "services.agent",
+            ["--nodes", str(args.nodes), "--heartbeat-s", str(args.heartbeat_s)],
+            env,
+            logs,
+            "fake-nodes",
         )
         # The simulated nodes stand for a thousand other machines: on these shared cores they yield to
         # the services measured (a node's own work, running jobs and acknowledging them, stays on time).
@@ -325,9 +353,10 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             warm = await publish(
                 producer, topics.requests, [f"warm-{k}" for k in range(20)], None, args.job_s
             )
-            await grants.wait_for(warm, timeout_s=120)
+            await grants.wait_for(warm, timeout_s=args.start_s)
 
             jobs = [f"burst-{k:06d}" for k in range(args.burst)]
+            burst_cpu_before = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
             sent = await publish(producer, topics.requests, jobs, None, args.job_s, args.queue)
             await grants.wait_for(sent, timeout_s=300)
             first = min(sent.values())
@@ -363,6 +392,19 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                     timeout_s=60,
                 )
                 figures["catch_up_s"] = round(time.monotonic() - began - figures["release_wait_s"], 1)
+                # What the burst cost, from its first request until its last job was released and every
+                # service caught up: CPU seconds, not wall-clock, so other work on the machine skews it less.
+                burst_cpu = {
+                    name: round(cpu_seconds(procs[name].pid) - before, 2)
+                    for name, before in burst_cpu_before.items()
+                }
+                services_cpu = sum(burst_cpu[s] for s in SERVICES)
+                figures["burst_cpu_ms_per_job"] = round(1000 * services_cpu / len(jobs), 3)
+                print(
+                    f"burst CPU seconds per process, until released and caught up: {burst_cpu}; the five "
+                    f"services {figures['burst_cpu_ms_per_job']} ms per job",
+                    flush=True,
+                )
                 idle_before = machine_busy_s()
                 await asyncio.sleep(args.settle_s)
                 idle_busy_s, idle_all_s = (a - b for a, b in zip(machine_busy_s(), idle_before, strict=True))
@@ -427,10 +469,13 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
 
         cpu = {name: round(cpu_seconds(proc.pid), 1) for name, proc in procs.items()}
         print(f"CPU seconds used per process: {cpu}", flush=True)
+        peaks = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
+        figures |= {f"peak_mib_{name}": mib for name, mib in peaks.items() if mib is not None}
+        print(f"peak memory per process (VmHWM, MiB): {peaks}", flush=True)
 
         # Restart placement on the history just written (every job: requested, admitted, queued,
         # placed, granted, started, completed, released).
-        history = args.burst + int(args.offered * args.offered_s) + 20
+        history = args.history + args.burst + int(args.offered * args.offered_s) + 20
         procs["placement"].terminate()
         procs["placement"].wait(timeout=30)
         began = time.monotonic()
@@ -454,10 +499,14 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             figures["restore_s"] = float(took)
         if restored is not None:
             figures["restart_to_ready_s"] = round(restored, 2)
+        restarted_peak = peak_rss_mib(procs["placement"].pid)
+        if restarted_peak is not None:
+            figures["peak_mib_placement_restarted"] = restarted_peak
         print(
             f"placement restart with {history} jobs of history: state restored from "
             f"{figures.get('restore_events')} events in {figures.get('restore_s')} s; "
-            f"process start to processing {figures.get('restart_to_ready_s')} s",
+            f"process start to processing {figures.get('restart_to_ready_s')} s, peak memory "
+            f"{restarted_peak} MiB",
             flush=True,
         )
     finally:
@@ -483,6 +532,21 @@ def main() -> int:
     p.add_argument("--bootstrap", default=os.environ.get("GANGLINE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--burst", type=int, default=7000)
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="each simulated node's heartbeat interval")
+    p.add_argument(
+        "--start-s",
+        type=float,
+        default=120.0,
+        help="how long the services may take to restore and grant the first jobs (a long --history, many "
+        "--nodes or a busy machine need more)",
+    )
+    p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="before the services start, write this many finished jobs (admitted, granted, completed, "
+        "released) on the simulated nodes: the state every service restores and keeps",
+    )
     p.add_argument("--offered", type=float, default=200.0)
     p.add_argument("--offered-s", type=float, default=15.0)
     p.add_argument(
@@ -516,6 +580,7 @@ def main() -> int:
         "then gives the median of each figure and every run's figures under 'runs'",
     )
     args = p.parse_args()
+    admin_credentials()
     runs = []
     for k in range(args.runs):
         if args.runs > 1:

@@ -41,7 +41,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from gangline.bus.admin import delete_topics, ensure_topics
@@ -54,7 +53,7 @@ from gangline.events.base import Event, make_envelope
 from gangline.events.codec import encode
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
 from gangline.events.types import AllocationId, JobId
-from services.bench.e2e import machine_busy_s
+from services.bench.e2e import admin_credentials, machine_busy_s
 from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +166,28 @@ async def generate(bootstrap: str, topics: TopicNames, jobs: int, nodes: int, li
             ),
         ),
     )
+    registrations = [
+        (
+            registration.node,
+            encode(make_envelope(registration, event_id=f"reg-{registration.node}", source="bench", time=T0)),
+        )
+        for registration in spec.registrations()
+    ]
+    return await write_history(
+        bootstrap, topics, jobs, [node for node, _ in registrations], live, registrations
+    )
+
+
+async def write_history(
+    bootstrap: str,
+    topics: TopicNames,
+    jobs: int,
+    nodes: Sequence[str],
+    live: int,
+    registrations: Sequence[tuple[str, bytes]] = (),
+) -> int:
+    """Write ``registrations`` (node, record) to nodes.inventory, then the :func:`history` of ``jobs`` jobs on
+    ``nodes`` straight to their partitions; the number of records."""
     partitions = {spec.name: spec.partitions for spec in topics.specs()}
     names = {"events": topics.events, "allocations": topics.allocations}
     producer = AIOKafkaProducer(
@@ -175,13 +196,9 @@ async def generate(bootstrap: str, topics: TopicNames, jobs: int, nodes: int, li
     await producer.start()
     try:
         writer = BatchWriter(producer)
-        for registration in spec.registrations():
-            value = encode(
-                make_envelope(registration, event_id=f"reg-{registration.node}", source="bench", time=T0)
-            )
-            await writer.append(topics.inventory, 0, registration.node.encode(), value)
-        names_of_nodes = [registration.node for registration in spec.registrations()]
-        for kind, job, value in history(jobs, names_of_nodes, live):
+        for node, value in registrations:
+            await writer.append(topics.inventory, 0, node.encode(), value)
+        for kind, job, value in history(jobs, nodes, live):
             topic = names[kind]
             key = job.encode()
             await writer.append(topic, partition_for(key, partitions[topic]), key, value)
@@ -415,20 +432,6 @@ async def one_size(bootstrap: str, jobs: int, args: argparse.Namespace) -> dict[
         await delete_topics(bootstrap, [s.name for s in topics.specs()], timeout_s=120)
         print(f"  logs: {logs}", flush=True)
     return figures
-
-
-def admin_credentials() -> None:
-    """The dev broker's super user, unless the environment names a principal (as the test fixtures do)."""
-    if (
-        os.environ.get("GANGLINE_KAFKA_USERNAME")
-        or os.environ.get("GANGLINE_KAFKA_SECURITY_PROTOCOL") == "PLAINTEXT"
-    ):
-        return
-    credentials = yaml.safe_load(
-        (ROOT / "deploy" / "kafka" / "credentials.dev.yaml").read_text(encoding="utf-8")
-    )
-    os.environ["GANGLINE_KAFKA_USERNAME"] = "admin"
-    os.environ["GANGLINE_KAFKA_PASSWORD"] = str(credentials["admin"])
 
 
 def main() -> int:

@@ -673,14 +673,22 @@ class Processor:
             deliveries += await self._send_flushed(producer, given)
         snapshot = await self._send_snapshot(producer, folded, handled)
         self._snapshot_sent = bool(snapshot)
-        await asyncio.gather(*deliveries, *snapshot)
         # Offsets only move forward: this batch's positions over those still pending.
         to_commit = {**self._pending_offsets, **offsets}
         defer = (
             not deliveries or not self._settings.offsets_in_every_transaction
         ) and not self._idle_commit_due()
-        if not defer:
-            await producer.send_offsets_to_transaction(to_commit, self._settings.group_id)
+        if defer:
+            await asyncio.gather(*deliveries, *snapshot)
+        else:
+            # The offsets join the transaction while its records are produced (AddOffsetsToTxn waits only
+            # for AddPartitionsToTxn, not for the produce): one round trip fewer per batch. A failed
+            # delivery aborts the transaction, offsets and all.
+            await _all_of(
+                *deliveries,
+                *snapshot,
+                producer.send_offsets_to_transaction(to_commit, self._settings.group_id),
+            )
         if self._before_commit is not None:
             await self._before_commit(
                 BatchInfo(offsets=dict(offsets), outputs=len(deliveries), attempt=self._batch_attempt)
@@ -1100,6 +1108,15 @@ class Processor:
 
 
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+
+
+async def _all_of(*awaitables: Awaitable[Any]) -> None:
+    """Await every one of ``awaitables`` together; the first error is raised once all have settled (none is
+    left running, or its error unread, when the transaction is aborted after it)."""
+    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _blames_the_input(error: Exception) -> bool:

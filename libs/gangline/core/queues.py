@@ -27,9 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
-from gangline.core.model import QueueName
+from gangline.core.model import GpuMode, GpuModel, Job, QueueName
 
 __all__ = [
+    "SHARED_SUFFIX",
     "UNLIMITED",
     "CohortName",
     "CohortSpec",
@@ -43,6 +44,7 @@ __all__ = [
     "ResourceQuota",
     "ResourceVector",
     "gpu_resource",
+    "job_request",
     "mig_resource",
 ]
 
@@ -66,6 +68,25 @@ def gpu_resource(gpu_type: str) -> Resource:
 def mig_resource(gpu_type: str, profile: str) -> Resource:
     """The quota resource for MIG slices of ``profile`` on GPUs of ``gpu_type``."""
     return Resource(f"{gpu_type}{MIG_SEPARATOR}{profile}")
+
+
+SHARED_SUFFIX = "/milli"
+
+
+def job_request(job: Job, model: GpuModel, workers: int | None = None) -> dict[Resource, int]:
+    """The quota a job consumes on GPUs of ``model``: whole GPUs, MIG slices, or milli-GPUs.
+
+    Whole GPUs count against ``<model>``, MIG workers against ``<model>/<profile>`` (one slice each)
+    and fractional workers against ``<model>/milli`` in thousandths of a GPU.
+    """
+    n = job.workers if workers is None else workers
+    if job.kind is GpuMode.MIG:
+        assert job.mig_profile is not None
+        return {mig_resource(model, job.mig_profile): n}
+    if job.kind is GpuMode.SHARED:
+        assert job.gpu_milli is not None
+        return {Resource(f"{model}{SHARED_SUFFIX}"): n * job.gpu_milli}
+    return {gpu_resource(model): n * job.gpus_per_worker}
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from gangline.core.model import (
     TopologyLevel,
     WorkerPlacement,
 )
+from gangline.core.queues import Resource, gpu_resource, job_request
 
 NAME = "snapshot"
 
@@ -87,11 +88,6 @@ class RunningJob:
 
     job: Job
     allocation: Allocation
-
-
-HeldKey = tuple[int, str | None, bool]
-"""What a running job's workers hold, as `Snapshot.queue_held` counts it: (model index of its first
-GPU, its MIG profile or None, whether it holds milli-GPU shares)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,13 +222,13 @@ class Snapshot:
         self.running: dict[JobId, RunningJob] = {}
         self.preemptible_running = 0
         """How many of ``running`` are preemptible: none, and no action can find a victim."""
-        self.queue_held: dict[QueueName, dict[HeldKey, list[int]]] = {}
-        """Per queue with running jobs, what they hold (kept with ``running``, O(change)): per
-        `HeldKey`, [jobs, units], units being whole GPUs (workers x GPUs per worker), MIG workers or
-        milli; a job whose allocation names no GPU counts under no key. The quota a queue's running
-        jobs hold is read from it (`queueing.build_context`) instead of a pass over every job."""
+        self.queue_held: dict[QueueName, dict[Resource, int]] = {}
+        """Per queue with jobs in ``running``: the quota they hold (:meth:`held_by`), summed per resource.
+        Kept as jobs start and end, so a cycle's ledger is not a walk over every running job."""
         self.queue_running: dict[QueueName, int] = {}
         """How many running jobs each queue has (queues with none are absent)."""
+        self._held_by_how_many: dict[QueueName, dict[Resource, int]] = {}
+        """Per queue and resource: how many running jobs hold some (a resource none holds is left out)."""
         self.version = next(_VERSIONS)
         """Renewed by every change made outside a transaction (a grant, a release, a cordon, a health
         change, a committed plan), from a count shared by every snapshot of the process, so no two
@@ -453,36 +449,34 @@ class Snapshot:
             if entry.job.preemptible:
                 self.preemptible_running += 1
 
-    def _count_held(self, r: RunningJob, sign: int) -> None:
-        """Add (``sign`` 1) or take away (-1) what ``r`` holds in `queue_held` and `queue_running`."""
-        job = r.job
-        queue = job.queue
-        n = self.queue_running.get(queue, 0) + sign
-        if n:
-            self.queue_running[queue] = n
-        else:
-            del self.queue_running[queue]
-        placements = r.allocation.placements
+    def held_by(self, running: RunningJob) -> dict[Resource, int]:
+        """The quota a running job holds: its model (from its first GPU) and its placed worker count."""
+        placements = running.allocation.placements
         if not placements or not placements[0].gpus:
-            return
-        key = (self.g_model[self.gpu_pos[placements[0].gpus[0]]], job.mig_profile, job.gpu_milli is not None)
-        if job.kind is GpuMode.MIG:
-            units = len(placements)
-        elif job.kind is GpuMode.SHARED:
-            assert job.gpu_milli is not None
-            units = len(placements) * job.gpu_milli
-        else:
-            units = len(placements) * job.gpus_per_worker
+            return {}
+        model = self.models[self.g_model[self.gpu_pos[placements[0].gpus[0]]]]
+        job = running.job
+        if job.mig_profile is None and job.gpu_milli is None:
+            return {gpu_resource(model): len(placements) * job.gpus_per_worker}
+        return job_request(job, GpuModel(model), len(placements))
+
+    def _count_held(self, running: RunningJob, sign: int) -> None:
+        """Add (``sign`` 1) or take back (-1) what ``running`` holds in ``queue_held``."""
+        queue = running.job.queue
+        jobs = self.queue_running.get(queue, 0) + sign
         held = self.queue_held.setdefault(queue, {})
-        entry = held.get(key)
-        if entry is None:
-            entry = held[key] = [0, 0]
-        entry[0] += sign
-        entry[1] += sign * units
-        if not entry[0]:
-            del held[key]
-            if not held:
-                del self.queue_held[queue]
+        holders = self._held_by_how_many.setdefault(queue, {})
+        for resource, n in self.held_by(running).items():
+            count = holders.get(resource, 0) + sign
+            if count:
+                holders[resource] = count
+                held[resource] = held.get(resource, 0) + sign * n
+            else:
+                del holders[resource], held[resource]
+        if jobs:
+            self.queue_running[queue] = jobs
+        else:
+            del self.queue_running[queue], self.queue_held[queue], self._held_by_how_many[queue]
 
     # ---------------------------------------------------------------- reserving slots
 
@@ -748,6 +742,13 @@ class Snapshot:
         preemptible = sum(1 for r in self.running.values() if r.job.preemptible)
         if self.preemptible_running != preemptible:
             problems.append(f"preemptible_running={self.preemptible_running} != {preemptible}")
+        held: dict[QueueName, dict[Resource, int]] = {}
+        for r in self.running.values():
+            vec = held.setdefault(r.job.queue, {})
+            for resource, n in self.held_by(r).items():
+                vec[resource] = vec.get(resource, 0) + n
+        if self.queue_held != held:
+            problems.append(f"queue_held={self.queue_held} != {held} (what the running jobs hold)")
         return problems
 
 

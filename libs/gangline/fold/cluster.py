@@ -35,9 +35,10 @@ the GPUs a preemption in flight frees).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from gangline.core.actions.queueing import (
     EarliestStart,
@@ -628,27 +629,10 @@ class ClusterFold:
             if waiting is not None and waiting.admitted_at:
                 submit_time[job.id] = waiting.admitted_at.timestamp()
         known = self._run_facts
-        # The same allocation as when last seen: its grant's time does not change (one pass, no calls).
-        run_facts: dict[CoreJobId, RunFacts] = {
-            job_id: seen[1]
-            for job_id, running in snap.running.items()
-            if (seen := known.get(job_id)) is not None and seen[0] == running.allocation.id
-        }
-        missing = (
-            [item for item in snap.running.items() if item[0] not in run_facts]
-            if len(run_facts) < len(snap.running)
-            else []
-        )
-        for job_id, running in missing:
-            record = self.jobs.get(JobId(job_id))
-            live = record.live() if record is not None else None
-            started = record.granted_at.get(live.allocation_id) if record and live else None
-            if started is not None:
-                facts = run_facts[job_id] = RunFacts(started_at=started.timestamp())
-                if live is not None and str(live.allocation_id) == running.allocation.id:
-                    known[job_id] = (running.allocation.id, facts)
         if len(known) > 2 * len(snap.running) + 64:
-            self._run_facts = {j: f for j, f in known.items() if j in snap.running}
+            self._run_facts = known = {j: f for j, f in known.items() if j in snap.running}
+        # Worked out for the running jobs the cycle asks about, not for every running job of the cluster.
+        run_facts = _RunFactsOf(self, dict(snap.running), known)
         ctx = open_context(
             snap,
             jobs,
@@ -681,3 +665,58 @@ class ClusterFold:
                     gpus.difference_update(core_gpu_id(p.node, g) for p in resize.placements for g in p.gpus)
             out[CoreJobId(preemptor)] = frozenset(gpus)
         return out
+
+
+class _RunFactsOf(Mapping[CoreJobId, RunFacts]):
+    """When each job of ``running`` (the snapshot's, as the cycle began) started: its live grant's time in
+    the fold, worked out when a cycle asks and kept in ``known`` while the job holds that allocation."""
+
+    def __init__(
+        self,
+        fold: ClusterFold,
+        running: dict[CoreJobId, RunningJob],
+        known: dict[CoreJobId, tuple[str, RunFacts]],
+    ) -> None:
+        self._fold = fold
+        self._running = running
+        self._known = known
+        self._asked: dict[CoreJobId, RunFacts | None] = {}
+
+    def get(self, job_id: CoreJobId, default: Any = None) -> Any:
+        if job_id in self._asked:
+            facts = self._asked[job_id]
+        else:
+            facts = self._asked[job_id] = self._facts(job_id)
+        return default if facts is None else facts
+
+    def __getitem__(self, job_id: CoreJobId) -> RunFacts:
+        facts = self.get(job_id)
+        if facts is None:
+            raise KeyError(job_id)
+        return cast(RunFacts, facts)
+
+    def __iter__(self) -> Iterator[CoreJobId]:
+        return (job_id for job_id in self._running if self.get(job_id) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return bool(self._running)
+
+    def _facts(self, job_id: CoreJobId) -> RunFacts | None:
+        running = self._running.get(job_id)
+        if running is None:
+            return None
+        seen = self._known.get(job_id)
+        if seen is not None and seen[0] == running.allocation.id:
+            return seen[1]  # the same allocation: its grant's time does not change
+        record = self._fold.jobs.get(JobId(job_id))
+        live = record.live() if record is not None else None
+        started = record.granted_at.get(live.allocation_id) if record and live else None
+        if started is None:
+            return None
+        facts = RunFacts(started_at=started.timestamp())
+        if live is not None and str(live.allocation_id) == running.allocation.id:
+            self._known[job_id] = (running.allocation.id, facts)
+        return facts

@@ -45,7 +45,6 @@ from gangline.core.actions.queueing import (
     QueueContext,
     Resize,
     RunFacts,
-    job_request,
     open_context,
     placement_cycle,
 )
@@ -55,6 +54,7 @@ from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
 from gangline.core.model import Allocation, AllocationId, GpuModel, Job, JobId, Node, QueueName
+from gangline.core.queues import job_request
 from gangline.core.quota_gate import Flavour, held_flavours
 from gangline.core.resize import apply_resize, may_grow
 from gangline.core.snapshot import Snapshot

@@ -51,7 +51,6 @@ from gangline.core.actions.queueing import (
     QueueDecisions,
     Reservation,
     RunFacts,
-    job_request,
     open_context,
     request_for_order,
     run_queue_cycle,
@@ -76,7 +75,15 @@ from gangline.core.model import (
     Seconds,
     WorkerPlacement,
 )
-from gangline.core.queues import CohortSpec, QueueSpec, QuotaLedger, QuotaTree, Resource, ResourceQuota
+from gangline.core.queues import (
+    CohortSpec,
+    QueueSpec,
+    QuotaLedger,
+    QuotaTree,
+    Resource,
+    ResourceQuota,
+    job_request,
+)
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import (
     FRONT_OF_LINE,

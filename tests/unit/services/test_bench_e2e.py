@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ from gangline.events.allocations import AllocationGranted, AllocationReleased, P
 from gangline.events.codec import encode
 from gangline.events.jobs import JobQueued, JobStarted
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId, QueueName
-from services.bench.e2e import Grants, medians, percentile
+from services.bench.e2e import Grants, medians, peak_rss_mib, percentile
 
 
 @dataclass
@@ -82,3 +83,10 @@ def test_medians_over_runs_keep_every_run() -> None:
     assert summary["p99_ms"] == 120.0 and summary["jobs_per_s"] == 1000.0
     assert summary["restore_s"] == 2.5  # only runs that have a figure count for it
     assert summary["runs"] == runs
+
+
+def test_peak_memory_is_read_from_the_process_status() -> None:
+
+    peak = peak_rss_mib(os.getpid())
+    assert peak is not None and peak > 1.0  # this interpreter holds more than a MiB
+    assert peak_rss_mib(2**22 + 1) is None  # above the kernel's pid limit: no such process

@@ -35,14 +35,13 @@ from gangline.core.actions.queueing import (
     context_of,
     decisions_of,
     held_request,
-    job_request,
 )
 from gangline.core.actions.victims import VictimCandidate, find_victims, release, what_if
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import Allocation, GpuModel, Job, JobId
-from gangline.core.queues import Resource
+from gangline.core.queues import Resource, job_request
 from gangline.core.snapshot import RunningJob
 
 NAME = "elastic"

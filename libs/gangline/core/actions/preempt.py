@@ -26,7 +26,6 @@ from gangline.core.actions.queueing import (
     context_of,
     decisions_of,
     held_request,
-    job_request,
 )
 from gangline.core.actions.victims import NodeGpus, Place, VictimPool, VictimSet, WholeJob, find_victims_in
 from gangline.core.framework.cycle import Session
@@ -34,6 +33,7 @@ from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import FULL_GPU_MILLI, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
 from gangline.core.placement import search, whole_workers_fit
+from gangline.core.queues import job_request
 from gangline.core.snapshot import RunningJob, Snapshot
 
 NAME = "preempt"

@@ -28,36 +28,18 @@ from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.state import StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import GpuId, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.model import GpuId, GpuModel, Job, JobId, QueueName, WorkerPlacement
 from gangline.core.queues import (
     QueueSpec,
     QuotaLedger,
     QuotaTree,
     Resource,
     gpu_resource,
-    mig_resource,
+    job_request,
 )
 from gangline.core.quota_gate import Flavour, fair_admission
 from gangline.core.snapshot import RunningJob, Slot, Snapshot
 from gangline.core.waiting import cycle_jobs, waiting_line
-
-SHARED_SUFFIX = "/milli"
-
-
-def job_request(job: Job, model: GpuModel, workers: int | None = None) -> dict[Resource, int]:
-    """The quota a job consumes on GPUs of ``model``: whole GPUs, MIG slices, or milli-GPUs.
-
-    Whole GPUs count against ``<model>``, MIG workers against ``<model>/<profile>`` (one slice each)
-    and fractional workers against ``<model>/milli`` in thousandths of a GPU.
-    """
-    n = job.workers if workers is None else workers
-    if job.kind is GpuMode.MIG:
-        assert job.mig_profile is not None
-        return {mig_resource(model, job.mig_profile): n}
-    if job.kind is GpuMode.SHARED:
-        assert job.gpu_milli is not None
-        return {Resource(f"{model}{SHARED_SUFFIX}"): n * job.gpu_milli}
-    return {gpu_resource(model): n * job.gpus_per_worker}
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,35 +274,15 @@ def decisions_of(session: Session) -> QueueDecisions:
 
 def held_request(snapshot: Snapshot, running: RunningJob) -> dict[Resource, int]:
     """The quota a running job holds: its model (from its first GPU) and its placed worker count."""
-    placements = running.allocation.placements
-    if not placements or not placements[0].gpus:
-        return {}
-    model = snapshot.models[snapshot.g_model[snapshot.gpu_pos[placements[0].gpus[0]]]]
-    job = running.job
-    if job.mig_profile is None and job.gpu_milli is None:
-        return {gpu_resource(model): len(placements) * job.gpus_per_worker}
-    return job_request(job, GpuModel(model), len(placements))
+    return snapshot.held_by(running)
 
 
 def held_by_queue(snapshot: Snapshot, tree: QuotaTree) -> dict[QueueName, dict[Resource, int]]:
     """The quota the snapshot's running jobs hold, per queue of ``tree`` with running jobs (queues it
     does not know are left out): what :func:`held_request` gives summed over each queue's jobs, read
-    from the snapshot's own count (`Snapshot.queue_held`), not a pass over every running job."""
-    models = snapshot.models
-    allocation: dict[QueueName, dict[Resource, int]] = {}
-    for queue in sorted(snapshot.queue_running):
-        if not tree.has_queue(queue):
-            continue
-        vec = allocation[queue] = {}
-        for (m, mig_profile, shared), (_, units) in snapshot.queue_held.get(queue, {}).items():
-            if mig_profile is not None:
-                res = mig_resource(models[m], mig_profile)
-            elif shared:
-                res = Resource(f"{models[m]}{SHARED_SUFFIX}")
-            else:
-                res = gpu_resource(models[m])
-            vec[res] = vec.get(res, 0) + units
-    return allocation
+    from the snapshot's own count (`Snapshot.queue_held`, kept as jobs start and end), not a pass over
+    every running job (this runs every cycle)."""
+    return {q: dict(held) for q, held in snapshot.queue_held.items() if tree.has_queue(q)}
 
 
 def build_context(

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gangline.core.actions.queueing import DECISIONS, QUEUES, QueueContext, job_request
+from gangline.core.actions.queueing import DECISIONS, QUEUES, QueueContext
 from gangline.core.framework.state import Candidate, CycleState
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import Job
+from gangline.core.queues import job_request
 
 NAME = "quota"
 
