@@ -106,10 +106,13 @@ class NodeHealthState:
     """The drain policy's windows (the core's defaults unless the settings say otherwise)."""
     gpu_state: dict[GpuKey, HealthState] = field(default_factory=dict)
     """Each GPU's state as its agent last reported it."""
-    degraded: set[GpuKey] = field(default_factory=set)
-    """GPUs node_health itself drained for repeated errors."""
-    counted: dict[GpuKey, set[str]] = field(default_factory=dict)
-    """The ids of the reports each GPU's error windows counted since its node's latest registration."""
+    reported_at: dict[GpuKey, datetime] = field(default_factory=dict)
+    """When the report that set ``gpu_state`` was made (a later registration resets it, an earlier not)."""
+    degraded: dict[GpuKey, datetime] = field(default_factory=dict)
+    """GPUs node_health itself drained for repeated errors, with the time of its verdict."""
+    counted: dict[GpuKey, dict[str, datetime]] = field(default_factory=dict)
+    """The ids of the reports each GPU's error windows counted since its node's latest registration, with
+    their times."""
     asked_to_leave: set[AllocationId] = field(default_factory=set)
     """Live allocations a ``job.preempting`` was written for (by anyone): a drain asks them no more."""
 
@@ -120,8 +123,8 @@ class NodeHealthState:
         *(f"cluster.{name}" for name in ClusterFold.SNAPSHOT_FIELDS),
         "checkpoints",
         "rates._windows",
-        "rates._epoch",
         "gpu_state",
+        "reported_at",
         "counted",
         "degraded",
         "asked_to_leave",
@@ -133,8 +136,9 @@ class NodeHealthState:
     registrations: the restore reads no heartbeats, and silence is counted from the run's start), nor
     ``last_check`` (a decision's), nor the settings (``silence``, ``check_every``, ``started``,
     ``max_lag``, the drain policy). :meth:`snapshot_loaded` sets ``last_seen`` as a restore does."""
-    SNAPSHOT_VERSION: ClassVar[int] = 3
-    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired)."""
+    SNAPSHOT_VERSION: ClassVar[int] = 4
+    """2: the lifecycle fold keeps elastic resizes; 3: its retired jobs packed (gangline.fold.retired);
+    4: the GPU reports' times (a registration forgets only what came before it)."""
 
     def snapshot_loaded(self) -> None:
         """After a snapshot is loaded: every registered node was last seen at its latest registration or
@@ -184,10 +188,7 @@ class NodeHealthState:
             self.cluster.fold(envelope)
             if latest is not None and envelope.time <= latest:
                 return  # read again (the restore, then the live poll): it must not undo what came after
-            self.rates.reset_node(data.node)
-            self.degraded = {k for k in self.degraded if k[0] != data.node}
-            self.gpu_state = {k: v for k, v in self.gpu_state.items() if k[0] != data.node}
-            self.counted = {k: v for k, v in self.counted.items() if k[0] != data.node}
+            self._reset(data.node, envelope.time)
             seen = self.last_seen.get(data.node, envelope.time)
             self.last_seen[data.node] = max(envelope.time, seen, self.started)
         elif isinstance(data, NodeHeartbeat):
@@ -203,15 +204,17 @@ class NodeHealthState:
                 return
             if envelope.source == SOURCE:
                 if data.state == "degraded":
-                    self.degraded.add(key)
+                    self.degraded[key] = envelope.time
             else:
                 self.gpu_state[key] = data.state
+                self.reported_at[key] = envelope.time
                 self._count(key, envelope)
         elif isinstance(data, GpuErrorReported):
             if self._before_registration(data.node, envelope.time):
                 return
             key = (data.node, data.gpu)
             self.gpu_state[key] = data.state
+            self.reported_at[key] = envelope.time
             self._count(key, envelope)
         elif isinstance(data, JobCheckpointed):
             self.checkpoints[data.job_id] = data.checkpoint
@@ -223,13 +226,29 @@ class NodeHealthState:
             # node.failed, operators' cordons, job.admitted / ends, allocation.granted / released
             self.cluster.fold(envelope)
 
+    def _reset(self, node: NodeId, registered: datetime) -> None:
+        """The node registered (reset, repair) at ``registered``: what its GPUs reported before then is
+        history; what they reported after stays, though it may have been read first (a restore reads
+        nodes.inventory before nodes.health, the running service reads them in whichever order the
+        records come), so both orders leave the same state."""
+        self.rates.reset_node(node, registered)
+        self.degraded = {k: t for k, t in self.degraded.items() if k[0] != node or t >= registered}
+        stale = {k for k, t in self.reported_at.items() if k[0] == node and t < registered}
+        self.gpu_state = {k: v for k, v in self.gpu_state.items() if k not in stale}
+        self.reported_at = {k: t for k, t in self.reported_at.items() if k not in stale}
+        counted = {
+            k: {i: t for i, t in ids.items() if k[0] != node or t >= registered}
+            for k, ids in self.counted.items()
+        }
+        self.counted = {k: ids for k, ids in counted.items() if ids}
+
     def _count(self, key: GpuKey, envelope: Envelope) -> None:
         """Add an agent's report to the GPU's error windows, once per event id (a batch retried after an
         aborted transaction hands its records to the handler again)."""
-        counted = self.counted.setdefault(key, set())
+        counted = self.counted.setdefault(key, {})
         if envelope.id in counted:
             return
-        counted.add(envelope.id)
+        counted[envelope.id] = envelope.time
         data = envelope.data
         assert isinstance(data, GpuHealthChanged | GpuErrorReported)
         self.rates.record(data, envelope.time)

@@ -2,8 +2,8 @@
 
 The rule and its numbers are the core's (:mod:`gangline.core.health`: :class:`DrainPolicy`,
 :class:`GpuErrorWindows`); this module only reads a report as a :class:`GpuError` and keys the windows
-by node, GPU and the node's registration. Times are the events' own, so folding the log again on
-restart rebuilds the same windows and the same verdicts.
+by node and GPU; a node's registration drops what its GPUs reported before it. Times are the events'
+own, so folding the log again on restart rebuilds the same windows and the same verdicts.
 """
 
 from __future__ import annotations
@@ -47,12 +47,14 @@ def error_kind(report: GpuHealthChanged | GpuErrorReported) -> ErrorKind | None:
 class GpuErrorRates:
     """The core's error windows over every agent's reports, per GPU.
 
-    A node's re-registration (reset, agent restart, RMA swap) starts its GPUs' windows afresh.
+    A node's re-registration (reset, agent restart, RMA swap) forgets its GPUs' errors from before it,
+    and only those: an error reported after it may be folded first (the running service reads
+    nodes.health and nodes.inventory in whichever order their records come; a restore reads inventory
+    first), and both orders must leave the same windows.
     """
 
     policy: DrainPolicy = field(default_factory=DrainPolicy)
     _windows: GpuErrorWindows = field(init=False)
-    _epoch: dict[NodeId, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._windows = GpuErrorWindows(self.policy)
@@ -72,13 +74,11 @@ class GpuErrorRates:
         """The windows (loaded from a snapshot) judge by this ``policy`` object, as built ones do."""
         self._windows.policy = self.policy
 
-    def reset_node(self, node: NodeId) -> None:
-        """The node registered again: its GPUs' windows start afresh (the old ones are forgotten)."""
-        epoch = self._epoch.get(node, 0)
+    def reset_node(self, node: NodeId, at: datetime) -> None:
+        """The node registered at ``at``: its GPUs' errors from before then are forgotten."""
         for key in self._windows.recorded():
-            if isinstance(key, tuple) and key[0] == node and key[2] == epoch:
-                self._windows.forget(key)
-        self._epoch[node] = epoch + 1
+            if isinstance(key, tuple) and key[0] == node:
+                self._windows.forget(key, before=at)
 
     def count(self, kind: ErrorKind, node: NodeId, gpu: GpuId, now: datetime) -> int:
         return self._windows.count(kind, self._key(node, gpu), now)
@@ -87,5 +87,5 @@ class GpuErrorRates:
         """The core's verdict on the GPU at ``now``: the first kind of error at its limit, or None."""
         return self._windows.verdict(self._key(node, gpu), now)
 
-    def _key(self, node: NodeId, gpu: GpuId) -> tuple[NodeId, GpuId, int]:
-        return (node, gpu, self._epoch.get(node, 0))
+    def _key(self, node: NodeId, gpu: GpuId) -> GpuKey:
+        return (node, gpu)

@@ -288,9 +288,19 @@ class RollingCounter:
     def rate_per_hour(self, key: Hashable, now: datetime) -> float:
         return self.count(key, now) / (self.window / timedelta(hours=1))
 
-    def forget(self, key: Hashable) -> None:
-        self._times.pop(key, None)
-        self._counts.pop(key, None)
+    def forget(self, key: Hashable, *, before: datetime | None = None) -> None:
+        """Drop the key's counts, or with ``before`` only those older than it."""
+        if before is None:
+            self._times.pop(key, None)
+            self._counts.pop(key, None)
+            return
+        times = self._times.get(key)
+        if times is None:
+            return
+        start = bisect.bisect_left(times, before)
+        del times[:start], self._counts[key][:start]
+        if not times:
+            self.forget(key)
 
     def keys(self) -> list[Hashable]:
         return list(self._times)
@@ -336,12 +346,21 @@ class GpuErrorWindows:
         found.update(dict.fromkeys(self._xid_times))
         return list(found)
 
-    def forget(self, key: Hashable) -> None:
-        """After a reset or a repair: the GPU's history is gone."""
+    def forget(self, key: Hashable, *, before: datetime | None = None) -> None:
+        """After a reset or a repair: the GPU's history is gone (with ``before``: what came before it, so
+        errors after a reset are kept in whichever order the two are folded)."""
         for counter in self._counters.values():
-            counter.forget(key)
-        self._xid_times.pop(key, None)
-        self._xids.pop(key, None)
+            counter.forget(key, before=before)
+        times = self._xid_times.get(key)
+        if before is None or times is None:
+            self._xid_times.pop(key, None)
+            self._xids.pop(key, None)
+            return
+        start = bisect.bisect_left(times, before)
+        del times[:start], self._xids[key][:start]
+        if not times:
+            self._xid_times.pop(key, None)
+            self._xids.pop(key, None)
 
     def _last_xid(self, key: Hashable, now: datetime) -> int | None:
         """The latest XID within the window at ``now`` (older ones are dropped)."""

@@ -151,6 +151,17 @@ def test_windows_forget_a_reset_gpu() -> None:
     assert w.verdict("g", at(3)) is None and w.count("job_fault", "g", at(3)) == 0
 
 
+def test_windows_forget_only_what_came_before_a_reset() -> None:
+    # The errors after the reset stay, in whichever order the reset and they were folded.
+    w = GpuErrorWindows(DrainPolicy(job_fault_xids=2))
+    for e in errors("job_fault", 1, 4, 5, xid=13):
+        w.record("g", e)
+    w.forget("g", before=at(4))
+    assert w.count("job_fault", "g", at(6)) == 2 and w.verdict("g", at(6)) is not None
+    w.forget("g", before=at(6))
+    assert w.recorded() == [] and w.verdict("g", at(6)) is None
+
+
 _KINDS: tuple[ErrorKind, ...] = ("job_fault", "warning_xid", "correctable_ecc")
 
 

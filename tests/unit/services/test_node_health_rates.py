@@ -94,7 +94,7 @@ def test_job_fault_xids_above_the_limit_drain_the_gpu_once() -> None:
     # Already drained: more faults say nothing new; other GPUs keep their own windows.
     assert feed(state, [env(report("a-0", "gpu1", xid=13), at=40)]) == []
     assert feed(state, [env(report("a-0", "gpu2", xid=13), at=t) for t in (41, 42)]) == []
-    assert state.degraded == {("a-0", "gpu1")}
+    assert set(state.degraded) == {("a-0", "gpu1")}
 
 
 def test_errors_spread_wider_than_the_window_do_not_drain() -> None:
@@ -153,7 +153,7 @@ def test_registration_starts_a_nodes_windows_afresh() -> None:
     assert feed(state, [env(report("a-0", "gpu0", xid=13), at=3)]) == []
     assert len(degraded_in(feed(state, [env(report("a-0", "gpu0", xid=13), at=4)]))) == 1
     feed(state, [env(node, at=5)])  # after a reset the GPU is schedulable, its history gone
-    assert state.degraded == set()
+    assert state.degraded == {}
 
 
 def test_restoring_from_the_log_rebuilds_windows_and_verdicts() -> None:
@@ -165,7 +165,7 @@ def test_restoring_from_the_log_rebuilds_windows_and_verdicts() -> None:
     restored = new_state(job_faults=3)
     for e in [*log, drained]:
         restored.restore(e)
-    assert restored.degraded == {("a-0", "gpu1")}
+    assert set(restored.degraded) == {("a-0", "gpu1")}
     assert feed(restored, [env(report("a-0", "gpu1", xid=13), at=4)]) == []
     # Restored from the reports only (its verdict not yet written), the next report decides the same.
     partial = new_state(job_faults=3)

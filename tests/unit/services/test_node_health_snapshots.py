@@ -23,6 +23,7 @@ from gangline.events.base import Envelope, Event
 from gangline.events.jobs import JobCheckpointed
 from gangline.events.nodes import (
     GpuErrorReported,
+    GpuHealthChanged,
     HealthCause,
     NodeCordoned,
     NodeFailed,
@@ -285,3 +286,25 @@ def test_a_report_handled_again_counts_once() -> None:
     for _ in range(3):
         decide(report, state, now=T0 + timedelta(seconds=5))
     assert state.rates.count("job_fault", NODES[0].node, GpuId("gpu0"), T0 + timedelta(seconds=6)) == 1
+
+
+def test_gpu_reports_newer_than_the_nodes_registration_count_in_either_order() -> None:
+    # Registered at 0, three job-fault XIDs at 10-12: a restore reads nodes.inventory first; the running
+    # service may read nodes.health first (a topic's partition leader elected later, a fetch of one topic
+    # answered before another's). The registration resets what came before it, never what came after.
+    node = NODES[0]
+    gpu = GpuId("gpu0")
+    reports = [
+        env(GpuErrorReported(node=node.node, gpu=gpu, state="healthy", cause=XID), at=10 + k)
+        for k in range(3)
+    ]
+    at = T0 + timedelta(seconds=20)
+    states = []
+    for order in ([env(node, at=0), *reports], [*reports, env(node, at=0)]):
+        state = fresh(T0)
+        decided = [e for envelope in order for _, e in decide(envelope, state, now=at)]
+        assert [e.data.state for e in decided if isinstance(e.data, GpuHealthChanged)] == ["degraded"]
+        assert state.rates.count("job_fault", node.node, gpu, at) == 3
+        assert state.gpu_state == {(node.node, gpu): "healthy"} and set(state.degraded) == {(node.node, gpu)}
+        states.append(comparable(state, at))
+    assert states[0] == states[1]
