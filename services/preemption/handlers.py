@@ -46,7 +46,6 @@ the job. A re-delivered event about a released allocation or a retired job adds 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
@@ -69,7 +68,8 @@ from gangline.core.model import Allocation, GpuModel, Job
 from gangline.core.model import AllocationId as CoreAllocationId
 from gangline.core.model import JobId as CoreJobId
 from gangline.core.queues import QuotaTree
-from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
+from gangline.core.resize import grow_falls_back
+from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope, Event, make_envelope
 from gangline.events.ids import derived_id
 from gangline.events.jobs import (
@@ -85,7 +85,7 @@ from gangline.events.jobs import (
 )
 from gangline.events.nodes import GpuHealthChanged, NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import AllocationId, JobId, Seconds
-from gangline.fold.adapter import core_job, wire_placements
+from gangline.fold.adapter import core_allocation, core_job, core_placements, wire_placements
 from gangline.fold.cluster import ClusterFold, JobRecord
 from gangline.queues_file import load_queues
 from services.common.topics import TopicNames
@@ -451,18 +451,6 @@ def _ask_to_shrink(
     return out
 
 
-def _usable(mirror: Mirror, placements: Sequence[Placement], live: AllocationGranted) -> bool:
-    """Whether every GPU of ``placements`` the job does not hold already may take work: its node not
-    failed or cordoned, the GPU not failed or degraded (the grow's extra GPUs, held since it was asked)."""
-    own = {(p.node, g) for p in live.placements for g in p.gpus}
-    for p in placements:
-        unusable = mirror.unusable_gpus(p.node)
-        for g in p.gpus:
-            if (p.node, g) not in own and (mirror.cordoned(p.node) or g in unusable):
-                return False
-    return True
-
-
 def finish_resize(state: PreemptionState, resize: JobResizing, *, now: datetime) -> list[Outgoing]:
     """The resize, once the job checkpointed (or its deadline passed): its allocation released
     ``resized`` and its new size granted, one transaction, the grant naming the allocation it replaces.
@@ -477,8 +465,9 @@ def finish_resize(state: PreemptionState, resize: JobResizing, *, now: datetime)
     if resize.allocation_id in record.ended:
         return []  # it ended by itself: placement releases it, which closes the resize
     placements = resize.placements
-    if resize.grows and not _usable(state.mirror, resize.placements, live):
-        placements = live.placements  # a GPU it was to grow onto failed meanwhile: back at its old size
+    snap = state.mirror.snapshot() if resize.grows else None  # a shrink never falls back
+    if snap is not None and grow_falls_back(snap, core_allocation(live), core_placements(placements)):
+        placements = live.placements  # a GPU it was to grow onto takes no work by now: back at its old size
     released = AllocationReleased(job_id=resize.job_id, allocation_id=resize.allocation_id, reason="resized")
     granted = AllocationGranted(
         job_id=resize.job_id,

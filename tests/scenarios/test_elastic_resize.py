@@ -61,14 +61,29 @@ def test_an_elastic_job_is_shrunk_to_admit_a_gang() -> None:
     elastic = trace_job("el", 0, 1000, workers=4, min_workers=1)
     gang = trace_job("gang", 50, 100, workers=2, priority=5)
     grants = simulate([elastic, gang])
-    assert sizes(grants, "el")[:2] == [(0, 4), (50, 1)]
+    assert sizes(grants, "el")[:2] == [(0, 4), (50, 2)]  # it gives up the 2 GPUs the gang needs
     assert sizes(grants, "gang") == [(50, 2)]
     el_gpus = {gpu for p in grants[1].allocation.placements for gpu in p.gpus}
     gang_gpus = {gpu for p in grants[2].allocation.placements for gpu in p.gpus}
     assert grants[1].resizes is not None and not el_gpus & gang_gpus  # no GPU held twice
-    # A shrink goes to the fewest workers; the GPU the gang leaves idle is grown into at once, and the
-    # rest once the gang is done.
-    assert sizes(grants, "el")[2:] == [(50, 2), (150, 4)]
+    # Grown back once the gang is done.
+    assert sizes(grants, "el")[2:] == [(150, 4)]
+
+
+def test_a_shrink_gives_up_only_what_the_waiting_job_needs() -> None:
+    elastic = trace_job("el", 0, 1000, workers=4, min_workers=1)
+    one = trace_job("one", 50, 100, workers=1, priority=5)
+    grants = simulate([elastic, one])
+    # One rank dropped, not three (then no GPU is left idle to grow into at once).
+    assert sizes(grants, "el") == [(0, 4), (50, 3), (150, 4)]
+    assert sizes(grants, "one") == [(50, 1)]
+    # Two elastic jobs on 8 GPUs, a 3-GPU job waiting: it takes 3 ranks in all, the jobs keep 5.
+    a = trace_job("a", 0, 1000, workers=4, min_workers=1)
+    b = trace_job("b", 0, 1000, workers=4, min_workers=1)
+    three = trace_job("three", 50, 100, workers=3, priority=5)
+    grants = simulate([a, b, three], gpus_per_node=8)
+    at_50 = [len(g.allocation.placements) for g in grants if g.at == 50 and g.resizes is not None]
+    assert sum(4 - n for n in at_50) == 3 and sizes(grants, "three") == [(50, 3)]
 
 
 def test_an_elastic_job_is_never_shrunk_below_its_fewest_workers() -> None:
@@ -90,7 +105,7 @@ def test_an_elastic_job_that_ran_less_than_the_minimum_runtime_is_not_shrunk() -
     assert sizes(grants, "gang") == [(1000, 2)]
     late = trace_job("gang", 400, 100, workers=2, priority=5)
     grants = simulate([elastic, late], policy=PreemptionPolicy(min_runtime_s=300))
-    assert sizes(grants, "el")[:2] == [(0, 4), (400, 1)]
+    assert sizes(grants, "el")[:2] == [(0, 4), (400, 2)]
 
 
 def test_a_job_of_higher_priority_is_not_shrunk_for_a_lower_one() -> None:

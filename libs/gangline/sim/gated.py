@@ -305,11 +305,12 @@ class GatedPolicy:
             )
             return
         job = running.job
-        self._held += job_gpus(job) * (resize.to_workers - resize.from_workers) / job.workers
+        workers = len(allocation.placements)  # a grow that fell back keeps its old size
+        self._held += job_gpus(job) * (workers - resize.from_workers) / job.workers
         self._facts[job.id] = RunFacts(started_at=now)  # the new allocation's run: its minimum runtime anew
         self.granted.append(Grant(now, allocation, resizes=str(running.allocation.id)))
         out.resized.append(job.id)
-        if resize.to_workers < resize.from_workers:
+        if workers < resize.from_workers:
             self._inputs.append(_Released(None))  # GPUs freed (its quota charge stays): placement cycles
 
 

@@ -3,8 +3,11 @@
 Definitions (all times in seconds of virtual time):
 
 * wait = first start - submit; JCT = end - submit; makespan = last end - first submit.
-* utilization = GPU-time of running jobs / (GPUs x makespan). `allocation` also counts GPUs held by
-  pods of jobs that have not started (partial gangs of the pod baseline): held but idle.
+* utilization = GPU-time of running jobs / (GPUs x makespan), each job counted at the GPUs it runs on
+  (an elastic job at its workers of the moment: its resizes followed). `allocation` also counts GPUs
+  held by pods of jobs that have not started (partial gangs of the pod baseline): held but idle.
+* a queue's gpu_hours: the GPU-time its jobs' runs held, counted the same way, for the runs that ended
+  (completed, or preempted).
 * alloc_while_waiting = the same ratio restricted to the time when at least one job waits.
 * fragmentation: free GPU capacity that no waiting job can use one worker of (whole GPUs: a node
   whose free GPUs of a model are fewer than the smallest waiting worker of that model needs; shared
@@ -52,6 +55,8 @@ class JobRecord:
     lost_gpu_hours: float
     timed_out: bool = False
     """Stopped at its time limit (the live system's ``job.failed`` code time_limit), not completed."""
+    gpu_hours: float = 0.0
+    """GPU-time its ended runs held, at the GPUs each ran on (an elastic job's resizes followed)."""
 
     @property
     def wait(self) -> float | None:
@@ -256,6 +261,12 @@ class Recorder:
         self.preemptions: dict[JobId, int] = {}
         self.lost: dict[JobId, float] = {}
         self.timed_out: set[JobId] = set()
+        self.run_gpus: dict[JobId, float] = {}
+        """The GPUs each running job runs on now (an elastic job's: its workers of the moment)."""
+        self._run_since: dict[JobId, float] = {}
+        """Since when each running job runs on ``run_gpus`` (its start, or its latest resize)."""
+        self.gpu_s: dict[JobId, float] = {}
+        """GPU-seconds of each job's runs, up to their ends or latest resizes."""
         self.waiting = 0
         self.running = 0.0
         self.q_running: dict[QueueName, float] = {}
@@ -290,26 +301,47 @@ class Recorder:
         self.q_waiting[job.queue] = self.q_waiting.get(job.queue, 0.0) + job.gpus
         self.needs.add(_need(job))
 
-    def started(self, job: TraceJob, t: float) -> None:
+    def started(self, job: TraceJob, t: float, *, gpus: float | None = None) -> None:
+        """The job started on ``gpus`` (None: all it asks for; an elastic job may start on fewer)."""
         self.start.setdefault(job.id, t)
         self.waiting -= 1
         self.q_waiting[job.queue] -= job.gpus
         self.needs.add(_need(job), -1)
-        self.running += job.gpus
-        self.q_running[job.queue] = self.q_running.get(job.queue, 0.0) + job.gpus
+        self._run_on(job, t, job.gpus if gpus is None else gpus)
+
+    def resized(self, job: TraceJob, t: float, *, gpus: float) -> None:
+        """A running elastic job goes on on ``gpus`` from ``t`` (a shrink or a grow)."""
+        self._run_on(job, t, gpus)
+
+    def _run_on(self, job: TraceJob, t: float, gpus: float) -> None:
+        before = self._stop(job, t)
+        self.run_gpus[job.id] = gpus
+        self._run_since[job.id] = t
+        self.running += gpus - before
+        self.q_running[job.queue] = self.q_running.get(job.queue, 0.0) + gpus - before
+
+    def _stop(self, job: TraceJob, t: float) -> float:
+        """Account the job's run up to ``t``; the GPUs it ran on (0: it was not running)."""
+        gpus = self.run_gpus.pop(job.id, 0.0)
+        since = self._run_since.pop(job.id, None)
+        if since is not None:
+            self.gpu_s[job.id] = self.gpu_s.get(job.id, 0.0) + gpus * (t - since)
+        return gpus
 
     def finished(self, job: TraceJob, t: float, *, timed_out: bool = False) -> None:
         self.end[job.id] = t
         if timed_out:
             self.timed_out.add(job.id)
-        self.running -= job.gpus
-        self.q_running[job.queue] -= job.gpus
+        gpus = self._stop(job, t)
+        self.running -= gpus
+        self.q_running[job.queue] -= gpus
 
     def preempted(self, job: TraceJob, t: float, *, lost_s: float) -> None:
         self.preemptions[job.id] = self.preemptions.get(job.id, 0) + 1
-        self.lost[job.id] = self.lost.get(job.id, 0.0) + lost_s * job.gpus / 3600.0
-        self.running -= job.gpus
-        self.q_running[job.queue] -= job.gpus
+        gpus = self._stop(job, t)
+        self.lost[job.id] = self.lost.get(job.id, 0.0) + lost_s * gpus / 3600.0
+        self.running -= gpus
+        self.q_running[job.queue] -= gpus
         self.waiting += 1
         self.q_waiting[job.queue] += job.gpus
         self.needs.add(_need(job))
@@ -388,6 +420,7 @@ class Recorder:
                 preemptions=self.preemptions.get(jid, 0),
                 lost_gpu_hours=self.lost.get(jid, 0.0),
                 timed_out=jid in self.timed_out,
+                gpu_hours=self.gpu_s.get(jid, 0.0) / 3600.0,
             )
             for jid, j in self.info.items()
         ]
@@ -446,10 +479,7 @@ def summarize(r: RunResult) -> dict[str, object]:
             "mean_jct_s": qc["mean"],
             "p50_jct_s": qc["p50"],
             "p99_jct_s": qc["p99"],
-            "gpu_hours": sum(
-                j.gpus * (j.end - j.start) for j in qs if j.end is not None and j.start is not None
-            )
-            / 3600.0,
+            "gpu_hours": sum(j.gpu_hours for j in qs),
             "preemptions": sum(j.preemptions for j in qs),
         }
     return {

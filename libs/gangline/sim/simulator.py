@@ -16,7 +16,8 @@ Preempted jobs return to the queue with the work since their last checkpoint los
 every `checkpoint_s` of run time); a cycle that evicted is followed by another at the same instant,
 so the jobs they were preempted for start on the GPUs they freed (and so after an elastic resize).
 A policy with elastic jobs that may grow (``may_grow()``) is cycled after a release even when nothing
-waits. The run ends when no event is
+waits; a running elastic job's GPUs are read from the policy's snapshot at each instant, so the
+measures follow its resizes. The run ends when no event is
 left; jobs still waiting then (bigger than the cluster, or deadlocked pods) are reported as
 unfinished.
 """
@@ -68,6 +69,14 @@ class _Live:
     """The current run ends at the job's time limit, before its work is done."""
 
 
+def running_gpus(policy: Policy, job: TraceJob) -> float:
+    """The GPUs ``job`` runs on now: all it asks for, or an elastic job's workers of the moment."""
+    running = policy.snapshot.running.get(job.id) if job.min_workers is not None else None
+    if running is None:
+        return job.gpus
+    return job.gpus * len(running.allocation.placements) / job.workers
+
+
 def _may_grow(policy: Policy) -> bool:
     """Whether a release is worth a cycle with nothing waiting: a policy that grows elastic jobs says so."""
     grows = getattr(policy, "may_grow", None)
@@ -104,6 +113,8 @@ class Simulator:
         opts, policy, rec, clock = self.options, self.policy, self.recorder, self.clock
         arrivals = sorted(self.jobs, key=lambda j: (j.submit_s, j.id))
         live: dict[JobId, _Live] = {}
+        elastic: dict[JobId, None] = {}
+        """Running elastic jobs: their GPUs are looked up again at each instant (a resize)."""
         core_jobs = {j.id: j.to_job() for j in arrivals}
         completions: list[tuple[float, int, JobId, int]] = []
         seq = 0
@@ -129,6 +140,7 @@ class Simulator:
                 policy.finish(jid, t)
                 rec.finished(lv.job, end, timed_out=lv.cut)
                 del live[jid]
+                elastic.pop(jid, None)
                 finished += 1
                 released = True
             arrived: list[JobId] = []
@@ -153,10 +165,13 @@ class Simulator:
                     lv.remaining = max(1.0, lv.remaining - kept)
                     lv.epoch += 1
                     rec.preempted(lv.job, t, lost_s=ran - kept)
+                    elastic.pop(jid, None)
                 for jid in out.started:
                     lv = live[jid]
                     lv.started_at = t
-                    rec.started(lv.job, t)
+                    rec.started(lv.job, t, gpus=running_gpus(policy, lv.job))
+                    if lv.job.min_workers is not None:
+                        elastic[jid] = None
                     if not opts.hold:
                         seq += 1
                         run_s, limit = lv.remaining, lv.job.time_limit_s
@@ -171,6 +186,10 @@ class Simulator:
                 follow_ups += 1
                 if follow_ups > MAX_FOLLOW_UP_CYCLES:
                     break
+            for jid in elastic:  # resized in a cycle, or grown as a release was taken
+                gpus = running_gpus(policy, live[jid].job)
+                if gpus != rec.run_gpus.get(jid):
+                    rec.resized(live[jid].job, t, gpus=gpus)
             rec.sample(t, policy)
             if self.progress is not None and (finished & 1023) == 0:
                 self.progress(finished, total, t)

@@ -153,10 +153,12 @@ class _Measure:
                     if job is None or data.allocation_id in self.live:
                         continue
                     self.live[data.allocation_id] = data.job_id
+                    gpus = job.gpus * data.workers / job.workers
                     if data.resizes is not None:
-                        continue  # an elastic resize: the same run goes on at another size
+                        rec.resized(job, t, gpus=gpus)  # an elastic resize: the same run goes on
+                        continue
                     self.waiting.pop(job.id, None)
-                    rec.started(job, t)
+                    rec.started(job, t, gpus=gpus)
                 elif isinstance(data, AllocationReleased):
                     job_id = self.live.pop(data.allocation_id, None)
                     if job_id is None:

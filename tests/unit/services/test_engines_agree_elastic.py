@@ -6,13 +6,15 @@ same: time, job, size and GPUs, and which grants replace an allocation.
 
 The world (`engines/elastic-cluster.yaml`, 2 x 4 GPUs, the fair profile): a 6-GPU job holds most of
 the cluster; an elastic 1..4-worker job lands on what is left, grows when the blocker ends, is shrunk
-to its one worker when a 6-worker gang of higher priority arrives, grows into the GPU the gang leaves
-idle and back to 4 once the gang is done; a later 2-GPU job is placed beside it.
+to the 2 workers a 6-worker gang of higher priority leaves it when the gang arrives, and grows back to
+4 once the gang is done; a later 2-GPU job is placed beside it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from gangline.cluster_spec import load_cluster_spec
 from gangline.core.defaults import placement_registry
@@ -83,8 +85,8 @@ def test_both_engines_grow_and_shrink_the_elastic_job_alike() -> None:
     core = _core()
     assert core == _services()
     sizes = [(t, workers) for t, job, workers, _, _ in core if job == "el"]
-    assert sizes == [(10, 2), (100, 4), (500, 1), (500, 2), (700, 4)]
-    assert [resized for _, job, _, resized, _ in core if job == "el"] == [False, True, True, True, True]
+    assert sizes == [(10, 2), (100, 4), (500, 2), (700, 4)]
+    assert [resized for _, job, _, resized, _ in core if job == "el"] == [False, True, True, True]
 
 
 def test_both_engines_count_the_elastic_job_as_one_run() -> None:
@@ -101,3 +103,25 @@ def test_both_engines_count_the_elastic_job_as_one_run() -> None:
         assert (figures["completed"], figures["unfinished"]) == (4, 0), figures
         assert min(result.series.waiting) == 0  # a resize grant is no start of a waiting job
     assert summarize(run.result)["mean_jct_s"] == summarize(core)["mean_jct_s"]
+
+
+def test_both_engines_count_the_elastic_job_at_its_size_of_the_moment() -> None:
+    """GPU-time follows the resizes: el holds 2 GPUs from 10 to 100, 4 to 500, 2 to 700, then 4 to its
+    end at 3010; beside it the blocker (6 x 100 s), the gang (6 x 200 s), late
+    (2 x 100 s). At its full 4 throughout it would count 12,000 GPU-seconds, not 11,420."""
+    from gangline.sim.metrics import summarize
+
+    spec = load_cluster_spec(WORLD / "elastic-cluster.yaml")
+    options = SimulateOptions(nodes=NodeOptions(checkpoint_delay_s=0.0))
+    run = simulate_services(_jobs(), spec, profile_path=PROFILE, options=options)
+    policy = GatedPolicy("fair", load_profile_file(PROFILE, placement_registry()), spec.build_nodes())
+    core = Simulator(_jobs(), policy, float(spec.total_gpus)).run()
+    el = 2 * 90 + 4 * 400 + 2 * 200 + 4 * 2310
+    busy = el + 6 * 100 + 6 * 200 + 2 * 100
+    for result in (run.result, core):
+        figures = summarize(result)
+        assert result.busy_gpu_s == busy
+        assert figures["utilization"] == pytest.approx(busy / (8 * 3010))
+        assert {j.id: j.gpu_hours * 3600 for j in result.jobs}["el"] == pytest.approx(el)
+        assert figures["per_queue"]["default"]["gpu_hours"] == pytest.approx(busy / 3600)  # type: ignore[index]
+    assert summarize(core)["allocation"] == pytest.approx(summarize(core)["utilization"])  # held as counted

@@ -83,16 +83,20 @@ def test_a_shrink_is_asked_then_done_on_the_checkpoint_and_the_waiting_job_is_pl
     assert grant.workers == 4
     written = feed(placement, preemption, admitted("urgent", gpus_per_worker=4, priority=5), at=10)
     [resize] = of(written, JobResizing)
-    assert (resize.from_workers, resize.to_workers, resize.preemptor_job_id) == (4, 1, "urgent")
+    assert (resize.from_workers, resize.to_workers, resize.preemptor_job_id) == (
+        4,
+        2,
+        "urgent",
+    )  # all it needs
     assert resize.deadline == T0 + timedelta(seconds=40) and not of(written, AllocationGranted)
     assert of(feed(placement, preemption, pending("urgent"), at=11), JobResizing) == []  # asked once
     written = feed(placement, preemption, checkpointed(resize, at=12), at=12)
     releases, grants = of(written, AllocationReleased), of(written, AllocationGranted)
     assert [(r.allocation_id, r.reason) for r in releases] == [("el.1", "resized")]
-    assert [(g.job_id, g.workers, g.resizes) for g in grants][:2] == [("el", 1, "el.1"), ("urgent", 1, None)]
+    assert [(g.job_id, g.workers, g.resizes) for g in grants][:2] == [("el", 2, "el.1"), ("urgent", 1, None)]
     el_gpus = {g for p in grants[0].placements for g in p.gpus}
     assert not el_gpus & {g for p in grants[1].placements for g in p.gpus}
-    assert el_gpus == {g for g in resize.placements[0].gpus}
+    assert el_gpus == {g for p in resize.placements for g in p.gpus}
 
 
 def test_a_job_younger_than_the_minimum_runtime_is_not_shrunk() -> None:
@@ -101,7 +105,7 @@ def test_a_job_younger_than_the_minimum_runtime_is_not_shrunk() -> None:
     written = feed(placement, preemption, admitted("urgent", gpus_per_worker=4, priority=5), at=10)
     assert of(written, JobResizing) == []
     [resize] = of(feed(placement, preemption, pending("urgent"), at=400), JobResizing)
-    assert resize.to_workers == 1
+    assert resize.to_workers == 2
 
 
 def test_a_grow_onto_a_gpu_that_failed_meanwhile_comes_back_at_its_old_size() -> None:

@@ -3,10 +3,11 @@
 Runs last in a cycle. When a job still waits for capacity (after allocate, backfill, preempt and
 reclaim), running elastic jobs may give up their ranks beyond ``min_workers``: the victim search
 treats each as a partial victim (only the dropped ranks are freed) and picks the cheapest minimal
-set that lets the waiting job be placed. Only elastic jobs of lower priority than the waiting job,
-or whose queue borrows beyond its nominal quota, are shrunk — the same rule as preemption. The
-decision is a `PreemptionPlan` of kind ``shrink`` (the elastic jobs checkpoint and restart with
-``keep_workers``) plus a `Resize` per shrunk job.
+set that lets the waiting job be placed; then each keeps as many of those ranks as the waiting job
+leaves it (it shrinks only as far as needed, not to its fewest workers). Only elastic jobs of lower
+priority than the waiting job, or whose queue borrows beyond its nominal quota, are shrunk — the
+same rule as preemption. The decision is a `PreemptionPlan` of kind ``shrink`` (the elastic jobs
+checkpoint and restart with ``keep_workers``) plus a `Resize` per shrunk job.
 
 When nothing waits (no job of the cycle is left pending, not even on a reservation), each elastic
 job below its most workers, lowest fair share first, is offered the idle GPUs: capped at what its
@@ -23,7 +24,7 @@ ranks from elastic jobs before it stops anyone entirely.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gangline.core.actions.preempt import blocked, max_attempts, placement_oracle
@@ -36,13 +37,13 @@ from gangline.core.actions.queueing import (
     decisions_of,
     held_request,
 )
-from gangline.core.actions.victims import VictimCandidate, find_victims, release, what_if
+from gangline.core.actions.victims import Place, VictimCandidate, find_victims, release, what_if
 from gangline.core.framework.cycle import Session
 from gangline.core.framework.state import Candidate
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
 from gangline.core.model import Allocation, GpuModel, Job, JobId
 from gangline.core.queues import Resource, job_request
-from gangline.core.snapshot import RunningJob
+from gangline.core.snapshot import RunningJob, Snapshot
 
 NAME = "elastic"
 
@@ -53,10 +54,12 @@ def _model_of(session: Session, r: RunningJob) -> GpuModel:
     return GpuModel(snap.models[snap.g_model[g]])
 
 
-def _dropped(session: Session, r: RunningJob) -> dict[Resource, int]:
-    """The quota an elastic job gives back when it shrinks to its fewest workers."""
+def _dropped(session: Session, r: RunningJob, keep: int | None = None) -> dict[Resource, int]:
+    """The quota an elastic job gives back when it shrinks to ``keep`` workers (None: its fewest)."""
     placed = len(r.allocation.placements)
-    return job_request(r.job, _model_of(session, r), placed - r.job.fewest_workers)
+    return job_request(
+        r.job, _model_of(session, r), placed - (r.job.fewest_workers if keep is None else keep)
+    )
 
 
 def _shrinkable(session: Session, ctx: QueueContext, job: Job) -> list[VictimCandidate]:
@@ -95,6 +98,35 @@ def _shrinkable(session: Session, ctx: QueueContext, job: Job) -> list[VictimCan
     return out
 
 
+def _fewest_dropped(
+    snap: Snapshot,
+    job: Job,
+    victims: list[VictimCandidate],
+    placement: Candidate,
+    place: Place,
+    admits: Callable[[Mapping[JobId, int | None], Candidate], bool],
+) -> tuple[list[VictimCandidate], Candidate]:
+    """The victims shrunk only as far as the waiting job needs, and its placement then.
+
+    The search frees every rank beyond each victim's fewest workers; in turn, each victim keeps as
+    many of those (from its first) as still leave ``job`` a placement its quota admits, the others
+    shrunk as decided so far. So a shrink frees the ranks ``job`` takes, not ranks left idle.
+    """
+    for i, v in enumerate(victims):
+        placed = len(snap.running[v.job_id].allocation.placements)
+        least = v.keep_workers if v.keep_workers is not None else placed
+        for keep in range(placed - 1, least, -1):
+            tried = [*victims[:i], replace(v, keep_workers=keep), *victims[i + 1 :]]
+            with what_if(snap):
+                for t in tried:
+                    release(snap, t)
+                got = place(job)
+            if got is not None and admits({t.job_id: t.keep_workers for t in tried}, got):
+                victims, placement = tried, got
+                break
+    return victims, placement
+
+
 def _anyone_waits(session: Session) -> bool:
     """Whether a job of the cycle is left waiting for room (a reservation's wait included): idle GPUs
     go to waiting work before any elastic job grows into them."""
@@ -127,23 +159,30 @@ class Elastic:
 
         running = dict(snap.running)  # shrunk jobs stay running; whole victims would not
 
-        def admits(ids: frozenset[JobId], c: Candidate) -> bool:
+        def admits_kept(keeps: Mapping[JobId, int | None], c: Candidate) -> bool:
             ledger = ctx.ledger.copy()
-            for jid in sorted(ids):
+            for jid, keep in sorted(keeps.items()):
                 r = running[jid]
-                ledger.release(r.job.queue, _dropped(session, r))
+                ledger.release(r.job.queue, _dropped(session, r, keep))
             return ledger.fits(job.queue, job_request(job, snap.models[c.model], len(c.slots)))
 
-        found = find_victims(snap, job, candidates, placement_oracle(session), admissible=admits)
+        def admits(ids: frozenset[JobId], c: Candidate) -> bool:
+            return admits_kept(dict.fromkeys(ids), c)
+
+        place = placement_oracle(session)
+        found = find_victims(snap, job, candidates, place, admissible=admits)
         if found is None:
             return
+        chosen, placement = _fewest_dropped(
+            snap, job, list(found.victims), found.placement, place, admits_kept
+        )
         decisions = decisions_of(session)
         victims: list[Victim] = []
-        for v in found.victims:
+        for v in chosen:
             r = snap.running[v.job_id]
-            keep = r.job.fewest_workers
+            keep = v.keep_workers if v.keep_workers is not None else r.job.fewest_workers
             deadline = ctx.now + ctx.grace(r.job)
-            dropped = _dropped(session, r)
+            dropped = _dropped(session, r, keep)
             ctx.ledger.release(r.job.queue, dropped)
             ctx.fair.uncharge(r.job.queue, dropped)
             victims.append(
@@ -162,9 +201,9 @@ class Elastic:
                 Resize(v.job_id, len(r.allocation.placements), keep, r.allocation.placements[:keep], deadline)
             )
             release(snap, v)
-        for s in found.placement.slots:
+        for s in placement.slots:
             snap.take(job, s)
-        req = job_request(job, snap.models[found.placement.model], len(found.placement.slots))
+        req = job_request(job, snap.models[placement.model], len(placement.slots))
         ctx.ledger.admit(job.queue, req)
         ctx.fair.charge(job.queue, req)
         ready = max(v.checkpoint_deadline for v in victims)
@@ -173,7 +212,7 @@ class Elastic:
                 preemptor=job.id,
                 kind="shrink",
                 victims=tuple(victims),
-                reservation=tuple(snap.placement_of(k, s) for k, s in enumerate(found.placement.slots)),
+                reservation=tuple(snap.placement_of(k, s) for k, s in enumerate(placement.slots)),
                 ready_at=ready,
             )
         )
