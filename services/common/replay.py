@@ -673,7 +673,8 @@ def report(result: ReplayReport, max_problems: int) -> None:
 
 
 def decider_topics(prefix: str) -> list[str]:
-    """`--decider all`: every public topic under ``prefix`` (each service reads some of them)."""
+    """`--decider all`: every topic some service's replay reads under ``prefix``: the public topics and
+    quota's ticks (a status a tick made due is re-decided from the tick; without it, not at all)."""
     topics = TopicNames(prefix=prefix)
     return [
         topics.requests,
@@ -684,6 +685,7 @@ def decider_topics(prefix: str) -> list[str]:
         topics.health,
         topics.operator,
         topics.queue_status,
+        topics.quota_ticks,
     ]
 
 

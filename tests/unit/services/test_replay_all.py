@@ -4,22 +4,26 @@ replayed and reported; the absent ones are named; settings come from the environ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from replay_recorder import TOPICS, Log, ServiceRun, outputs_of, tampered
-from svc_helpers import cluster, env
+from svc_helpers import T0, cluster, env
 from test_admission_replay import request
 from test_admission_replay import wiring as admission_wiring
-from test_quota_replay import QUEUES_FILE
+from test_quota_replay import QUEUES_FILE, STATUS_EVERY_S, admit
 from test_quota_replay import wiring as quota_wiring
 
+import gangline.replay.kafka
 from gangline.replay.log import LogRecord, write_jsonl
 from services.admission.settings import AdmissionSettings
-from services.common.replay import present
+from services.common.replay import SERVICES, decider_topics, load, present
 from services.quota.handlers import SOURCE as QUOTA
+from services.quota.status import tick
 from services.tools.cli import main as gangline_main
 
 
@@ -101,3 +105,49 @@ def test_verify_without_a_decider_re_runs_the_services_own_decisions_when_they_w
     gangline_main(["replay", "--from", str(headerless), "--verify"])
     out = capsys.readouterr().out
     assert "all services" not in out and "decisions: " in out
+
+
+class RecordedBroker:
+    """``--from kafka`` over recorded records: what a fetch of ``topics`` returns (only those topics)."""
+
+    def __init__(self, records: Sequence[LogRecord]) -> None:
+        self._records = records
+
+    def __call__(self, bootstrap: str | None = None) -> RecordedBroker:
+        return self
+
+    def records(self, topics: Sequence[str] | None = None) -> list[LogRecord]:
+        return [r for r in self._records if topics is None or r.topic in topics]
+
+
+def test_all_reads_from_kafka_every_topic_some_services_replay_reads() -> None:
+    for prefix in ("", "p."):
+        wanted = set(decider_topics(prefix))
+        for service in SERVICES:
+            assert set(load(service).decider_topics(prefix)) <= wanted, service
+
+
+def test_a_status_quotas_tick_made_due_replays_identical_from_kafka_under_all(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The chaos run's case: the cluster went quiet (the broker away) with a status held back, quota's tick
+    on quota.ticks made it due; `--decider all` read from the broker must fetch the tick to re-decide it."""
+    monkeypatch.setenv("GANGLINE_STATUS_INTERVAL_S", str(STATUS_EVERY_S.status_interval_s))
+    monkeypatch.setenv("GANGLINE_FAIR_SHARE_HALF_LIFE_S", str(STATUS_EVERY_S.fair_share_half_life_s))
+    log = Log()
+    run = ServiceRun(log, quota_wiring(STATUS_EVERY_S))
+    admit(log, "j0", 4, at=0)  # the first status
+    run.drain()
+    admit(log, "j1", 2, at=0.5)  # held back: inside the interval, and nothing follows
+    run.drain()
+    log.produce(TOPICS.quota_ticks, tick("team", at=T0 + timedelta(seconds=30), event_id="tick-1"))
+    run.drain()
+    statuses = [r for r in outputs_of(log.records, QUOTA) if r.type == "gangline.queue.status.v1"]
+    assert statuses[-1].envelope["causationid"] == "tick-1"
+    monkeypatch.setattr(gangline.replay.kafka, "KafkaSource", RecordedBroker(log.records))
+
+    assert gangline_main(["replay", "--from", "kafka", "--verify", "--decider", "all"]) == 0, (
+        capsys.readouterr().out
+    )
+    out = capsys.readouterr().out
+    assert "quota decisions: " in out and "identical" in out
