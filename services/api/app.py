@@ -742,7 +742,8 @@ def create_app(
         tree (1 = lowest share, served first at equal priority), and per resource what quota has
         charged (``charged``: queued and running jobs), ``borrowed`` beyond the nominal quota and what
         the cohort could still ``lendable`` it; ``as_of`` is the event time they hold after (quota
-        publishes at most every GANGLINE_STATUS_INTERVAL_S of event time, after usage moved).
+        publishes every limited queue from its first event, then at most every GANGLINE_STATUS_INTERVAL_S
+        of event time, after usage moved).
 
         ``reported`` says where they come from: "quota"; "not_reported_yet" (a limited queue quota
         has published nothing for: the figures are null); "unlimited" (outside the quota tree, never

@@ -6,8 +6,10 @@ figure, with what the core's :class:`~gangline.core.queues.QuotaLedger` holds pe
 nominal, borrowed, lendable), so the API and everyone else report quota's figure, never their own.
 
 When. After quota handles an event (:func:`queue_statuses`, called at the end of ``decide``), a quota
-tree whose charged usage differs from what its queues' last statuses say is published: every queue
-of the tree whose figures (``as_of`` aside) changed since its last status. At most once per
+tree whose charged usage differs from what its queues' last statuses say, or with a queue that has no
+status yet, is published: every queue of the tree whose figures (``as_of`` aside) changed since its last
+status. So every configured queue is reported from the first event quota handles (its nodes' inventory,
+or a tick when it reads nothing: ``held_back``), jobs or none. At most once per
 ``interval_s`` of **event time** per tree: a change read sooner waits for the first event quota handles
 after the interval, whatever it is about. Only what quota's select hands it counts (a record keyed by
 a job already retired is skipped undecoded: no event a status goes with; ``wiring.quota_select``). The
@@ -166,8 +168,9 @@ def queue_statuses(state: QuotaState, cause: Envelope, now: datetime) -> list[Ou
 
 
 def held_back(state: QuotaState) -> list[str]:
-    """The trees (root cohorts) whose charged usage differs from what their queues' statuses say: a
-    publication the throttle holds back, due at the next event after the interval (none when quiet)."""
+    """The trees (root cohorts) whose charged usage differs from what their queues' statuses say, or with a
+    queue not reported yet: a publication the throttle holds back, due at the next event after the interval
+    (none when quiet)."""
     board = state.status
     if board.interval_s is None:
         return []
@@ -240,6 +243,11 @@ def same_figures(before: QueueStatus | None, after: QueueStatus) -> bool:
 
 
 def _usage_moved(state: QuotaState, board: StatusBoard, queues: list[Queue]) -> bool:
-    """Whether some queue's charged usage differs from what its latest status says it used."""
+    """Whether some queue has no status yet (its first is news, even charged nothing) or its charged usage
+    differs from what its latest status says it used."""
     charged = state.charged()
-    return any(charged.get(queue, {}) != board.used(QueueName(queue)) for queue in queues)
+    published = board.published
+    return any(
+        QueueName(queue) not in published or charged.get(queue, {}) != board.used(QueueName(queue))
+        for queue in queues
+    )

@@ -160,9 +160,10 @@ async def test_the_api_reports_quotas_latest_queue_status(
 async def test_a_change_the_throttle_held_back_is_published_once_the_cluster_goes_quiet(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """Quota alone, fed admissions: the second comes inside the throttle's interval and nothing follows.
-    The queue's latest status must come to say what quota charges (before quota's ticks it never did:
-    the status said the first job's GPUs only), and the publication is the tick's (its time)."""
+    """Quota alone, on its nodes: with no job it reports the queue (before, a queue no job had charged was
+    never reported), then is fed admissions: the second comes inside the throttle's interval and nothing
+    follows. The queue's latest status must come to say what quota charges (before quota's ticks it never
+    did: the status said the first job's GPUs only), and the publication is the tick's (its time)."""
     run = uuid.uuid4().hex[:6]
     queue = f"team-a-{run}"
     queues_file = tmp_path / "queues.yaml"
@@ -192,16 +193,21 @@ async def test_a_change_the_throttle_held_back_is_published_once_the_cluster_goe
                 def used() -> list[int]:
                     return [s.resources[H100].used for s in log.of(topics.queue_status, QueueStatus)]
 
+                # Started on the nodes with no job at all, quota reports the queue (its first quiet tick).
+                await log.until(lambda: used() == [0], timeout_s=60, check=tasks.check)
+                # j1 after the interval (its event time is the clock's), so its own status goes out at once.
+                reported_at = log.of(topics.queue_status, QueueStatus)[0].as_of
+                await asyncio.sleep(max(0.0, 4.5 - (datetime.now(UTC) - reported_at).total_seconds()))
                 await send_raw(kafka_bootstrap, topics.events, [admitted("j1", 4)])
-                await log.until(lambda: used() == [4], timeout_s=60, check=tasks.check)
+                await log.until(lambda: used() == [0, 4], timeout_s=60, check=tasks.check)
                 await send_raw(kafka_bootstrap, topics.events, [admitted("j2", 2)])
                 await log.until(lambda: used()[-1:] == [6], timeout_s=30, check=tasks.check)
         finally:
             await tasks.stop()
 
-    assert used() == [4, 6]
+    assert used() == [0, 4, 6]
     ticks = log.of(topics.quota_ticks, QuotaTicked)
-    assert [t.cohort for t in ticks] == [queue]  # a queue of no cohort is a tree of its own
+    assert {t.cohort for t in ticks} == {queue}  # a queue of no cohort is a tree of its own
     status = log.of(topics.queue_status, QueueStatus)[-1]
-    ticked = next(e for e in log.events[topics.quota_ticks] if isinstance(e.data, QuotaTicked))
+    ticked = [e for e in log.events[topics.quota_ticks] if isinstance(e.data, QuotaTicked)][-1]
     assert status.as_of == ticked.time  # the tick's time made it due

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from svc_helpers import T0, env
 
+from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.core.queues import QueueName, Resource
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope
@@ -94,8 +95,31 @@ def statuses(outputs: list[tuple[str, Envelope]]) -> dict[str, QueueStatus]:
     return found
 
 
+def reported(state: QuotaState) -> QuotaState:
+    """``state`` once its first event (a tick a minute before T0) has reported every limited queue."""
+    first = statuses(feed(state, tick("lab", at=T0 - timedelta(seconds=60), event_id="tick-0")))
+    assert set(first) == {"team-a", "team-b", "solo"}
+    return state
+
+
+def test_every_limited_queue_is_reported_at_quotas_first_event_with_no_job_at_all() -> None:
+    state = quota(interval_s=5.0)
+    assert held_back(state) == ["lab", "solo"]  # nothing read yet: a quiet start ticks for each tree
+    group = NodeGroup(name="h", count=1, gpu_model=H100, gpus_per_node=8, memory_mib=81920, leaf="leaf-a")
+    nodes = env(ClusterSpec(groups=(group,)).registrations()[0], at=0)
+    first = statuses(feed(state, nodes))
+    assert set(first) == {"team-a", "team-b", "solo"}  # "default" is unlimited: no status
+    assert first["solo"].resources == {H100: QueueResource(used=0, nominal=4, borrowed=0, lendable=0)}
+    assert {(s.position, s.of, s.as_of, s.dominant_share) for q, s in first.items() if q != "solo"} == {
+        (1, 2, T0, 0.0),
+        (2, 2, T0, 0.0),
+    }
+    assert held_back(state) == []
+    assert statuses(feed(state, nodes.model_copy(update={"time": T0 + timedelta(seconds=30)}))) == {}
+
+
 def test_a_usage_change_publishes_every_queue_of_that_tree_with_quotas_figure() -> None:
-    state = quota(half_life_s=600.0)
+    state = reported(quota(half_life_s=600.0))
     out = feed(state, admit("a1", "team-a", 2, at=0))
     assert [e.data.job_id for _, e in out if isinstance(e.data, JobQueued)] == ["a1"]
     published = statuses(out)
@@ -194,7 +218,7 @@ def test_only_the_tree_whose_usage_moved_is_published() -> None:
 
 
 def test_a_queue_of_an_unlimited_queue_has_no_status_and_a_bare_state_publishes_nothing() -> None:
-    state = quota(interval_s=0.0)
+    state = reported(quota(interval_s=0.0))
     assert statuses(feed(state, admit("d1", "default", 8, at=0))) == {}
     bare = quota(interval_s=None)
     assert statuses(feed(bare, admit("a1", "team-a", 1, at=0))) == {}
