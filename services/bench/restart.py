@@ -16,7 +16,16 @@ For each size, on a private set of topics on the broker:
    log is read back first, as every start did before snapshots. Its first batch then writes the first
    snapshot (timed too, from its log).
 3. **After: from the snapshot.** Placement is stopped, another probe admitted, placement started again: it
-   loads the snapshot, reads only the tail, and the same time is taken.
+   loads the snapshot, reads only the tail, and the same time is taken, with the CPU the process had used
+   by then (user + system, read from ``/proc`` when the grant is seen: the figure a busy machine inflates
+   least).
+
+``--seed-snapshot`` skips step 2 (at 1,000,000 jobs it reads 4,000,000 events, twenty minutes on the
+busy machine): the bench writes the first snapshot itself, of the state the history folds to
+(:func:`folded_state`: the registrations and the live jobs' records folded, every earlier job put among
+the retired as its four records leave it; tests/unit/services/test_bench_restart.py checks it is the
+state folding the whole history builds), covering the inputs to their ends. ``--profile DIR`` runs the
+restart from the snapshot under pyinstrument and leaves its report there.
 
 The topics are deleted afterwards. Prints the figures and ends with one JSON line (per size:
 ``before_s``, ``after_s``, the restores' own seconds and events, the snapshot's size). The machine is
@@ -46,15 +55,20 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.chain import partition_for
 from gangline.bus.security import client_options
-from gangline.bus.snapshots import read_latest
+from gangline.bus.snapshots import read_latest, snapshot_records
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Event, make_envelope
-from gangline.events.codec import encode
+from gangline.events.codec import decode, encode
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
 from gangline.events.types import AllocationId, JobId
+from gangline.fold.retired import allocation_id_of
 from services.bench.e2e import admin_credentials, machine_busy_s
+from services.common.snapshots import encode_state
 from services.common.topics import TopicNames
+from services.placement.handlers import PlacementState
+from services.placement.settings import PlacementSettings
+from services.placement.wiring import SERVICE, new_state, snapshot_config
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -151,8 +165,8 @@ class BatchWriter:
         self._sent.clear()
 
 
-async def generate(bootstrap: str, topics: TopicNames, jobs: int, nodes: int, live: int) -> int:
-    """Write the history; the number of records."""
+def cluster_registrations(nodes: int) -> list[tuple[str, bytes]]:
+    """``(node, record)`` of the registrations of ``nodes`` 8-GPU nodes."""
     spec = ClusterSpec(
         name="bench",
         groups=(
@@ -166,13 +180,19 @@ async def generate(bootstrap: str, topics: TopicNames, jobs: int, nodes: int, li
             ),
         ),
     )
-    registrations = [
+    return [
         (
             registration.node,
             encode(make_envelope(registration, event_id=f"reg-{registration.node}", source="bench", time=T0)),
         )
         for registration in spec.registrations()
     ]
+
+
+async def generate(
+    bootstrap: str, topics: TopicNames, jobs: int, registrations: Sequence[tuple[str, bytes]], live: int
+) -> int:
+    """Write the history; the number of records."""
     return await write_history(
         bootstrap, topics, jobs, [node for node, _ in registrations], live, registrations
     )
@@ -206,6 +226,75 @@ async def write_history(
         return writer.records
     finally:
         await producer.stop()
+
+
+def folded_state(
+    jobs: int,
+    nodes: Sequence[str],
+    live: int,
+    registrations: Sequence[tuple[str, bytes]],
+    settings: PlacementSettings,
+) -> PlacementState:
+    """The state placement's restore of the :func:`history` leaves, built without folding every job: the
+    registrations and the live jobs' records are folded (topic by topic, as the restore reads them), and
+    each earlier job is put among the retired as its four records leave it (its one grant released)."""
+    state = new_state(settings)
+    for _, value in registrations:
+        state.restore(decode(value))
+    records = [r for r in history(jobs, nodes, live) if int(r[1][1:]) >= jobs - live]
+    for kind in ("events", "allocations"):
+        for _, _, value in (r for r in records if r[0] == kind):
+            state.restore(decode(value))
+    for k in range(jobs - live):
+        job = JobId(f"h{k:07d}")
+        state.retired[job] = (allocation_id_of(job, 1),)
+    return state
+
+
+async def seed_snapshot(
+    bootstrap: str,
+    topics: TopicNames,
+    state: PlacementState,
+    events: int,
+) -> int:
+    """Write a snapshot of ``state`` to placement's snapshot topic, covering its inputs to their ends, as
+    a placement that folded the whole history would have written it; the payload's size."""
+    ends_now = await ends(bootstrap, placement_inputs(topics)[:5])
+    payload = encode_state(state)
+    records = snapshot_records(
+        payload,
+        snapshot_id=uuid.uuid4().hex,
+        kind=f"{SERVICE}/{state.SNAPSHOT_VERSION}",
+        config=snapshot_config(state),
+        positions={(tp.topic, tp.partition): offset for tp, offset in ends_now.items()},
+        written_at=datetime.now(UTC),
+        events=events,
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, **client_options(), max_request_size=2 * 1024 * 1024
+    )
+    await producer.start()
+    try:
+        for record in records:
+            await producer.send_and_wait(
+                topics.snapshots(SERVICE),
+                record.value,
+                key=record.key,
+                partition=0,
+                headers=list(record.headers),
+            )
+    finally:
+        await producer.stop()
+    return len(payload)
+
+
+def cpu_s(pid: int) -> float | None:
+    """The CPU (user + system, seconds) process ``pid`` has used so far, from /proc (None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def placement_inputs(topics: TopicNames) -> list[str]:
@@ -322,9 +411,11 @@ def log_figures(text: str) -> dict[str, float]:
     return out
 
 
-def spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(env: dict[str, str], log: Path, profile: Path | None = None) -> subprocess.Popen[bytes]:
+    """Placement, under pyinstrument writing its report to ``profile`` when given."""
+    profiler = ["-m", "pyinstrument", "-r", "text", "--show-all", "-o", str(profile)] if profile else []
     return subprocess.Popen(
-        [sys.executable, "-m", "services.placement"],
+        [sys.executable, *profiler, "-m", "services.placement"],
         cwd=ROOT,
         env=env,
         stdout=log.open("ab"),
@@ -333,16 +424,22 @@ def spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 
 
 async def restart(
-    bootstrap: str, topics: TopicNames, env: dict[str, str], log: Path, probe: str, timeout_s: float
-) -> tuple[subprocess.Popen[bytes], float, float]:
-    """Admit ``probe``, start placement; the process, the seconds from its spawn to the probe's grant, and
-    when that grant was written."""
+    bootstrap: str,
+    topics: TopicNames,
+    env: dict[str, str],
+    log: Path,
+    probe: str,
+    timeout_s: float,
+    profile: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], float, float, float | None]:
+    """Admit ``probe``, start placement; the process, the seconds from its spawn to the probe's grant, when
+    that grant was written, and the CPU seconds the process had used when the grant was seen."""
     await admit_probe(bootstrap, topics, probe)
     before = await ends(bootstrap, [topics.allocations])
     spawned = time.time()
-    proc = spawn(env, log)
+    proc = spawn(env, log, profile)
     granted = await grant_time(bootstrap, topics, probe, before, timeout_s)
-    return proc, granted - spawned, granted
+    return proc, granted - spawned, granted, cpu_s(proc.pid)
 
 
 def first_line_at(log: Path) -> float | None:
@@ -371,20 +468,21 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-async def one_size(bootstrap: str, jobs: int, args: argparse.Namespace) -> dict[str, float]:
+async def one_size(bootstrap: str, jobs: int, args: argparse.Namespace) -> dict[str, Any]:
     topics = TopicNames(prefix=f"bench-restart-{uuid.uuid4().hex[:8]}.")
     await ensure_topics(bootstrap, topics.specs())
     logs = Path(tempfile.mkdtemp(prefix="gangline-bench-restart-"))
     env = service_env(bootstrap, topics)
-    figures: dict[str, float] = {"jobs": jobs}
+    figures: dict[str, Any] = {"jobs": jobs}
     busy_before = machine_busy_s()
     await asyncio.sleep(2)
     busy, total = (a - b for a, b in zip(machine_busy_s(), busy_before, strict=True))
     figures["background_busy"] = round(busy / max(total, 1e-9), 2)
     proc: subprocess.Popen[bytes] | None = None
+    registrations = cluster_registrations(args.nodes)
     try:
         began = time.monotonic()
-        figures["events"] = await generate(bootstrap, topics, jobs, args.nodes, args.live)
+        figures["events"] = await generate(bootstrap, topics, jobs, registrations, args.live)
         figures["generate_s"] = round(time.monotonic() - began, 1)
         print(
             f"{jobs:,} jobs: {figures['events']:,.0f} records written in {figures['generate_s']} s "
@@ -395,37 +493,74 @@ async def one_size(bootstrap: str, jobs: int, args: argparse.Namespace) -> dict[
             bootstrap, f"{env['GANGLINE_GROUP_PREFIX']}.placement", placement_inputs(topics)
         )
 
-        before_log, after_log = logs / "placement-before.log", logs / "placement-after.log"
-        proc, figures["before_s"], granted = await restart(
-            bootstrap, topics, env, before_log, "probe-0", args.timeout_s
-        )
-        figures["before_main_s"] = round(granted - (first_line_at(before_log) or granted), 3)
-        await wait_for_snapshot(bootstrap, topics.snapshots("placement"), args.timeout_s)
-        stop(proc)
-        b = log_figures(before_log.read_text())
-        print(
-            f"  before (no snapshot): spawn to first output {figures['before_s']:.2f} s, of which "
-            f"{figures['before_main_s']:.2f} s from the service's first log line; the restore read "
-            f"{b.get('restore_events', 0):,.0f} events in {b.get('restore_s')} s; the first snapshot then "
-            f"took {b.get('snapshot_write_s')} s ({b.get('snapshot_state_bytes', 0):,.0f} bytes, "
-            f"{b.get('snapshot_compressed_bytes', 0):,.0f} compressed)",
-            flush=True,
-        )
-        proc, figures["after_s"], granted = await restart(
-            bootstrap, topics, env, after_log, "probe-1", args.timeout_s
-        )
-        figures["after_main_s"] = round(granted - (first_line_at(after_log) or granted), 3)
-        stop(proc)
-        proc = None
-        a = log_figures(after_log.read_text())
-        print(
-            f"  after (from the snapshot): spawn to first output {figures['after_s']:.2f} s, of which "
-            f"{figures['after_main_s']:.2f} s from the service's first log line; snapshot loaded "
-            f"in {a.get('snapshot_load_s')} s, the restore (load and tail) took {a.get('restore_s')} s for "
-            f"{a.get('restore_events', 0):,.0f} events of tail",
-            flush=True,
-        )
-        figures |= {f"before_{k}": v for k, v in b.items()} | {f"after_{k}": v for k, v in a.items()}
+        if args.seed_snapshot:
+            began = time.monotonic()
+            state = folded_state(
+                jobs,
+                [node for node, _ in registrations],
+                args.live,
+                registrations,
+                PlacementSettings.from_env(service_env(bootstrap, topics)),
+            )
+            size = await seed_snapshot(bootstrap, topics, state, figures["events"])
+            del state
+            print(
+                f"  the snapshot written by the bench ({size:,} bytes) in {time.monotonic() - began:.1f} s",
+                flush=True,
+            )
+        else:
+            before_log = logs / "placement-before.log"
+            proc, figures["before_s"], granted, figures["before_cpu_s"] = await restart(
+                bootstrap, topics, env, before_log, "probe-0", args.timeout_s
+            )
+            figures["before_main_s"] = round(granted - (first_line_at(before_log) or granted), 3)
+            await wait_for_snapshot(bootstrap, topics.snapshots("placement"), args.timeout_s)
+            stop(proc)
+            proc = None
+            b = log_figures(before_log.read_text())
+            print(
+                f"  before (no snapshot): spawn to first output {figures['before_s']:.2f} s "
+                f"({figures['before_cpu_s']} s of CPU), of which "
+                f"{figures['before_main_s']:.2f} s from the service's first log line; the restore read "
+                f"{b.get('restore_events', 0):,.0f} events in {b.get('restore_s')} s; the first snapshot "
+                f"then took {b.get('snapshot_write_s')} s ({b.get('snapshot_state_bytes', 0):,.0f} bytes, "
+                f"{b.get('snapshot_compressed_bytes', 0):,.0f} compressed)",
+                flush=True,
+            )
+            figures |= {f"before_{k}": v for k, v in b.items()}
+        runs: list[dict[str, float | None]] = []
+        for run in range(args.after_runs):
+            after_log = logs / f"placement-after-{run}.log"
+            profile = Path(args.profile) / f"restart-{jobs}-{run}.txt" if args.profile else None
+            load = os.getloadavg()[0]
+            proc, after_s, granted, cpu = await restart(
+                bootstrap, topics, env, after_log, f"probe-{run + 1}", args.timeout_s, profile
+            )
+            main_s = round(granted - (first_line_at(after_log) or granted), 3)
+            stop(proc)
+            proc = None
+            a = log_figures(after_log.read_text())
+            runs.append(
+                {
+                    "after_s": round(after_s, 3),
+                    "after_cpu_s": cpu,
+                    "after_main_s": main_s,
+                    "load": round(load, 1),
+                }
+                | {f"after_{k}": v for k, v in a.items()}
+            )
+            print(
+                f"  after (from the snapshot), load {load:.1f}: spawn to first output {after_s:.2f} s "
+                f"({cpu} s of CPU), of which {main_s:.2f} s from the service's first log line; snapshot "
+                f"loaded in {a.get('snapshot_load_s')} s, the restore (load and tail) took "
+                f"{a.get('restore_s')} s for {a.get('restore_events', 0):,.0f} events of tail",
+                flush=True,
+            )
+        figures["after_runs"] = runs
+        for name in ("after_s", "after_cpu_s", "after_main_s"):
+            values = sorted(v for r in runs if (v := r.get(name)) is not None)
+            if values:
+                figures[name] = values[len(values) // 2]
     finally:
         if proc is not None:
             stop(proc)
@@ -441,6 +576,13 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=125, help="8-GPU nodes (1,000 GPUs by default)")
     p.add_argument("--live", type=int, default=200, help="jobs still running at the end of the history")
     p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--after-runs", type=int, default=1, help="restarts from the snapshot (their median)")
+    p.add_argument(
+        "--seed-snapshot",
+        action="store_true",
+        help="no restart over the whole log: the bench writes the first snapshot (module docstring)",
+    )
+    p.add_argument("--profile", help="a folder for pyinstrument's reports of the restarts from the snapshot")
     args = p.parse_args()
     if args.live >= args.nodes * GPUS_PER_NODE:
         p.error("--live must leave a GPU free for the probe")

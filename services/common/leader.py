@@ -16,6 +16,12 @@ comes back, as the new holder does: each acquisition has an epoch (in the assign
 reads), and the later one wins (:func:`assign_lock`), so the zombie learns it lost and exits. It cannot
 commit what it decided meanwhile: the services that lead share one transactional id per role
 (:mod:`services.common.shell`), and the new leader's producer fences the old one's.
+
+A lock can have a *home* member (a pool's own replica, :mod:`services.common.pools`): it says so in its
+claim. When the holder is not home and a home member joins, the assignor hands the lock over to it at a
+new epoch: the holder learns it at that assignment (as a cut-off holder does) and stops, and the home
+member fences it before deciding, so nothing the old holder did not commit survives it and everything it
+committed is in the log the home member restores from.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ HOLDER = b"gangline-lock-holder"
 """Join metadata of the member that held the lock in the previous generation (then its epoch)."""
 SEEN = b"gangline-lock-seen"
 """Join metadata of a member that does not hold the lock (then the lock's latest epoch it saw)."""
+HOME = b"home"
+"""After the epoch: the member is the lock's home (the lock goes back to it from a holder that is not)."""
 
 LOCK_SESSION_TIMEOUT_MS = 1_500
 """How long a silent holder keeps the lock: the most of a failover's time (the broker allows 1 s and up:
@@ -64,8 +72,11 @@ class Leadership:
         member: str,
         session_timeout_ms: int = LOCK_SESSION_TIMEOUT_MS,
         heartbeat_interval_ms: int | None = None,
+        home: bool = False,
     ) -> None:
         self._bootstrap = bootstrap
+        self._home = home
+        """Claim the lock as its home: a holder that is not home hands it over (module docstring)."""
         self._group_id = group_id
         self._topic = topic
         self._member = member
@@ -92,7 +103,7 @@ class Leadership:
         return self._holds and not self._lost
 
     def _claim(self) -> bytes:
-        return lock_claim(holding=self.holding(), epoch=self._epoch)
+        return lock_claim(holding=self.holding(), epoch=self._epoch, home=self._home)
 
     def _learn(self, epoch: int) -> None:
         self._epoch = max(self._epoch, epoch)
@@ -238,19 +249,25 @@ def _sticky_lock_assignor(
     return StickyLockAssignor
 
 
-def lock_claim(*, holding: bool, epoch: int) -> bytes:
-    """A member's join metadata: whether it holds the lock, and the lock's epoch it holds or last saw."""
-    return (HOLDER if holding else SEEN) + b" %d" % epoch
+def lock_claim(*, holding: bool, epoch: int, home: bool = False) -> bytes:
+    """A member's join metadata: whether it holds the lock, the lock's epoch it holds or last saw, and
+    whether it is the lock's home."""
+    return (HOLDER if holding else SEEN) + b" %d" % epoch + (b" " + HOME if home else b"")
 
 
 def read_claim(user_data: bytes) -> tuple[bool, int]:
     """``(holding, epoch)`` of a member's join metadata (an older member's bare ``HOLDER``: epoch 0)."""
-    kind, _, epoch = (user_data or b"").partition(b" ")
+    kind, *rest = (user_data or b"").split(b" ")
     try:
-        number = int(epoch) if epoch else 0
+        number = int(rest[0]) if rest else 0
     except ValueError:
         number = 0
     return kind == HOLDER, number
+
+
+def claims_home(user_data: bytes) -> bool:
+    """Whether a member's join metadata says it is the lock's home."""
+    return HOME in (user_data or b"").split(b" ")[2:]
 
 
 def assign_lock(
@@ -262,17 +279,20 @@ def assign_lock(
     another got the lock, and the first came back before it learnt so) the later epoch wins. Without a
     holder the member with the smallest id gets it at a new epoch: after every epoch any member saw,
     and no earlier than ``now_ms`` (so a new holder outranks one that was cut off, even when no member
-    still in the group saw that one's epoch).
+    still in the group saw that one's epoch). A holder that is not the lock's home loses it to a home
+    member, at a new epoch (the lock handed back); the smallest home member's id first.
     """
     if not members:
         return {}, 0
     claims = {member: read_claim(meta.user_data) for member, meta in members.items()}
+    homes = sorted(member for member, meta in members.items() if claims_home(meta.user_data))
     holders = sorted((-epoch, member) for member, (holding, epoch) in claims.items() if holding)
-    if holders:
+    new_epoch = max(max(e for _, e in claims.values()) + 1, now_ms)
+    if holders and (holders[0][1] in homes or not homes):
         epoch, winner = -holders[0][0], holders[0][1]
     else:
-        winner = min(members)
-        epoch = max(max(e for _, e in claims.values()) + 1, now_ms)
+        winner = homes[0] if homes else min(members)
+        epoch = new_epoch
     topics = sorted({t for meta in members.values() for t in meta.subscription})
     won: dict[str, list[int]] = {}
     for topic in topics:

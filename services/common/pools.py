@@ -17,7 +17,14 @@ every replica's seat of that pool. It reads only the pool's partition of each po
   epochs make a zombie learn it lost and exit. Everything a pool decides is in the pool's partitions,
   read back by the new owner, so a job granted and committed is never granted again, and a grant not
   committed is aborted, never seen.
-* A seat that loses its lock ends the whole replica (as a lone leader does): it restarts as a standby.
+* **Hand-back.** A home seat claims its pool's lock as the pool's home (:mod:`services.common.leader`):
+  when a replica comes back while another holds its pools, the holder's seats hand each lock over at the
+  next rebalance (the home seat's join) and go back to standing by. The home seat fences the pool's
+  transactional id before it decides (the holder's open transaction is aborted, and it can commit nothing
+  more), and restores from the pool's snapshot and partitions, which hold every grant the holder
+  committed: none is lost or made twice.
+* A home seat that loses its lock ends the whole replica (as a lone leader does): it restarts as a
+  standby. Another seat that loses its lock (handed back, or fenced) starts again as a standby for it.
 """
 
 from __future__ import annotations
@@ -28,13 +35,18 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gangline.bus import ProcessorSettings
+from gangline.bus import ProcessorFailed, ProcessorSettings
 from gangline.core.pools import PoolLayout, PoolLayoutError
+from services.common.shell import LeadershipLost
 
 log = logging.getLogger(__name__)
 
 POOL_STANDBY_DELAY_S = 5.0
 """How long a replica waits before it stands by for pools outside its group (their own replica goes first)."""
+
+
+HANDED_BACK_PAUSE_S = 0.5
+"""How long a seat that gave its lock up waits before it joins again as a standby."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +108,17 @@ async def run_seats(
     async def seat_task(seat: Seat) -> None:
         if not seat.home:
             await asyncio.sleep(standby_delay_s)
-        log.info("pool seat waiting for its lock", extra={"pool": seat.pool, "home": seat.home})
-        await run(seat)
+        while True:
+            log.info("pool seat waiting for its lock", extra={"pool": seat.pool, "home": seat.home})
+            try:
+                await run(seat)
+                return
+            except (LeadershipLost, ProcessorFailed) as error:
+                if seat.home:
+                    raise
+                # Handed back to the pool's own replica (or fenced by it): stand by again, afresh.
+                log.info("pool seat gave its lock up", extra={"pool": seat.pool, "why": repr(error)})
+                await asyncio.sleep(HANDED_BACK_PAUSE_S)
 
     async with asyncio.TaskGroup() as group:
         for seat in all_seats:

@@ -246,6 +246,7 @@ async def restore_and_process(
     metrics: ServiceMetrics | None = None,
     snapshots: StateSnapshots | None = None,
     partition_of: PartitionOf | None = None,
+    lock_home: bool = False,
 ) -> None:
     """Fence, restore ``state`` from ``restore_topics``, then run the processor until cancelled.
 
@@ -269,7 +270,9 @@ async def restore_and_process(
     With ``lock_topic`` (a one-partition topic) only one replica of the service decides at a time:
     the others wait for the lock (:mod:`services.common.leader`) and take over when the holder dies
     (``lock_session_timeout_ms`` after its last heartbeat); the leader's processor joins no consumer
-    group (``ProcessorSettings.group_membership``).
+    group (``ProcessorSettings.group_membership``). With ``lock_home`` this replica is the lock's home:
+    a holder that is not hands the lock over when it joins (:mod:`services.common.leader`; the holder
+    raises :class:`LeadershipLost`).
     Such a service commits its consumed offsets every ``idle_commit_ms`` rather than in every
     transaction (ProcessorSettings.offsets_in_every_transaction): whoever starts next re-reads at most
     that much input, whose decisions its restored state already holds.
@@ -318,6 +321,7 @@ async def restore_and_process(
         topic=lock_topic,
         member=settings.instance_id,
         session_timeout_ms=settings.lock_session_timeout_ms,
+        home=lock_home,
     )
     # With snapshots, a state restored ahead of the lock (a snapshot and the log after it) is one a restart
     # could load: the standby keeps it read up to the log's end, and the leader it becomes reads only what

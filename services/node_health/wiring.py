@@ -153,6 +153,8 @@ async def main_pools(settings: NodeHealthSettings, layout: PoolLayout) -> None:
             started=state.started,
             metrics=metrics if seat.home else None,
             partition_of=to_pool(seat.partition, topics.pooled()),
+            # Its own pools come back to it from the replica that took them over while it was away.
+            lock_home=seat.home,
             snapshots=settings.state_snapshots(
                 state,
                 topic=topics.snapshots(SERVICE),

@@ -161,6 +161,8 @@ async def main_pools(settings: PlacementSettings, layout: PoolLayout) -> None:
             metrics=metrics if seat.home else None,
             # Every output to the pool's partition: what the pool decides is read back by its next owner.
             partition_of=to_pool(seat.partition, topics.pooled()),
+            # Its own pools come back to it from the replica that took them over while it was away.
+            lock_home=seat.home,
             # The pool's state, on the pool's partition of the snapshot topic: its next owner loads it.
             snapshots=settings.state_snapshots(
                 state,

@@ -155,6 +155,8 @@ async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
             record_inputs=True,
             metrics=metrics if seat.home else None,
             partition_of=to_pool(seat.partition, topics.pooled()),
+            # Its own pools come back to it from the replica that took them over while it was away.
+            lock_home=seat.home,
             snapshots=settings.state_snapshots(
                 state,
                 topic=topics.snapshots(SERVICE),

@@ -1,4 +1,5 @@
-"""Two placement replicas, one pool each, deciding at once; kill -9 one and the other takes its pool over.
+"""Two placement replicas, one pool each, deciding at once; kill -9 one and the other takes its pool over;
+start it again and it gets its pool back.
 
 The cluster (deploy/clusters/pools.yaml) has two pools, one per spine. Quota routes each job to one pool
 (its ``job.routed`` names the pool; every later record of the job is on the pool's partition). Replica
@@ -6,7 +7,9 @@ p0 leads pool spine-a (partition 0) and stands by for spine-b, p1 the other way 
 both pools are granted by their own replicas in the same stretch of time; after it p1's standby seat
 takes spine-a's lock, restores spine-a from its partitions and grants the rest. Every job is granted
 exactly once, on nodes of the pool it was routed to, on that pool's partition, no GPU is ever held
-twice, and every decision replays identical per pool.
+twice, and every decision replays identical per pool. Then p0 is started again: its seat claims spine-a's
+lock as the pool's home, p1's seat hands it over and stands by again, and p0 grants the last jobs of
+spine-a, each once.
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ from services.quota.settings import QuotaSettings
 from services.tools.cli import main as gangline_main
 
 JOBS = 120
+BACK_JOBS = 40
+"""Sent once the killed replica is back and has its pool again."""
 POOLS = "spine=spine-a,spine-b"
 STANDBY_DELAY_S = "10"
 """Each replica stands by for the other's pool only this long after its start, so that the other, started
-at the same time but slower to import on a loaded machine, takes its own pool first (a pool is not handed
-back once taken)."""
+at the same time but slower to import on a loaded machine, takes its own pool first (else it would be
+handed back to it a moment later: the test counts each pool's owners)."""
 
 
 def logged_at(proc: Proc, message: str, contains: str) -> list[float]:
@@ -102,7 +107,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 duration_hint_s=1,
             ),
         )
-        for i in range(JOBS)
+        for i in range(JOBS + BACK_JOBS)
     ]
     spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
     pool_of_node = {r.node: r.spine for r in spec.registrations()}
@@ -185,7 +190,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 await standing_by(replicas[1], "spine-a")
                 killed_at = time.time()
                 replicas[0].kill9()
-                await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
+                await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 : JOBS])
                 await log.until(
                     lambda: any(q == 0 and ms / 1000 > killed_at for q, ms, *_ in grants()),
                     timeout_s=120,
@@ -193,13 +198,40 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 )
                 first_after = min(ms for q, ms, *_ in grants() if q == 0 and ms / 1000 > killed_at) / 1000
                 await log.until(lambda: len(granted()) == JOBS, timeout_s=180, check=tasks.check)
+                assert processor_started(replicas[1], "spine-a"), "p1 did not take spine-a over"
+                # p1 loaded one snapshot: spine-a's, written by p0, at the takeover (spine-b had none).
+                loaded = replicas[1].log_path.read_text().count("state loaded from a snapshot")
+                assert loaded == 1, loaded
+                [took_over] = logged_at(replicas[1], "processor started", "placement.pool-spine-a.leader")
+
+                # p0 back: spine-a's lock goes home, p1's seat of it stands by again.
+                back_at = time.time()
+                back = Proc(
+                    "services.placement",
+                    {**env, "GANGLINE_INSTANCE_ID": "p0", "GANGLINE_POOL_GROUP": "spine-a"},
+                    tmp_path / "placement-0-back.log",
+                )
+                replicas.append(back)
+                back.start()
+                deadline = loop.time() + 120
+                while not (
+                    processor_started(back, "spine-a")
+                    and logged_at(replicas[1], "pool seat gave its lock up", '"pool": "spine-a"')
+                ):
+                    assert loop.time() < deadline, "spine-a was not handed back to p0"
+                    assert back.alive() and replicas[1].alive()
+                    await asyncio.sleep(0.2)
+                [handed_back] = logged_at(back, "processor started", "placement.pool-spine-a.leader")
+                assert replicas[1].alive() and processor_started(replicas[1], "spine-b")
+                await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS:])
+                await log.until(lambda: len(granted()) == JOBS + BACK_JOBS, timeout_s=180, check=tasks.check)
                 for _ in range(10):
                     await log.poll()
-            assert processor_started(replicas[1], "spine-a"), "p1 did not take spine-a over"
-            # p1 loaded one snapshot: spine-a's, written by p0, at the takeover (spine-b had none at start).
-            loaded = replicas[1].log_path.read_text().count("state loaded from a snapshot")
-            assert loaded == 1, loaded
-            [took_over] = logged_at(replicas[1], "processor started", "placement.pool-spine-a.leader")
+                # p1 stands by for spine-a again, and decides nothing there any more.
+                assert (
+                    logged_at(replicas[1], "pool seat waiting for its lock", '"pool": "spine-a"')[-1]
+                    > back_at
+                )
 
             every = grants()
             per_job: dict[str, int] = {}
@@ -207,6 +239,12 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 per_job[g.job_id] = per_job.get(g.job_id, 0) + 1
             assert [j for j, n in per_job.items() if n != 1] == []
             assert set(per_job) == {job for job, _ in jobs}
+            # spine-a's grants after the hand-back are p0's again (its new incarnation's), none p1's.
+            after_back = [inc for q, ms, _, inc in every if q == 0 and ms / 1000 > handed_back]
+            assert after_back and len(set(after_back)) == 1, after_back
+            assert set(after_back) != {
+                inc for q, ms, _, inc in every if q == 0 and took_over < ms / 1000 < back_at
+            }
             assert audit_allocations(log.stamped[topics.allocations]) == []
             # Each grant is on its pool's partition, on nodes of the pool quota routed the job to.
             routed = {
@@ -217,7 +255,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 assert {pool_of_node[p.node] for p in g.placements} == {pools[partition]}, g
                 assert routed[g.job_id] == pools[partition]
             writers = {p: {inc for q, _, _, inc in every if q == p} for p in (0, 1)}
-            assert len(writers[0]) == 2, writers  # p0's seat, then p1's after the kill
+            assert len(writers[0]) == 3, writers  # p0's seat, p1's after the kill, p0's again
             assert len(writers[1]) == 1, writers
             figures = {
                 "jobs": JOBS,
@@ -226,8 +264,10 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 "both_pools_deciding_overlap_s": round(overlap_ms / 1000, 2),
                 "kill_to_new_owner_processing_s": round(took_over - killed_at, 2),
                 "kill_to_first_pool_a_grant_s": round(first_after - killed_at, 2),
+                "restart_to_handed_back_processing_s": round(handed_back - back_at, 2),
+                "granted_after_hand_back": len(after_back),
                 "duplicated": 0,
-                "lost": JOBS - len(per_job),
+                "lost": JOBS + BACK_JOBS - len(per_job),
             }
         finally:
             for proc in replicas:
@@ -242,7 +282,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
     assert placement.ok, [d.message for d in placement.differences[:10]]
     written = [r for r in records if r.envelope.get("source") == "gangline/placement"]
     assert placement.compared == len(written) > 0
-    assert placement.incarnations == 3  # spine-a: p0, then p1; spine-b: p1
+    assert placement.incarnations == 4  # spine-a: p0, then p1, then p0 again; spine-b: p1
     quota = replay_quota(records, QuotaSettings(topic_prefix=topics.prefix, pools=POOLS))
     assert quota.ok, [d.message for d in quota.differences[:10]]
     assert quota.compared > 0
@@ -320,7 +360,7 @@ async def test_a_pools_owner_frozen_past_its_lock_is_replaced_for_that_pool_and_
                     while not processor_started(new, "spine-a"):
                         assert loop.time() < deadline, "the other replica did not take spine-a over"
                         await log.poll()
-                    await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 :])
+                    await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS // 2 : JOBS])
                     await log.until(lambda: len(granted()) > JOBS // 2, timeout_s=90, check=tasks.check)
                 finally:
                     old.proc.send_signal(signal.SIGCONT)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gangline.events.types import AllocationId, JobId
 from gangline.fold.cluster import ClusterFold
-from gangline.fold.retired import RetiredJobs, allocation_id_of
+from gangline.fold.retired import PackedIds, RetiredJobs, allocation_id_of
 from services.common.snapshots import decode_state, encode_state, load_state
 
 JOBS = st.sampled_from([f"j{k}" for k in range(12)] + ["x" * 127, "a.b-c"])
@@ -83,9 +83,31 @@ def test_a_snapshot_keeps_a_million_counted_jobs_as_one_string_and_a_byte_each()
     retired = RetiredJobs({JobId(f"job-{k}"): (allocation_id_of(f"job-{k}", 1),) for k in range(1_000)})
     retired[JobId("odd")] = (AllocationId("odd-elsewhere"),)
     saved = retired.__getstate__()
-    assert isinstance(saved["jobs"], str) and saved["counts"] == b"\x01" * 1_000
+    assert isinstance(saved["ids"], str) and saved["counts"] == b"\x01" * 1_000
+    assert isinstance(saved["starts"], bytes) and len(saved["starts"]) == 4 * 1_001
     assert saved["others"] == {"odd": ("odd-elsewhere",)}
     assert pickle.loads(pickle.dumps(retired, protocol=5)) == retired
+
+
+def test_loaded_they_stay_one_string_and_are_looked_up_in_it() -> None:
+    retired = RetiredJobs({JobId(f"job-{k:04d}"): (allocation_id_of(f"job-{k:04d}", 1),) for k in range(500)})
+    loaded = pickle.loads(pickle.dumps(retired, protocol=5))
+    assert isinstance(loaded._sorted, PackedIds) and len(loaded._sorted) == 500
+    assert loaded._sorted[0] == "job-0000" and loaded._sorted[-1] == "job-0499"
+    assert loaded.get(JobId("job-0250")) == ("job-0250.1",)
+    assert JobId("job-0250x") not in loaded and JobId("job-") not in loaded and JobId("zzz") not in loaded
+    del loaded[JobId("job-0001")]
+    loaded[JobId("job-0002")] = (AllocationId("job-0002.1"), AllocationId("job-0002.2"))
+    again = pickle.loads(pickle.dumps(loaded, protocol=5))
+    assert JobId("job-0001") not in again and again[JobId("job-0002")] == ("job-0002.1", "job-0002.2")
+    assert len(again) == 499 and dict(again) == dict(loaded)
+
+
+def test_a_snapshot_of_the_earlier_form_still_loads() -> None:
+    earlier = {"jobs": "a\nb", "counts": b"\x01\x02", "others": {}}
+    retired = RetiredJobs()
+    retired.__setstate__(earlier)
+    assert dict(retired) == {"a": ("a.1",), "b": ("b.1", "b.2")}
 
 
 def test_a_garbled_snapshot_of_them_is_refused() -> None:

@@ -44,3 +44,27 @@ def test_a_claim_reads_back_and_an_older_members_bare_claim_is_epoch_zero() -> N
     assert read_claim(lock_claim(holding=False, epoch=7)) == (False, 7)
     assert read_claim(HOLDER) == (True, 0)
     assert read_claim(b"") == (False, 0)
+
+
+def test_a_holder_away_from_home_hands_the_lock_to_its_home_member_at_a_new_epoch() -> None:
+    """A pool's own replica back (its seat claims the lock as home) gets the lock from the replica that
+    took it over; a home holder keeps it, and a standby that is not home takes nothing from anyone."""
+    cluster = lock_cluster()
+    home = ConsumerProtocolMemberMetadata(0, ["lock"], lock_claim(holding=False, epoch=3, home=True))
+    away, standby = member(holding=True, epoch=3), member(holding=False, epoch=3)
+    assert assign_lock(cluster, {"a-away": away, "b-home": home}, now_ms=2) == (
+        {"a-away": {}, "b-home": {"lock": [0]}},
+        4,
+    )
+    home_holder = ConsumerProtocolMemberMetadata(0, ["lock"], lock_claim(holding=True, epoch=4, home=True))
+    assert assign_lock(cluster, {"a-away": standby, "b-home": home_holder}) == (
+        {"a-away": {}, "b-home": {"lock": [0]}},
+        4,
+    )
+    assert assign_lock(cluster, {"a-away": away, "b": standby}) == ({"a-away": {"lock": [0]}, "b": {}}, 3)
+    # Nobody holds it: the home member first, whatever the ids.
+    assert assign_lock(cluster, {"a": standby, "b-home": home}, now_ms=2) == (
+        {"a": {}, "b-home": {"lock": [0]}},
+        4,
+    )
+    assert read_claim(lock_claim(holding=False, epoch=9, home=True)) == (False, 9)

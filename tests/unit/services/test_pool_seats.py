@@ -6,7 +6,9 @@ import pytest
 
 from gangline.bus import ProcessorSettings
 from gangline.core.pools import PoolLayout, PoolLayoutError
-from services.common.pools import Seat, home_pools, seat_settings, seats
+from services.common import pools
+from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
+from services.common.shell import LeadershipLost
 
 LAYOUT = PoolLayout("spine", ("a", "b", "c"))
 
@@ -51,3 +53,21 @@ def test_input_partitions_need_a_processor_without_group_membership() -> None:
             input_topics=("t",),
             input_partitions={"t": (0,)},
         )
+
+
+async def test_a_seat_away_from_home_that_gives_its_lock_up_stands_by_again_and_a_home_one_ends_it_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pools, "HANDED_BACK_PAUSE_S", 0.0)
+    runs: list[str] = []
+
+    async def run(seat: Seat) -> None:
+        runs.append(seat.pool)
+        if runs.count(seat.pool) < 3:
+            raise LeadershipLost(f"{seat.pool} handed back")
+
+    await run_seats([Seat("b", 1, home=False)], run, standby_delay_s=0)
+    assert runs == ["b", "b", "b"]
+    with pytest.raises(ExceptionGroup) as ended:
+        await run_seats([Seat("a", 0, home=True)], run, standby_delay_s=0)
+    assert ended.group_contains(LeadershipLost)
