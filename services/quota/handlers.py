@@ -290,6 +290,8 @@ class QuotaState:
     queues: Queues
     half_life_s: float = 3600.0
     """Fair share's usage half-life; 0: plain DRF on what is charged now."""
+    starvation_s: float | None = None
+    """The profile's starvation bound: a job admitted longer ago goes before fair order, oldest first."""
     cluster: ClusterFold = field(default_factory=ClusterFold)
     """The one lifecycle fold: every job's attempts, grants and ends, and the nodes."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
@@ -683,6 +685,7 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
         state.queues.tree,
         state.gate_options,
         explain=REVIEWS_PER_DECISION,
+        aged_before=cause.time.timestamp() - state.starvation_s if state.starvation_s is not None else None,
     )
     for job, flavour in gate.admitted:
         out.append(_queue(state, job, flavour.model, cause, now))

@@ -23,9 +23,11 @@ Pure: times are given (seconds on the caller's clock), nothing is read.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from gangline.core.fairshare import FairShare, Pending, UsageHistory, advance
+from gangline.core.gate_credit import CreditPolicy, credit_left, lend
 from gangline.core.model import Job, JobId, QueueName
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
 from gangline.core.quota_gate import Flavour, first_fit, let_through
@@ -56,8 +58,13 @@ class QuotaCharges:
         flavours: Callable[[Job], Sequence[Flavour]],
         *,
         half_life_s: float = DEFAULT_HALF_LIFE_S,
+        credit: CreditPolicy | None = None,
+        starvation_s: float | None = None,
     ) -> None:
         self.tree = tree
+        self.credit = credit
+        self.starvation_s = starvation_s
+        """A held job admitted longer ago than this goes ahead of fair order, oldest first (None: never)."""
         self.ledger = QuotaLedger(tree)
         self.half_life_s = half_life_s
         self.history = UsageHistory(as_of=0.0)
@@ -70,6 +77,11 @@ class QuotaCharges:
         self.charges: dict[JobId, Charge] = {}
         self.held: dict[str, dict[JobId, Pending[Job]]] = {}
         """Jobs waiting at the gate (nothing charged), per quota tree (its root's name)."""
+        self.unplaced: dict[JobId, Charge] = {}
+        """Charged and not placed yet (:meth:`placed`): what the gate's backfill lends."""
+        self.lent: dict[JobId, Charge] = {}
+        """Let through on credit (:mod:`gangline.core.gate_credit`), not charged, until released."""
+        self._lent_from: dict[JobId, tuple[str, Pending[Job]]] = {}
 
     def limits(self, queue: str) -> bool:
         """Whether ``queue``'s jobs are charged here (a queue of the tree)."""
@@ -89,6 +101,11 @@ class QuotaCharges:
     def release(self, job_id: JobId, at: float) -> str | None:
         """The job's allocation was released (or it ended): its charge goes. The tree whose usage it
         lowered (None: nothing was charged)."""
+        self.unplaced.pop(job_id, None)
+        loan = self.lent.pop(job_id, None)
+        if loan is not None:
+            self._lent_from.pop(job_id, None)
+            return self.tree.root_cohort_of(loan.queue)
         charge = self.charges.pop(job_id, None)
         if charge is None:
             return None
@@ -109,11 +126,54 @@ class QuotaCharges:
             self.tree,
             lambda job: (self._flavours(job), ()),
             explain=0,
+            aged_before=self._aged_before(at),
         )
         for job, fit in gate.admitted:
             del held[job.id]
             self._charge(job, fit, at)
         return gate.admitted
+
+    def placed(self, job_id: JobId) -> None:
+        """Placement placed the job: its charge stands for running GPUs now, and is lent no more."""
+        self.unplaced.pop(job_id, None)
+
+    def lend(self, at: float, exclude: AbstractSet[JobId] = frozenset()) -> list[tuple[Job, Flavour]]:
+        """After placement's try: held jobs (but ``exclude``) let through on what is charged to jobs still
+        unplaced (:func:`gangline.core.gate_credit.lend`), tree by tree; nothing without a credit policy.
+        A job lent to that placement does not place at once is handed back (:meth:`unlend`)."""
+        if self.credit is None or not self.unplaced:
+            return []
+        out: list[tuple[Job, Flavour]] = []
+        root_of = self.tree.root_cohort_of
+        for root in sorted(self.held):
+            held = self.held[root]
+            if not held:
+                continue
+            credit = credit_left(
+                (c.flavour.request for c in self.unplaced.values() if root_of(c.queue) == root),
+                (c.flavour.request for c in self.lent.values() if root_of(c.queue) == root),
+            )
+            if not credit:
+                continue
+            candidates = held.values() if not exclude else [p for p in held.values() if p.tie not in exclude]
+            fair = self.fair_share(root, at)
+            aged = self._aged_before(at)
+            for job, fit in lend(candidates, credit, fair, self._flavours, self.credit, aged_before=aged):
+                self._lent_from[job.id] = (root, held.pop(job.id))
+                self.lent[job.id] = Charge(job.queue, fit)
+                out.append((job, fit))
+        return out
+
+    def unlend(self, job_id: JobId) -> None:
+        """A job lent credit that placement could not place: back to the gate's held jobs, its credit
+        back to lend again."""
+        if self.lent.pop(job_id, None) is None:
+            return
+        root, pending = self._lent_from.pop(job_id)
+        self.held.setdefault(root, {})[job_id] = pending
+
+    def _aged_before(self, at: float) -> float | None:
+        return at - self.starvation_s if self.starvation_s is not None else None
 
     def fair_share(self, root: str, at: float) -> FairShare:
         """Dominant shares of the tree's queues: charged usage now, and the history decayed to ``at``."""
@@ -133,7 +193,7 @@ class QuotaCharges:
         self._advance(at)
         if flavour.request:
             self.ledger.admit(job.queue, flavour.request)
-        self.charges[job.id] = Charge(job.queue, flavour)
+        self.charges[job.id] = self.unplaced[job.id] = Charge(job.queue, flavour)
 
     def _advance(self, at: float) -> None:
         """Move the decayed usage to ``at`` with what was charged until now (never backwards)."""
