@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: k8s k8s-tools k8s-validate
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers test-brokers
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba simulate-policy bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers test-brokers
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
 	@echo "make bench-sim-services  time the services' own decisions on 3,000 contended Philly jobs (3 runs, medians)"
 	@echo "make simulate-alibaba the Alibaba 2023 GPU-sharing packing experiment, report in docs/sim/"
+	@echo "make simulate-policy  the default profile on held-out work (Philly's second half, a synthetic trace), issue 15's goals"
 	@echo "make fuzz       FUZZ_INPUTS records fuzzed into jobs.requests (services as processes) and the API fuzz beside it; one JSON line"
 	@echo "make fuzz-api   schemathesis, every check, against a real API process (FUZZ_API_EXAMPLES per operation)"
 
@@ -233,6 +234,21 @@ simulate-alibaba: venv
 	$(BIN)/gangline simulate --trace $(ALIBABA) --cluster deploy/clusters/alibaba-openb.yaml \
 		--time-scale 1e6 --hold --sample-s 1 --baselines k8s-first-fit --no-progress \
 		--report docs/sim/alibaba-packing-report.json
+
+# The default profile on work it was not tuned on (docs/policy.md): the first 8,000 jobs of Philly's
+# second half (--skip 41124) on the contended cluster, and a synthetic gang-heavy generic-CSV trace
+# (python -m gangline.sim.synthetic, seed 15) on the vs-slurm cluster; then issue 15's goals for each.
+SYNTHETIC := docs/sim/synthetic/synthetic-4000.csv
+simulate-policy: venv
+	mkdir -p docs/sim/synthetic
+	PYTHONPATH=libs $(PY) -m gangline.sim.synthetic --out $(SYNTHETIC) --jobs 4000 --gpus 128 --seed 15
+	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
+		--queues deploy/queues/philly-contended.yaml --skip 41124 --limit 8000 --no-progress \
+		--report docs/sim/philly-contended-h2-8k-report.json
+	$(BIN)/gangline simulate --trace $(SYNTHETIC) --format generic --cluster deploy/clusters/vs-slurm.yaml \
+		--queues deploy/queues/synthetic.yaml --no-progress --report docs/sim/synthetic-report.json
+	PYTHONPATH=libs $(PY) -m gangline.sim.goals docs/sim/philly-contended-h2-8k-report.json
+	PYTHONPATH=libs $(PY) -m gangline.sim.goals docs/sim/synthetic-report.json
 
 # Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
 bench-sim: venv

@@ -354,6 +354,8 @@ class QuotaState:
     queues: Queues
     half_life_s: float = 3600.0
     """Fair share's usage half-life; 0: plain DRF on what is charged now."""
+    starvation_s: float | None = None
+    """The profile's starvation bound: a job admitted longer ago goes before fair order, oldest first."""
     cluster: ClusterFold = field(default_factory=ClusterFold)
     """The one lifecycle fold: every job's attempts, grants and ends, and the nodes."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
@@ -439,7 +441,9 @@ class QuotaState:
         """Jobs whose records the select may skip: nothing read about them changes the state."""
 
     def _new_charges(self) -> QuotaCharges[QuotaJob]:
-        return QuotaCharges(self.queues.tree, self.gate_options, half_life_s=self.half_life_s)
+        return QuotaCharges(
+            self.queues.tree, self.gate_options, half_life_s=self.half_life_s, starvation_s=self.starvation_s
+        )
 
     @property
     def ledger(self) -> QuotaLedger:

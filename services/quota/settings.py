@@ -20,4 +20,7 @@ class QuotaSettings(ServiceSettings, SnapshotSettings):
     metrics_port: int | None = Field(default=METRICS_PORTS["quota"], ge=0, le=65535)
 
     fair_share_half_life_s: float = Field(default=3600.0, ge=0)
+    profile_path: str | None = None
+    """The scheduling profile (GANGLINE_PROFILE_PATH, placement's): quota applies its gate settings
+    (``settings.starvation_s``); the built-in default profile when unset."""
     status_interval_s: float = Field(default=STATUS_INTERVAL_S, ge=0)

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from gangline.bus import EventProducer, Outgoing, RecordMeta
 from gangline.bus.pools import PartitionOf
 from gangline.bus.records import KafkaRecord
+from gangline.core.defaults import default_profile, placement_registry
+from gangline.core.framework.profile import Profile, load_profile_file
 from gangline.events.base import Envelope
 from gangline.events.types import JobId
 from gangline.fold.cordons import CORDON_EVENTS
@@ -107,7 +109,15 @@ def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaSta
         half_life_s=settings.fair_share_half_life_s,
         status=StatusBoard(interval_s=settings.status_interval_s),
         pools=settings.pool_layout,
+        starvation_s=gate_profile(settings).settings.starvation_s,
     )
+
+
+def gate_profile(settings: QuotaSettings) -> Profile:
+    """The scheduling profile placement runs, whose gate settings quota applies."""
+    if settings.profile_path:
+        return load_profile_file(settings.profile_path, placement_registry())
+    return default_profile()
 
 
 def snapshot_config(settings: QuotaSettings) -> dict[str, object]:

@@ -17,19 +17,24 @@ usage and its decayed history (:class:`~gangline.core.fairshare.UsageIntegral`: 
 charges changed when, not of the order they were learnt). A job that arrives goes through on the
 first flavour its queue's quota admits now (:func:`~gangline.core.quota_gate.first_fit`) or is held;
 whenever a release lowers a quota tree's usage, the held jobs of that tree go through in fair order
-(:meth:`QuotaCharges.gate`).
+(:meth:`QuotaCharges.gate`). Two of the profile's settings bend that order: ``starvation_s``, a held
+job admitted longer ago goes first, oldest first (:meth:`QuotaCharges.aged_before`, both engines), and
+``gate_credit_s``, what is charged to jobs not placed yet is lent to short held jobs
+(:meth:`QuotaCharges.lend`, :mod:`gangline.core.gate_credit`; the core's simulator only).
 
 Pure: times are given (seconds on the caller's clock), nothing is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from gangline.core.fairshare import FairShare, Pending, Step, UsageHistory, UsageIntegral
 from gangline.core.framework.status import Reason
+from gangline.core.gate_credit import CreditPolicy, credit_left, lend
 from gangline.core.model import JobId, QueueName
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
 from gangline.core.quota_gate import Flavour, Gate, HoldReason, Options, WaitingLines, first_fit, hold_reason
@@ -68,9 +73,23 @@ class QuotaCharges(Generic[T]):
     """
 
     def __init__(
-        self, tree: QuotaTree, options: Options[T], *, half_life_s: float = DEFAULT_HALF_LIFE_S
+        self,
+        tree: QuotaTree,
+        options: Options[T],
+        *,
+        half_life_s: float = DEFAULT_HALF_LIFE_S,
+        starvation_s: float | None = None,
+        credit: CreditPolicy | None = None,
+        run_bound: Callable[[T], float | None] | None = None,
     ) -> None:
+        if credit is not None and run_bound is None:
+            raise ValueError("the gate's backfill (credit) needs the held jobs' run bounds (run_bound)")
         self.tree = tree
+        self.starvation_s = starvation_s
+        """A held job admitted longer ago than this goes ahead of fair order, oldest first (None: never)."""
+        self.credit = credit
+        """The gate's backfill (:meth:`lend`; None: off)."""
+        self._run_bound = run_bound
         self.ledger = QuotaLedger(tree)
         self.half_life_s = half_life_s
         self.usage = UsageIntegral(half_life_s)
@@ -91,6 +110,12 @@ class QuotaCharges(Generic[T]):
         """What the ledger charges per queue (:meth:`charged`), until it changes."""
         self._decayed: tuple[float, UsageHistory] | None = None
         """(time, the history then) of the last :meth:`fair_share`, until the usage changes."""
+        self.unplaced: dict[JobId, Charge] = {}
+        """Charged and not placed yet (:meth:`placed`): what the gate's backfill lends."""
+        self.lent: dict[JobId, Charge] = {}
+        """Let through on credit (:mod:`gangline.core.gate_credit`), not charged, until released."""
+        self._lent_from: dict[JobId, Pending[T]] = {}
+        """The held items of the jobs :attr:`lent` is for (back to the gate on :meth:`unlend`)."""
 
     def limits(self, queue: str) -> bool:
         """Whether ``queue``'s jobs are charged here (a queue of the tree)."""
@@ -149,8 +174,18 @@ class QuotaCharges(Generic[T]):
             return Gate()
         lines = self.waiting_lines(root)
         return lines.let_through(
-            self.ledger.copy(), self.fair_share(root, at), self.tree, self._options, explain=explain
+            self.ledger.copy(),
+            self.fair_share(root, at),
+            self.tree,
+            self._options,
+            explain=explain,
+            aged_before=self.aged_before(at),
         )
+
+    def aged_before(self, at: float) -> float | None:
+        """The starvation bound at ``at``: a held job admitted at or before it goes ahead of fair order,
+        oldest first (:func:`~gangline.core.fairshare.serving_share`; None: no bound)."""
+        return at - self.starvation_s if self.starvation_s is not None else None
 
     def hold_reason(
         self, queue: str, flavours: Sequence[Flavour], misfits: Sequence[Reason], fair: FairShare
@@ -170,6 +205,8 @@ class QuotaCharges(Generic[T]):
             if charge.flavour.request:
                 self.ledger.admit(charge.queue, charge.flavour.request)
             self.charges[job_id] = charge
+        else:
+            self.unplaced.pop(job_id, None)
         if before != charge:
             self._charged = None
         return self.root(before.queue) if before is not None else None
@@ -229,6 +266,10 @@ class QuotaCharges(Generic[T]):
     def release(self, job_id: JobId, at: float) -> str | None:
         """The job's allocation was released (or it ended): its charge goes. The tree whose usage it
         lowered (None: nothing was charged)."""
+        loan = self.lent.pop(job_id, None)
+        if loan is not None:  # let through on credit: nothing was charged, the credit is lent again
+            self._lent_from.pop(job_id, None)
+            return self.root(loan.queue)
         charge = self.charges.get(job_id)
         if charge is None:
             return None
@@ -248,6 +289,56 @@ class QuotaCharges(Generic[T]):
             self._charge(JobId(p.tie), p.queue, fit, at)
         return gate.admitted
 
+    def placed(self, job_id: JobId) -> None:
+        """Placement placed the job: its charge stands for running GPUs now, and is lent no more."""
+        self.unplaced.pop(job_id, None)
+
+    def lend(self, at: float, exclude: AbstractSet[str] = frozenset()) -> list[tuple[T, Flavour]]:
+        """After placement's try: held jobs (but those of ids in ``exclude``) let through on what is
+        charged to jobs still unplaced (:func:`gangline.core.gate_credit.lend`), tree by tree, in the
+        gate's order (the starvation bound's included); nothing without a credit policy. A job lent to
+        that placement does not place at once is handed back (:meth:`unlend`)."""
+        if self.credit is None or self._run_bound is None or not self.unplaced:
+            return []
+        out: list[tuple[T, Flavour]] = []
+        root = self.root
+        for tree in sorted(self._held):
+            held = self._held.get(tree)
+            if not held:
+                continue
+            credit = credit_left(
+                (c.flavour.request for c in self.unplaced.values() if root(c.queue) == tree),
+                (c.flavour.request for c in self.lent.values() if root(c.queue) == tree),
+            )
+            if not credit:
+                continue
+            candidates = [p for p in held.values() if p.tie not in exclude]
+            by_item = {id(p.item): p for p in candidates}
+            lent = lend(
+                candidates,
+                credit,
+                self.fair_share(tree, at),
+                lambda item: self._options(item)[0],
+                self.credit,
+                run_bound=self._run_bound,
+                aged_before=self.aged_before(at),
+            )
+            for item, fit in lent:
+                p = by_item[id(item)]
+                self.unhold(p.tie, p.queue)
+                self._lent_from[JobId(p.tie)] = p
+                self.lent[JobId(p.tie)] = Charge(p.queue, fit)
+                out.append((item, fit))
+        return out
+
+    def unlend(self, job_id: JobId) -> None:
+        """A job lent credit that placement could not place: back to the gate's held jobs, its credit
+        back to lend again."""
+        if self.lent.pop(job_id, None) is None:
+            return
+        self.hold(self._lent_from.pop(job_id))
+
     def _charge(self, job_id: JobId, queue: QueueName, flavour: Flavour, at: float) -> None:
         self.count_usage(usage_steps(queue, flavour.request, at, None))
         self.set_charge(job_id, Charge(queue, flavour))
+        self.unplaced[job_id] = self.charges[job_id]

@@ -16,7 +16,7 @@ DEFAULT_PROFILE_YAML = """\
 name: default
 actions:
   - name: reserve
-    args: {max_reservations: 1, min_gpus: 2}
+    args: {max_reservations: 1, min_gpus: 2, horizon_s: 3600}
   - allocate
   - backfill
 plugins:
@@ -31,6 +31,7 @@ plugins:
     weight: 1
 settings:
   max_candidates: 4
+  starvation_s: 259200
 """
 """The built-in default profile (the same as deploy/profiles/default.yaml): the first blocked gang
 of two GPUs or more holds the GPUs it will start on, and only work that ends before then (or is

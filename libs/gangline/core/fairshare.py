@@ -319,6 +319,14 @@ class FairShare:
         return text
 
 
+def serving_share(fair: FairShare, queue: QueueName, submit_time: float, aged_before: float | None) -> float:
+    """The share a queue's head is served by: its queue's, or below every share (-1) when the head has
+    waited since before ``aged_before`` (the starvation bound: such jobs go first, oldest first)."""
+    if aged_before is not None and submit_time <= aged_before:
+        return -1.0
+    return fair.share(queue)
+
+
 @dataclass(frozen=True, slots=True)
 class Pending(Generic[T]):
     """One pending item for :class:`FairOrder`: its queue, priority (higher first), submit time and id."""
@@ -340,8 +348,11 @@ class FairOrder(Generic[T]):
     heap key of a queue is refreshed each time it is pushed back.
     """
 
-    def __init__(self, items: Iterable[Pending[T]], fair: FairShare) -> None:
+    def __init__(
+        self, items: Iterable[Pending[T]], fair: FairShare, *, aged_before: float | None = None
+    ) -> None:
         self._fair = fair
+        self._aged_before = aged_before
         lines: dict[QueueName, list[Pending[T]]] = {}
         for p in items:
             lines.setdefault(p.queue, []).append(p)
@@ -364,7 +375,8 @@ class FairOrder(Generic[T]):
 
     def _push(self, queue: QueueName) -> None:
         h = self._heads[queue]
-        heapq.heappush(self._heap, (-h.priority, self._fair.share(queue), h.submit_time, h.tie, queue))
+        share = serving_share(self._fair, queue, h.submit_time, self._aged_before)
+        heapq.heappush(self._heap, (-h.priority, share, h.submit_time, h.tie, queue))
 
     def next(self) -> Pending[T] | None:
         """The best item now, or None when nothing is left. Answer with admitted() or skipped()."""

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gangline.core.fairshare import FairOrder, FairShare, Pending
+from gangline.core.fairshare import FairOrder, FairShare, Pending, serving_share
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import HoldsWorkers, WorkerAsk
@@ -159,6 +159,8 @@ def fair_admission(
     ledger: QuotaLedger,
     fair: FairShare,
     flavours: Callable[[T], Sequence[Flavour]],
+    *,
+    aged_before: float | None = None,
 ) -> Iterator[tuple[T, Flavour | None]]:
     """Every waiting job in fair order, with the flavour its queue's quota lets it through on (None: held).
 
@@ -166,7 +168,7 @@ def fair_admission(
     to keep the caller's). A held job is skipped: its queue's share does not grow, and the jobs behind
     it may go. ``flavours`` gives a job's flavours in the order to try them (those its nodes can hold).
     """
-    for p, fit in _admission(waiting, ledger, fair, flavours):
+    for p, fit in _admission(waiting, ledger, fair, flavours, aged_before):
         yield p.item, fit
 
 
@@ -175,8 +177,9 @@ def _admission(
     ledger: QuotaLedger,
     fair: FairShare,
     flavours: Callable[[T], Sequence[Flavour]],
+    aged_before: float | None = None,
 ) -> Iterator[tuple[Pending[T], Flavour | None]]:
-    order = FairOrder(waiting, fair)
+    order = FairOrder(waiting, fair, aged_before=aged_before)
     refusals = _Refusals()
     while (p := order.next()) is not None:
         fit = first_fit(ledger, p.queue, flavours(p.item), refusals)
@@ -198,6 +201,7 @@ def let_through(
     options: Options[T],
     *,
     explain: int | None = None,
+    aged_before: float | None = None,
 ) -> Gate[T]:
     """The gate's decisions over ``waiting`` (ids unique): :func:`fair_admission` (``ledger`` and ``fair``
     are charged with the jobs let through), then, for the first ``explain`` held jobs (all: None), why
@@ -206,7 +210,7 @@ def let_through(
     The same as :meth:`WaitingLines.let_through` over lines of ``waiting`` built for this pass alone.
     """
     lines: WaitingLines[T] = WaitingLines.of(waiting, lambda job: options(job)[0])
-    return lines.let_through(ledger, fair, tree, options, explain=explain)
+    return lines.let_through(ledger, fair, tree, options, explain=explain, aged_before=aged_before)
 
 
 _LineKey = tuple[int, float, str]
@@ -308,10 +312,13 @@ class WaitingLines(Generic[T]):
         options: Options[T],
         *,
         explain: int | None = None,
+        aged_before: float | None = None,
     ) -> Gate[T]:
-        """The gate's decisions over the waiting jobs (:func:`let_through`); the lines stay as they are."""
+        """The gate's decisions over the waiting jobs (:func:`let_through`); the lines stay as they are.
+        Jobs waiting since before ``aged_before`` are served first
+        (:func:`~gangline.core.fairshare.serving_share`)."""
         gate: Gate[T] = Gate()
-        held = self._pass(gate, ledger, fair, explain)
+        held = self._pass(gate, ledger, fair, explain, aged_before)
         reasons: dict[_ReasonKey, HoldReason] = {}
         for p in held:
             flavours, misfits = options(p.item)
@@ -324,7 +331,12 @@ class WaitingLines(Generic[T]):
         return gate
 
     def _pass(
-        self, gate: Gate[T], ledger: QuotaLedger, fair: FairShare, explain: int | None
+        self,
+        gate: Gate[T],
+        ledger: QuotaLedger,
+        fair: FairShare,
+        explain: int | None,
+        aged_before: float | None,
     ) -> list[Pending[T]]:
         """Fair order over the lines (see the class): the jobs let through go to ``gate`` (charged to
         ``ledger`` and ``fair``); the first ``explain`` held are returned, the others counted."""
@@ -355,7 +367,9 @@ class WaitingLines(Generic[T]):
             if not exact:  # what is refused now is refused for the rest of the pass
                 cursors[queue] = [c for c in live if c[2] < len(c[0]) and not _refused(refusals, queue, c[3])]
             heads[queue] = chosen
-            heapq.heappush(heap, (best[0], fair.share(queue), best[1], best[2], queue))
+            heapq.heappush(
+                heap, (best[0], serving_share(fair, queue, best[1], aged_before), best[1], best[2], queue)
+            )
 
         for queue in sorted(self._lines):
             cursors[queue] = [[s.keys, s.entries, 0, s.flavours] for s in self._lines[queue].values()]

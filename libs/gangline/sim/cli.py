@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gangline.cluster_spec import ClusterSpec, load_cluster_spec
@@ -53,7 +54,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--report", type=Path, help="write the JSON report here")
     p.add_argument("--plots", type=Path, help="write PNG plots into this directory")
-    p.add_argument("--limit", type=int, help="only the first N jobs by submit time")
+    p.add_argument("--limit", type=int, help="only the first N jobs by submit time (after --skip)")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="leave out the first N jobs by submit time (a later part of the trace: the time split)",
+    )
     p.add_argument("--time-scale", type=float, default=1.0, help="divide submit times (2 = twice the load)")
     p.add_argument("--cycle-s", type=float, default=0.0, help="periodic cycles every N virtual seconds")
     p.add_argument("--checkpoint-s", type=float, default=1800.0, help="run time between checkpoints")
@@ -73,10 +80,24 @@ ExtraRun = Callable[[Sequence[TraceJob], ClusterSpec], RunResult]
 command passes the services' own handlers on the simulator's bus: ``--services``)."""
 
 
+def later_part(jobs: Sequence[TraceJob], skip: int) -> list[TraceJob]:
+    """The jobs after the first ``skip`` (by submit time), their times shifted to start at 0."""
+    rest = list(jobs[skip:])
+    if not skip or not rest:
+        return rest
+    t0 = rest[0].submit_s
+    return [replace(j, submit_s=j.submit_s - t0) for j in rest]
+
+
 def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
     """Run the campaign (and ``extra``); 0 on success, 2 when an input is unusable."""
     try:
-        jobs = load_trace(args.trace, fmt=args.format, time_scale=args.time_scale, limit=args.limit)
+        if args.skip < 0:
+            raise ValueError("--skip must be >= 0")
+        whole = None if args.limit is None else args.skip + args.limit
+        jobs = later_part(
+            load_trace(args.trace, fmt=args.format, time_scale=args.time_scale, limit=whole), args.skip
+        )
         spec = load_cluster_spec(args.cluster)
         queues = load_queues_file(args.queues) if args.queues is not None else None
         if queues is not None:
@@ -115,6 +136,7 @@ def run(args: argparse.Namespace, extra: Sequence[ExtraRun] = ()) -> int:
             "queues": str(args.queues) if args.queues is not None else None,
             "time_scale": args.time_scale,
             "limit": args.limit,
+            "skip": args.skip,
             "cycle_s": args.cycle_s,
             "checkpoint_s": args.checkpoint_s,
             "sample_s": args.sample_s,

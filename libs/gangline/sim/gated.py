@@ -52,6 +52,7 @@ from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
 from gangline.core.fairshare import Pending
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
+from gangline.core.gate_credit import CreditPolicy
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
 from gangline.core.model import Allocation, AllocationId, GpuModel, Job, JobId, Node, QueueName
 from gangline.core.queues import job_request
@@ -79,6 +80,10 @@ def node_offer(node: Node) -> NodeOffer:
     return NodeOffer(gpus, node.domain, node.leaf, node.spine)
 
 
+LEND_ROUNDS = 3
+"""Rounds of the gate's backfill after one placement try: lend, place, hand back what did not place."""
+
+
 @dataclass
 class GatedPolicy:
     """A profile under the quota gate and placement (see the module docstring)."""
@@ -100,8 +105,14 @@ class GatedPolicy:
         self._hardware = Hardware(node_offer(n) for n in self.nodes)
         self._charges: QuotaCharges[Job] | None = None
         if self.queues is not None:
+            window = self.profile.settings.gate_credit_s
             self._charges = QuotaCharges(
-                self.queues.tree, lambda job: (self._flavours(job), ()), half_life_s=self.half_life_s
+                self.queues.tree,
+                lambda job: (self._flavours(job), ()),
+                half_life_s=self.half_life_s,
+                starvation_s=self.profile.settings.starvation_s,
+                credit=CreditPolicy(window) if window is not None else None,
+                run_bound=lambda job: job.run_bound_s,
             )
         self._submitted: dict[JobId, float] = {}
         self._waiting: dict[JobId, Job] = {}
@@ -185,6 +196,8 @@ class GatedPolicy:
                 if isinstance(item, Job):
                     if self._gate(item, now):
                         self._place(now, out)
+                    else:
+                        self._lend(now, out)
                     continue
                 lowered = item.lowered if isinstance(item, _Released) else self._release(item, now)
                 self._place(now, out)
@@ -250,6 +263,32 @@ class GatedPolicy:
         return ctx
 
     def _place(self, now: float, out: _Outcome) -> None:
+        """One placement cycle over the jobs let through, then, when the gate lends what is charged to
+        jobs still unplaced (:mod:`gangline.core.gate_credit`), one more over those it lent it to."""
+        self._cycle_once(now, out)
+        self._lend(now, out)
+
+    def _lend(self, now: float, out: _Outcome) -> None:
+        """The gate's backfill after placement's try (:meth:`QuotaCharges.lend`): held jobs go through on
+        what is charged to jobs still unplaced, and any placement does not place at once go back."""
+        charges = self._charges
+        if charges is None or charges.credit is None:
+            return
+        tried: set[JobId] = set()
+        for _ in range(LEND_ROUNDS):
+            lent = charges.lend(now, exclude=tried)
+            if not lent:
+                return
+            for job, _ in lent:
+                self._placeable[job.id] = job
+            self._cycle_once(now, out)
+            for job, _ in lent:
+                tried.add(job.id)
+                if job.id in self._placeable:  # not placed: the credit goes back, the job to the gate
+                    del self._placeable[job.id]
+                    charges.unlend(job.id)
+
+    def _cycle_once(self, now: float, out: _Outcome) -> None:
         """One placement cycle over the jobs let through; commit what it decided."""
         if not self._placeable and not self.may_grow():
             return
@@ -288,6 +327,8 @@ class GatedPolicy:
             self.granted.append(Grant(now, p.allocation))
             if job.min_workers is not None:
                 self._elastic_running.add(job.id)
+            if self._charges is not None:
+                self._charges.placed(job.id)
         for resize in decisions.resizes:
             self._resize(resize, now, out)
 

@@ -490,6 +490,7 @@ def summarize(r: RunResult) -> dict[str, object]:
         "mean_wait_s": w["mean"],
         "p50_wait_s": w["p50"],
         "p99_wait_s": w["p99"],
+        "max_wait_s": max(waits, default=0.0),
         "mean_jct_s": c["mean"],
         "p50_jct_s": c["p50"],
         "p99_jct_s": c["p99"],

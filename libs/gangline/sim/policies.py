@@ -250,6 +250,12 @@ class CorePolicy:
     """The jobs that held reservations after the last cycle."""
 
     def __post_init__(self) -> None:
+        if self.profile.settings.starvation_s is not None or any(
+            getattr(a, "horizon_s", None) is not None for a in self.profile.actions
+        ):
+            # The waiting-job pruning assumes fair order and the first blocked gang decide; the
+            # starvation bound and the reservation horizon break that, so every waiting job is handed.
+            self.prune = False
         self.snapshot = Snapshot(self.nodes)
         if self.queues is not None:
             self._ledger = QuotaLedger(self.queues.tree)

@@ -511,7 +511,10 @@ class ServiceSimulation:
         profile = str(o.profile_path) if o.profile_path is not None else None
         self.admission = Admission(AdmissionSettings(topic_prefix=prefix), self.queues)
         self.quota = Quota(
-            QuotaSettings(topic_prefix=prefix, fair_share_half_life_s=o.fair_share_half_life_s), self.queues
+            QuotaSettings(
+                topic_prefix=prefix, fair_share_half_life_s=o.fair_share_half_life_s, profile_path=profile
+            ),
+            self.queues,
         )
         self.placement = Placement(
             PlacementSettings(

@@ -3,6 +3,8 @@ fair order of waiting jobs, preemption plans (reclaim, priority), requeues, idem
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from svc_helpers import T0, env
@@ -30,9 +32,12 @@ H100 = "H100-SXM5-80GB"
 A100 = "A100-SXM4-80GB"
 
 
-def quota(doc: dict[str, Any], *, half_life_s: float = 0.0) -> QuotaState:
+def quota(doc: dict[str, Any], *, half_life_s: float = 0.0, starvation_s: float | None = None) -> QuotaState:
     return QuotaState(
-        topics=TOPICS, queues=queues_of(QueuesFile.model_validate(doc)), half_life_s=half_life_s
+        topics=TOPICS,
+        queues=queues_of(QueuesFile.model_validate(doc)),
+        half_life_s=half_life_s,
+        starvation_s=starvation_s,
     )
 
 
@@ -225,6 +230,43 @@ def test_a_release_lets_the_queue_with_the_lower_dominant_share_through_first() 
     feed(state, admit("a-wait", gpus_per_worker=4, at=20))
     # Weight 3: team-a's 8 of 16 count as a share of 1/6, below team-b's 1/4.
     assert queued_ids(feed(state, release("a0", at=30))) == ["a-wait"]
+
+
+DAY = 86_400.0
+
+
+def _starving_scenario(starvation_s: float | None) -> list[str]:
+    """team-a holds 12 of the cohort's 16, team-b 4; team-a's job waits from 10 s, team-b's from 1.5
+    days; at 2 days a release makes room for one of them."""
+    state = quota(LAB, starvation_s=starvation_s)
+    for k, job in enumerate(["a0", "a1", "a2"]):
+        run(state, job, gpus_per_worker=4, at=k)
+    run(state, "b0", queue="team-b", gpus_per_worker=4, at=3)
+    assert reason_of(feed(state, admit("a-old", gpus_per_worker=4, at=10))[0])
+    assert reason_of(feed(state, admit("b-new", queue="team-b", gpus_per_worker=4, at=1.5 * DAY))[0])
+    return queued_ids(feed(state, release("a0", at=2 * DAY)))
+
+
+def test_a_job_held_longer_than_the_starvation_bound_goes_through_before_fair_order() -> None:
+    assert _starving_scenario(None) == ["b-new"]  # fair share: team-b's share is the lower
+    assert _starving_scenario(3 * DAY) == ["b-new"]  # a-old has waited 2 days, under the bound
+    assert _starving_scenario(DAY) == ["a-old"]  # over a one-day bound: the old job goes first
+
+
+def test_quota_takes_the_starvation_bound_from_the_profile_placement_runs(tmp_path: Path) -> None:
+    from gangline.core.defaults import DEFAULT_PROFILE_YAML, default_profile
+    from services.quota.wiring import new_state
+
+    queues = queues_of(QueuesFile.model_validate(LAB))
+    state = new_state(QuotaSettings(), queues)
+    assert state.starvation_s == default_profile().settings.starvation_s
+    assert state.charges.starvation_s == state.starvation_s is not None
+
+    text = re.sub(r"starvation_s: [0-9.e+]+", "starvation_s: 60", DEFAULT_PROFILE_YAML)
+    assert text != DEFAULT_PROFILE_YAML
+    (tmp_path / "profile.yaml").write_text(text)
+    state = new_state(QuotaSettings(profile_path=str(tmp_path / "profile.yaml")), queues)
+    assert state.starvation_s == state.charges.starvation_s == 60
 
 
 def test_a_queue_that_used_a_lot_recently_goes_after_one_that_did_not() -> None:

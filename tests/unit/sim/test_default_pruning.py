@@ -18,7 +18,8 @@ from dataclasses import replace
 import pytest
 
 from gangline.cluster_spec import ClusterSpec, cluster_spec_from_mapping
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import DEFAULT_PROFILE_YAML, placement_registry
+from gangline.core.framework.profile import Profile, load_profile
 from gangline.core.model import GpuModel, Job, JobId, QueueName
 from gangline.core.placement import whole_workers_fit
 from gangline.core.snapshot import Snapshot
@@ -94,11 +95,19 @@ class _Deepest(CorePolicy):
         return super().cycle(now, new)
 
 
+def pruned_profile() -> Profile:
+    """The default without the starvation bound and the reservation horizon, under which CorePolicy
+    does not prune (they break the pruning's assumptions; see CorePolicy.__post_init__)."""
+    text = DEFAULT_PROFILE_YAML.replace(", horizon_s: 3600", "").replace("  starvation_s: 259200\n", "")
+    assert "horizon_s" not in text and "starvation_s" not in text
+    return load_profile(text, placement_registry())
+
+
 def _run(prune: bool, jobs: Sequence[TraceJob], cycle_s: float, queues: bool) -> tuple[RunResult, int]:
     spec = _spec()
     nodes = spec.build_nodes()
     setup = queue_setup(QUEUES, spec, nodes, jobs) if queues else None
-    policy = _Deepest("default", default_profile(), nodes, setup, prune=prune)
+    policy = _Deepest("default", pruned_profile(), nodes, setup, prune=prune)
     result = Simulator(jobs, policy, float(spec.total_gpus), SimOptions(cycle_s=cycle_s)).run()
     return result, policy.deepest
 

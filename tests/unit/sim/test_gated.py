@@ -4,10 +4,13 @@ holds its queue's quota and the queue's later jobs wait for it (docs/charge-poin
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 
 from gangline.cluster_spec import load_cluster_spec
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import DEFAULT_PROFILE_YAML, default_profile, placement_registry
+from gangline.core.framework.profile import Profile, load_profile
 from gangline.core.model import JobId, QueueName
 from gangline.queues_file import QueuesFile, queues_of
 from gangline.sim.gated import GatedPolicy
@@ -20,7 +23,7 @@ QUEUES = QueuesFile.model_validate(
 )
 
 
-def starts(quotas: bool) -> dict[str, float | None]:
+def starts(quotas: bool, profile: Profile | None = None) -> dict[str, float | None]:
     """2 nodes x 8 GPUs. ops (unlimited) runs 8 GPUs for 100 s from 0; team's 2 x 8 gang arrives at 1
     (its quota admits it, one node is busy), team's 1-GPU job of 10 s at 2."""
     jobs = [
@@ -30,7 +33,7 @@ def starts(quotas: bool) -> dict[str, float | None]:
     ]
     spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
     policy = GatedPolicy(
-        "default", default_profile(), spec.build_nodes(), queues_of(QUEUES) if quotas else None
+        "default", profile or default_profile(), spec.build_nodes(), queues_of(QUEUES) if quotas else None
     )
     result = Simulator(jobs, policy, float(spec.total_gpus)).run()
     return {j.id: j.start for j in result.jobs}
@@ -68,3 +71,50 @@ def test_each_jobs_flavours_are_its_shapes_found_afresh() -> None:
         job = trace_job.to_job()
         fresh = GatedPolicy("default", default_profile(), spec.build_nodes(), queues_of(QUEUES))
         assert kept._flavours(job) == fresh._flavours(job)
+
+
+def with_settings(**settings: float) -> Profile:
+    profile = default_profile()
+    return replace(profile, settings=replace(profile.settings, **settings))
+
+
+def test_the_gate_lends_the_unplaced_gangs_charge_to_a_short_job() -> None:
+    # gate_credit_s: the gang's 16 charged GPUs stand for none running, so the 10-s job goes through on
+    # that credit and placement backfills it beside the gang's reservation (it ends before 100).
+    assert starts(quotas=True, profile=with_settings(gate_credit_s=3600.0)) == {
+        "ops": 0.0,
+        "gang": 100.0,
+        "small": 2.0,
+    }
+    # A window shorter than the job: no credit, the quota gate holds it as before.
+    assert starts(quotas=True, profile=with_settings(gate_credit_s=5.0))["small"] == 150.0
+
+
+def reserving(horizon_s: float | None) -> Profile:
+    horizon = f", horizon_s: {horizon_s}" if horizon_s is not None else ""
+    args = "{max_reservations: 1, min_gpus: 2" + horizon + "}"
+    text = re.sub(r"\{max_reservations: 1, min_gpus: 2[^}]*\}", args, DEFAULT_PROFILE_YAML)
+    assert args in text
+    return load_profile(text, placement_registry())
+
+
+def horizon_starts(horizon_s: float | None) -> dict[str, float | None]:
+    """No quotas. ops holds one node until 100; the 2 x 8 gang arrives at 1 (earliest start 100); a 1-GPU
+    job of 200 s at 2, too long to end before the gang's start."""
+    jobs = [
+        TraceJob(JobId("ops"), 0.0, 100.0, QueueName("ops"), 1, 8),
+        TraceJob(JobId("gang"), 1.0, 50.0, QueueName("team"), 2, 8),
+        TraceJob(JobId("long"), 2.0, 200.0, QueueName("team"), 1, 1),
+    ]
+    spec = load_cluster_spec(HERE / "tiny_cluster.yaml")
+    policy = GatedPolicy("default", reserving(horizon_s), spec.build_nodes(), None)
+    result = Simulator(jobs, policy, float(spec.total_gpus)).run()
+    return {j.id: j.start for j in result.jobs}
+
+
+def test_a_reservation_further_off_than_the_horizon_holds_no_gpus_yet() -> None:
+    # Without a horizon the idle node is held for the gang from 1 to 100 and the long job waits for the
+    # gang to end; with a 50-s horizon (the start is 99 s away) nothing is held, the long job runs at once
+    # and the gang starts when it ends.
+    assert horizon_starts(None) == {"ops": 0.0, "gang": 100.0, "long": 150.0}
+    assert horizon_starts(50.0) == {"ops": 0.0, "gang": 202.0, "long": 2.0}

@@ -195,6 +195,14 @@ class Reserve:
         self.max_reservations = _int_arg(args, "max_reservations", 1)
         self.min_gpus = _int_arg(args, "min_gpus", 8)
         self.start_ahead = _bool_arg(args, "start_ahead", False)
+        horizon = (args or {}).get("horizon_s")
+        if horizon is not None and (
+            isinstance(horizon, bool) or not isinstance(horizon, int | float) or horizon < 0
+        ):
+            raise ValueError("horizon_s must be a non-negative number of seconds")
+        self.horizon_s = None if horizon is None else float(horizon)
+        """A gang whose earliest start is further off than this holds no GPUs yet (None: any start), unless
+        it has waited past the profile's ``starvation_s``: see :func:`beyond_horizon`."""
 
     def execute(self, session: Session) -> None:
         ctx = context_of(session)
@@ -220,6 +228,11 @@ class Reserve:
                 decisions.explain(job.id, "blocked, and would not fit even on idle GPUs: no reservation")
                 continue
             start, candidate, to_preempt = found
+            if not to_preempt and beyond_horizon(session, ctx, job, start, self.horizon_s):
+                decisions.explain(
+                    job.id, f"its earliest start {when(start)} is beyond the reservation horizon"
+                )
+                continue
             made += 1
             if to_preempt:
                 victims = search_victims(session, ctx, job, to_preempt)
@@ -247,6 +260,23 @@ class Reserve:
             )
             session.set_aside.add(job.id)
             holds.append(_Held(job, tuple(_hold(session, reservation, job))))
+
+
+def beyond_horizon(
+    session: Session, ctx: QueueContext, job: Job, start: float, horizon_s: float | None
+) -> bool:
+    """Whether ``job``'s reservation waits: its earliest start is more than ``horizon_s`` away and it has
+    not waited past the profile's ``starvation_s`` (a starving gang always holds its GPUs).
+
+    Holding GPUs for a start days away keeps them idle for days, or busy only with work short enough to
+    end first; until the start comes near, the GPUs it will use go to any job, and the reservation is
+    taken once the start is within the horizon (or the gang starves: then at once, whatever its start).
+    """
+    if horizon_s is None or start <= ctx.now + horizon_s:
+        return False
+    starvation = session.profile.settings.starvation_s
+    submitted = ctx.submit_time.get(job.id)
+    return not (starvation is not None and submitted is not None and submitted <= ctx.now - starvation)
 
 
 class Backfill:

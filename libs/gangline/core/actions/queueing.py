@@ -334,8 +334,11 @@ def request_for_order(job: Job, snapshot: Snapshot) -> dict[Resource, int]:
     return job_request(job, GpuModel(model)) if model is not None else {}
 
 
-def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> list[Job]:
-    """Priority, then the queue's dominant share (growing as work is admitted), then submit time.
+def fair_order(
+    jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot, *, starvation_s: float | None = None
+) -> list[Job]:
+    """Priority, then the queue's dominant share (growing as work is admitted), then submit time; with
+    ``starvation_s``, jobs submitted longer ago than that go first at their priority, oldest first.
 
     The quota gate's fair admission (:func:`gangline.core.quota_gate.fair_admission`, the rule the quota
     service lets jobs through by), on copies of the ledger and the fair shares: each job is charged as
@@ -353,7 +356,11 @@ def fair_order(jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot) -> li
             known = flavours[shape] = (Flavour(job.gpu_type, request_for_order(job, snapshot)),)
         return known
 
-    return [job for job, _ in fair_admission(items, ctx.ledger.copy(), ctx.fair.clone(), flavours_of)]
+    aged_before = ctx.now - starvation_s if starvation_s is not None else None
+    admission = fair_admission(
+        items, ctx.ledger.copy(), ctx.fair.clone(), flavours_of, aged_before=aged_before
+    )
+    return [job for job, _ in admission]
 
 
 def run_queue_cycle(
@@ -370,7 +377,7 @@ def run_queue_cycle(
     Like `run_cycle`, the snapshot is left as it was; ``ctx.ledger`` and ``ctx.fair`` are the
     caller's working copies and hold this cycle's admissions afterwards.
     """
-    ordered = fair_order(jobs, ctx, snapshot)
+    ordered = fair_order(jobs, ctx, snapshot, starvation_s=profile.settings.starvation_s)
     with snapshot.transaction():
         session = Session(snapshot, profile, ordered, cycle=cycle, allocation_id=allocation_id)
         shared: dict[StateKey[Any], Any] = session.shared

@@ -10,6 +10,8 @@ plugins:                       # each is filed under every extension point it im
     args: {}                   # passed to the factory
 settings:
   max_candidates: 4            # whole-gang candidates scored per job
+  gate_credit_s: 86400         # the quota gate's backfill window (gangline.core.gate_credit); absent: off
+  starvation_s: 172800         # waited longer: served before fair share, oldest first; absent: never
 ```
 
 Plugins run at each extension point in the order listed. A bad profile is a configuration
@@ -44,6 +46,12 @@ class Settings:
 
     max_candidates: int = 4
     """Whole-gang candidates built and scored per job (more: better choices, slower)."""
+    gate_credit_s: float | None = None
+    """The quota gate lends what is charged to jobs placement cannot place yet to held jobs whose run
+    bound is at most this many seconds (:mod:`gangline.core.gate_credit`); None: it lends nothing."""
+    starvation_s: float | None = None
+    """A job that has waited longer than this is served before fair share's order, oldest first, at the
+    quota gate and in placement's order (:func:`gangline.core.fairshare.serving_share`); None: never."""
 
 
 @dataclass(frozen=True)
@@ -130,13 +138,15 @@ def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
     raw_settings = doc.get("settings") or {}
     if not isinstance(raw_settings, Mapping):
         raise ValueError("settings must be a mapping")
-    unknown = set(raw_settings) - {"max_candidates"}
+    unknown = set(raw_settings) - {"max_candidates", "gate_credit_s", "starvation_s"}
     if unknown:
         raise ValueError(f"unknown settings: {sorted(unknown)}")
     max_candidates = raw_settings.get("max_candidates", Settings().max_candidates)
     if not isinstance(max_candidates, int) or max_candidates < 1:
         raise ValueError("settings.max_candidates must be a positive integer")
-    return Profile.compose(name, tuple(actions), tuple(plugins), weights, Settings(max_candidates))
+    credit, starvation = (_seconds(raw_settings, k) for k in ("gate_credit_s", "starvation_s"))
+    settings = Settings(max_candidates, credit, starvation)
+    return Profile.compose(name, tuple(actions), tuple(plugins), weights, settings)
 
 
 def load_profile(text: str, registry: Registry) -> Profile:
@@ -150,3 +160,13 @@ def load_profile(text: str, registry: Registry) -> Profile:
 def load_profile_file(path: str | Path, registry: Registry) -> Profile:
     """Parse a YAML profile file."""
     return load_profile(Path(path).read_text(encoding="utf-8"), registry)
+
+
+def _seconds(raw: Mapping[str, object], key: str) -> float | None:
+    """An optional setting in seconds (absent: None)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"settings.{key} must be a non-negative number of seconds")
+    return float(value)
