@@ -79,9 +79,21 @@ QueueQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SA
 JobIdQuery = Annotated[str | None, Query(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
 NodeQuery = Annotated[str | None, Query(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
 NodePath = Annotated[str, Path(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
-CursorQuery = Annotated[
+JOBS_CURSOR = (datetime, str)
+"""A job list's sort key: submitted at, job id."""
+ALLOCATIONS_CURSOR = (datetime, str, int)
+"""The allocation log's sort key: granted at, allocation id, rank."""
+CURSOR_HELP = (
+    "a page's next_cursor; any string of the pattern is a position in the list's order "
+    "(microseconds since the epoch, then the ids, joined by ~)"
+)
+JobsCursorQuery = Annotated[
     str | None,
-    Query(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_-]+$", description="a page's next_cursor"),
+    Query(pattern=queries.cursor_pattern(JOBS_CURSOR, id_chars=128), description=CURSOR_HELP),
+]
+AllocationsCursorQuery = Annotated[
+    str | None,
+    Query(pattern=queries.cursor_pattern(ALLOCATIONS_CURSOR, id_chars=160), description=CURSOR_HELP),
 ]
 Reason = Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]
 
@@ -569,14 +581,14 @@ def create_app(
         state: JobState | None = None,
         active: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        cursor: CursorQuery = None,
+        cursor: JobsCursorQuery = None,
     ) -> Page:
         """Jobs, newest first; filter by queue and state, or ``active`` (true: not over yet, as squeue
         lists; false: completed, failed, cancelled or rejected); page with ``cursor``. A tenant sees the
         jobs of its queues and, in ``default``, the jobs it submitted."""
         if queue is not None:
             require(caller, queue)
-        after = _cursor(cursor, (datetime, str))
+        after = _cursor(cursor, JOBS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.jobs(
                 conn,
@@ -596,11 +608,11 @@ def create_app(
         node: NodeQuery = None,
         held: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: CursorQuery = None,
+        cursor: AllocationsCursorQuery = None,
     ) -> Page:
         """The allocation log in grant order, one row per rank; ``held=true`` for what is held now.
         A tenant sees the allocations of the jobs it may see."""
-        after = _cursor(cursor, (datetime, str, int))
+        after = _cursor(cursor, ALLOCATIONS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.allocations(
                 conn,
@@ -703,7 +715,7 @@ def create_app(
         since: datetime | None = None,
         queue: QueueQuery = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: CursorQuery = None,
+        cursor: JobsCursorQuery = None,
     ) -> Page:
         """Accounting (as ``sacct``): jobs submitted or ended at or after ``since`` (RFC 3339), newest
         first, with their runs, start, end, elapsed seconds and the GPU-hours their allocations held.
@@ -716,7 +728,7 @@ def create_app(
                 "since needs a time zone (e.g. 2026-01-01T00:00:00Z)",
                 kind="bad-time",
             )
-        after = _cursor(cursor, (datetime, str))
+        after = _cursor(cursor, JOBS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.history(
                 conn,

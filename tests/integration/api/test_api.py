@@ -261,11 +261,15 @@ async def test_jobs_page_newest_first_without_gaps_or_repeats_and_filter_by_stat
         headers=world.auth(world.research_token),
     )
     assert [j["job_id"] for j in rejected.json()["items"]] == [ids[0]]
-    assert (
-        await world.client.get(
-            "/v1/jobs", params={"cursor": "garbage"}, headers=world.auth(world.admin_token)
-        )
-    ).status_code == 400
+    garbage = await world.client.get(
+        "/v1/jobs", params={"cursor": "garbage"}, headers=world.auth(world.admin_token)
+    )
+    assert garbage.status_code == 422 and garbage.headers["content-type"] == "application/problem+json"
+    # Any cursor of the pattern is a position in the list: before the first job ever, nothing is left.
+    before_all = await world.client.get(
+        "/v1/jobs", params={"cursor": "0~0"}, headers=world.auth(world.admin_token)
+    )
+    assert before_all.status_code == 200 and before_all.json() == {"items": [], "next_cursor": None}
     other = await world.client.get("/v1/jobs", headers=world.auth(world.vision_token))
     assert not {j["job_id"] for j in other.json()["items"]} & set(ids)
 
