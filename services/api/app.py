@@ -36,7 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -96,6 +96,18 @@ AllocationsCursorQuery = Annotated[
     Query(pattern=queries.cursor_pattern(ALLOCATIONS_CURSOR, id_chars=160), description=CURSOR_HELP),
 ]
 Reason = Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]
+
+
+def rfc3339(value: object) -> object:
+    """A query's time as RFC 3339 writes it (date first): not a number of seconds, which pydantic would
+    otherwise take as a Unix time (``?since=0.5``), though the OpenAPI says ``format: date-time``."""
+    if isinstance(value, str) and not RFC3339_DATE.match(value):
+        raise ValueError("a time in RFC 3339 (e.g. 2026-01-01T00:00:00Z)")
+    return value
+
+
+RFC3339_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ]")
+SinceQuery = Annotated[datetime | None, BeforeValidator(rfc3339), Query(description="RFC 3339, with a zone")]
 
 READ = (400, 401, 413, 422, 429, 503)
 """What any authenticated route may answer besides its own success."""
@@ -712,7 +724,7 @@ def create_app(
     @app.get("/v1/history", tags=["jobs"], responses=problems(*READ, 403))
     async def job_history(
         caller: Caller,
-        since: datetime | None = None,
+        since: SinceQuery = None,
         queue: QueueQuery = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         cursor: JobsCursorQuery = None,

@@ -530,6 +530,11 @@ async def test_history_shows_a_tenant_only_its_own_jobs_and_wants_a_zoned_since(
         "/v1/history", params={"since": "2026-03-01T11:59:00"}, headers=world.auth(world.research_token)
     )
     assert naive.status_code == 400 and naive.headers["content-type"] == "application/problem+json"
+    for seconds in ("0.5", "1767225600"):  # a number is not RFC 3339, though pydantic takes it as Unix time
+        number = await world.client.get(
+            "/v1/history", params={"since": seconds}, headers=world.auth(world.research_token)
+        )
+        assert number.status_code == 422 and number.headers["content-type"] == "application/problem+json"
     other_queue = await world.client.get(
         "/v1/history", params={"queue": world.vision}, headers=world.auth(world.research_token)
     )
