@@ -36,7 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -79,11 +79,35 @@ QueueQuery = Annotated[str | None, Query(min_length=1, max_length=63, pattern=SA
 JobIdQuery = Annotated[str | None, Query(min_length=1, max_length=128, pattern=SAFE_ID_PATTERN)]
 NodeQuery = Annotated[str | None, Query(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
 NodePath = Annotated[str, Path(min_length=1, max_length=253, pattern=SAFE_ID_PATTERN)]
-CursorQuery = Annotated[
+JOBS_CURSOR = (datetime, str)
+"""A job list's sort key: submitted at, job id."""
+ALLOCATIONS_CURSOR = (datetime, str, int)
+"""The allocation log's sort key: granted at, allocation id, rank."""
+CURSOR_HELP = (
+    "a page's next_cursor; any string of the pattern is a position in the list's order "
+    "(microseconds since the epoch, then the ids, joined by ~)"
+)
+JobsCursorQuery = Annotated[
     str | None,
-    Query(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9_-]+$", description="a page's next_cursor"),
+    Query(pattern=queries.cursor_pattern(JOBS_CURSOR, id_chars=128), description=CURSOR_HELP),
+]
+AllocationsCursorQuery = Annotated[
+    str | None,
+    Query(pattern=queries.cursor_pattern(ALLOCATIONS_CURSOR, id_chars=160), description=CURSOR_HELP),
 ]
 Reason = Annotated[str, Field(min_length=1, max_length=2000, pattern=NO_NUL)]
+
+
+def rfc3339(value: object) -> object:
+    """A query's time as RFC 3339 writes it (date first): not a number of seconds, which pydantic would
+    otherwise take as a Unix time (``?since=0.5``), though the OpenAPI says ``format: date-time``."""
+    if isinstance(value, str) and not RFC3339_DATE.match(value):
+        raise ValueError("a time in RFC 3339 (e.g. 2026-01-01T00:00:00Z)")
+    return value
+
+
+RFC3339_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ]")
+SinceQuery = Annotated[datetime | None, BeforeValidator(rfc3339), Query(description="RFC 3339, with a zone")]
 
 READ = (400, 401, 413, 422, 429, 503)
 """What any authenticated route may answer besides its own success."""
@@ -569,14 +593,14 @@ def create_app(
         state: JobState | None = None,
         active: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        cursor: CursorQuery = None,
+        cursor: JobsCursorQuery = None,
     ) -> Page:
         """Jobs, newest first; filter by queue and state, or ``active`` (true: not over yet, as squeue
         lists; false: completed, failed, cancelled or rejected); page with ``cursor``. A tenant sees the
         jobs of its queues and, in ``default``, the jobs it submitted."""
         if queue is not None:
             require(caller, queue)
-        after = _cursor(cursor, (datetime, str))
+        after = _cursor(cursor, JOBS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.jobs(
                 conn,
@@ -596,11 +620,11 @@ def create_app(
         node: NodeQuery = None,
         held: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: CursorQuery = None,
+        cursor: AllocationsCursorQuery = None,
     ) -> Page:
         """The allocation log in grant order, one row per rank; ``held=true`` for what is held now.
         A tenant sees the allocations of the jobs it may see."""
-        after = _cursor(cursor, (datetime, str, int))
+        after = _cursor(cursor, ALLOCATIONS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.allocations(
                 conn,
@@ -700,10 +724,10 @@ def create_app(
     @app.get("/v1/history", tags=["jobs"], responses=problems(*READ, 403))
     async def job_history(
         caller: Caller,
-        since: datetime | None = None,
+        since: SinceQuery = None,
         queue: QueueQuery = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        cursor: CursorQuery = None,
+        cursor: JobsCursorQuery = None,
     ) -> Page:
         """Accounting (as ``sacct``): jobs submitted or ended at or after ``since`` (RFC 3339), newest
         first, with their runs, start, end, elapsed seconds and the GPU-hours their allocations held.
@@ -716,7 +740,7 @@ def create_app(
                 "since needs a time zone (e.g. 2026-01-01T00:00:00Z)",
                 kind="bad-time",
             )
-        after = _cursor(cursor, (datetime, str))
+        after = _cursor(cursor, JOBS_CURSOR)
         async with res().pool.acquire() as conn:
             items, next_cursor = await queries.history(
                 conn,

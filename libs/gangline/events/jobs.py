@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -68,6 +69,11 @@ JobState = Literal[
 events below, named as a state), the API filters on (``GET /v1/jobs?state=``) and the CLI offers."""
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 """Every :data:`JobState`, in lifecycle order."""
+
+
+def command_and_env_bytes(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """What :data:`MAX_COMMAND_AND_ENV_BYTES` bounds: the command and env together, as UTF-8 JSON."""
+    return len(json.dumps([list(command), dict(env)], ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _given(field: str, kind: str) -> dict[str, Any]:
@@ -163,7 +169,7 @@ class JobSpec(BaseModel):
     def _bounded(self) -> Self:
         if not self.command and not self.env:
             return self
-        size = len(json.dumps([self.command, self.env], ensure_ascii=False, separators=(",", ":")).encode())
+        size = command_and_env_bytes(self.command, self.env)
         if size > MAX_COMMAND_AND_ENV_BYTES:
             raise PydanticCustomError(
                 LIMIT_EXCEEDED,

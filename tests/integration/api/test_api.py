@@ -261,11 +261,15 @@ async def test_jobs_page_newest_first_without_gaps_or_repeats_and_filter_by_stat
         headers=world.auth(world.research_token),
     )
     assert [j["job_id"] for j in rejected.json()["items"]] == [ids[0]]
-    assert (
-        await world.client.get(
-            "/v1/jobs", params={"cursor": "garbage"}, headers=world.auth(world.admin_token)
-        )
-    ).status_code == 400
+    garbage = await world.client.get(
+        "/v1/jobs", params={"cursor": "garbage"}, headers=world.auth(world.admin_token)
+    )
+    assert garbage.status_code == 422 and garbage.headers["content-type"] == "application/problem+json"
+    # Any cursor of the pattern is a position in the list: before the first job ever, nothing is left.
+    before_all = await world.client.get(
+        "/v1/jobs", params={"cursor": "0~0"}, headers=world.auth(world.admin_token)
+    )
+    assert before_all.status_code == 200 and before_all.json() == {"items": [], "next_cursor": None}
     other = await world.client.get("/v1/jobs", headers=world.auth(world.vision_token))
     assert not {j["job_id"] for j in other.json()["items"]} & set(ids)
 
@@ -526,6 +530,11 @@ async def test_history_shows_a_tenant_only_its_own_jobs_and_wants_a_zoned_since(
         "/v1/history", params={"since": "2026-03-01T11:59:00"}, headers=world.auth(world.research_token)
     )
     assert naive.status_code == 400 and naive.headers["content-type"] == "application/problem+json"
+    for seconds in ("0.5", "1767225600"):  # a number is not RFC 3339, though pydantic takes it as Unix time
+        number = await world.client.get(
+            "/v1/history", params={"since": seconds}, headers=world.auth(world.research_token)
+        )
+        assert number.status_code == 422 and number.headers["content-type"] == "application/problem+json"
     other_queue = await world.client.get(
         "/v1/history", params={"queue": world.vision}, headers=world.auth(world.research_token)
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 from gangline.client.tables import table
@@ -18,7 +20,7 @@ from gangline.core.queues import QueueName, QuotaConfigError, Resource
 from services.api.app import JobSubmission, why
 from services.api.auth import Authenticator, Tenant, TokenConfig, hash_token, load_tokens
 from services.api.hash_token import main as hash_token_main
-from services.api.queries import BadCursor, decode_cursor, encode_cursor
+from services.api.queries import BadCursor, cursor_pattern, decode_cursor, encode_cursor
 from services.common.queues import QueuesFile, load_queues, queues_of
 
 
@@ -149,9 +151,18 @@ def test_why_answers_from_the_state_and_the_pending_reasons() -> None:
 def test_cursors_round_trip_and_foreign_ones_are_refused() -> None:
     at = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
     assert decode_cursor(encode_cursor(at, "a-1", 3), (datetime, str, int)) == [at, "a-1", 3]
-    for bad in ("garbage", encode_cursor("x"), encode_cursor("not-a-time", "a")):
+    for bad in ("garbage", "0", encode_cursor("x"), encode_cursor("not-a-time", "a"), "1~a\n", "-1~a"):
         with pytest.raises(BadCursor):
             decode_cursor(bad, (datetime, str))
+
+
+@given(st.from_regex(cursor_pattern((datetime, str, int), id_chars=160), fullmatch=True))
+def test_every_string_of_a_cursors_pattern_is_a_cursor_of_its_list(cursor: str) -> None:
+    """The OpenAPI gives the pattern: whatever matches it is a position in the list, never a 400."""
+    kinds = (datetime, str, int)
+    key = decode_cursor(cursor, kinds)
+    assert [type(k) for k in key] == list(kinds) and key[0].tzinfo is UTC
+    assert decode_cursor(encode_cursor(*key), kinds) == key
 
 
 def test_tables_align_columns_and_show_missing_values_as_dashes() -> None:
