@@ -638,8 +638,12 @@ class QuotaState:
         return self.charges.charged()
 
     def _restore_pending(self, pending: JobPending) -> None:
+        """Remember quota's own pending reason for a job that waits (owed a ``job.queued``), whether or not
+        its previous attempt's release is read yet: the running quota tells a requeued job once it read the
+        release, but a restore reads jobs.events (the requeue, then that pending) before allocations.log
+        (the release). Asking ``eligible`` here made what it remembers depend on that read order."""
         job = self.jobs.get(pending.job_id)
-        if job is None or not job.eligible:
+        if job is None or not job.waiting:
             return
         reason = pending.reasons[0]
         if reason.constraint == HARDWARE or reason.code == "quota":

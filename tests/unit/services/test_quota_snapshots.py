@@ -25,7 +25,15 @@ from svc_helpers import T0, cluster, env
 from gangline.core.queues import QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobAdmitted, JobCompleted, JobFailed, JobQueued, JobRequeued, JobSpec
+from gangline.events.jobs import (
+    JobAdmitted,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobQueued,
+    JobRequeued,
+    JobSpec,
+)
 from gangline.events.nodes import NodeCordoned, NodeFailed, NodeRegistered, NodeUncordoned
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.queues import QueuesFile, queues_of
@@ -343,3 +351,21 @@ def test_a_loaded_state_skips_what_the_select_was_told_is_retired() -> None:
     retired = state.retired
     load_state(state, decode_state(payload, QuotaState.SNAPSHOT_FIELDS))
     assert JobId("j0") in retired and JobId("j1") not in retired
+
+
+def test_a_restore_remembers_the_pending_told_a_requeued_job_though_it_reads_the_release_later() -> None:
+    # j0 is preempted: j1 takes its quota, and j0, requeued, is told why it waits. A restore reads that
+    # pending (jobs.events) before j0's release (allocations.log): j0 is owed a job.queued but still
+    # charged then; it is what quota last told j0 all the same, and a restart does not tell it again.
+    ops: list[tuple[Any, ...]] = [
+        ("admit", "team-a", 8, A100, 0),
+        ("grant", 0),
+        ("admit", "team-a", 8, A100, 0),
+        ("preempt", 0),
+    ]
+    world, _, _ = run(ops, 0, 0.0)
+    told = [e for _, e in world.log if isinstance(e.data, JobPending) and e.data.job_id == JobId("j0")]
+    assert len(told) == 1 and JobId("j0") in world.state.last_pending
+    from_log = restore(fresh(0.0), world.log, whole=world.log)
+    assert from_log.last_pending == world.state.last_pending
+    assert next_decisions(from_log, world) == next_decisions(world.state, world)
