@@ -144,7 +144,7 @@ async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
                     **dict.fromkeys(POOL_FOLDED_EVENTS, True),
                     "job.pending": True,
                     "job.checkpointed": True,
-                    "node.heartbeat": lambda: bool(state.in_flight),
+                    "node.heartbeat": state.awaits_deadline,
                 }
             ),
             restore_select=select_types(
