@@ -271,8 +271,11 @@ def beyond_horizon(
     Holding GPUs for a start days away keeps them idle for days, or busy only with work short enough to
     end first; until the start comes near, the GPUs it will use go to any job, and the reservation is
     taken once the start is within the horizon (or the gang starves: then at once, whatever its start).
+    An unknown start (``inf``: it waits for jobs with no known end) is not known to be far: the gang
+    holds its GPUs as it would without a horizon, or a stream of small jobs with no hints would keep it
+    off them until it starves.
     """
-    if horizon_s is None or start <= ctx.now + horizon_s:
+    if horizon_s is None or math.isinf(start) or start <= ctx.now + horizon_s:
         return False
     starvation = session.profile.settings.starvation_s
     submitted = ctx.submit_time.get(job.id)
