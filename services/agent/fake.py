@@ -8,7 +8,8 @@ GPU-seconds held (placement then writes ``allocation.released``: agents never wr
 DESIGN §3). A job with a ``time_limit_s`` shorter than that is stopped at the limit as the real agent
 stops it: the checkpoint is acknowledged (``job.checkpointed``) and the job ends ``job.failed`` code
 ``time_limit``. A release read stops the job here (preempted, node failed, cancelled). It answers
-``job.preempting`` with ``job.checkpointed``.
+``job.preempting`` with ``job.checkpointed`` and stops the job there (it no longer completes: the
+preemption's release ends it), as a real agent stops the gang; a resize's checkpoint runs on.
 ``fail_node`` makes a node go silent (and optionally report an XID), as a dying node would;
 ``report_xid`` reports a GPU failed on a node that lives on.
 
@@ -393,6 +394,13 @@ class FakeCluster:
             node=node,
             checkpoint=f"ckpt://{asked.job_id}/{asked.allocation_id}",
         )
+        if isinstance(asked, JobPreempting) and holding.timer is not None:
+            # Checkpointed for a preemption, the job stops here, as a real agent stops the gang: it no
+            # longer completes (preemption releases it; a job.completed after the checkpoint would race
+            # that release: two releases of one allocation, a job requeued after it ended). A resize
+            # goes on running.
+            holding.timer.cancel()
+            holding.timer = None
         self._outbox.append((self.topics.events, ack, event_id))
         self.stats.checkpointed += 1
         self._flush_soon()

@@ -570,7 +570,9 @@ class QuotaState:
             self.stranded.discard(job.job_id)
         if not job.waiting:
             self.last_pending.pop(job.job_id, None)
-        if job.record.finished or job.job_id not in self.cluster.jobs:
+        if job.job_id not in self.cluster.jobs:
+            # Retired (finished, its grants released). A finished job whose release is still to come is
+            # kept: that release dates the end of its charge, whichever of the two is read first.
             del self.jobs[job.job_id]
         return dropped
 
@@ -595,11 +597,14 @@ class QuotaState:
     def usage_steps(self, job: QuotaJob) -> tuple[Step, ...]:
         """The job's charges as usage changes, each at the time of the fact that made it: attempt k
         (the k-th ``job.queued`` that is not a move, by time) is charged from its ``job.queued`` until
-        the first of the k-th release (by time), a ``job.requeued`` for a later attempt and the job's
-        end, on the model it was queued on and then on each model a move named, from the move's time.
-        A function of which facts were read, not of their order; and the same whether the release of an
-        attempt or its requeue (written together, at one time) is read, so a restore that reads a job's
-        end before its releases (jobs.events first, then it is retired) dates it as the service did."""
+        the first of the k-th release (by time) and a ``job.requeued`` for a later attempt, on the model
+        it was queued on and then on each model a move named, from the move's time. The job's end
+        (``job.completed``, ``job.failed``) ends only an attempt no release was read for: placement
+        releases the GPUs once it reads the end, at its own later time, and the two are on two topics, so
+        either may be read first (and an end read after the final release is skipped: the job retired);
+        the release dates it in both orders. A function of which facts were read, not of their order;
+        and the same whether the release of an attempt or its requeue (written together, at one time)
+        is read, so a restore (jobs.events first, then allocations.log) dates it as the service did."""
         spec = job.spec
         if spec is None or not self.queues.limited(spec.queue):
             return ()
@@ -620,8 +625,8 @@ class QuotaState:
             ends = [t for attempt, t in job.requeues.items() if attempt > k + 1]
             if k < len(releases):
                 ends.append(releases[k])
-            if job.finished_at is not None:
-                ends.append(job.finished_at)
+            elif job.finished_at is not None:
+                ends.append(job.finished_at)  # an end with no release of the attempt (yet)
             end = min(ends) if ends else None
             if end is not None and end <= start:
                 continue

@@ -260,3 +260,24 @@ async def test_a_job_past_its_time_limit_checkpoints_and_fails_with_time_limit()
     failed = nodes.events()[-1]
     assert isinstance(failed, JobFailed) and failed.code == "time_limit"
     assert nodes.stats.completed == 0 and nodes.running_allocations() == []
+
+
+async def test_a_job_checkpointed_for_a_preemption_stops_and_never_completes() -> None:
+    """Its release is the preemption's: a job.completed after the checkpoint would race it (placement
+    releasing the allocation again, a requeued job that had ended)."""
+    nodes = cluster(time_scale=0.05, checkpoint_delay_s=0.01)  # the 1 s job would complete at 50 ms
+    nodes.on_event(admitted("j"))
+    nodes.on_event(granted("j"))
+    asked = JobPreempting(
+        job_id=JobId("j"),
+        allocation_id=AllocationId("j.1"),
+        deadline=datetime.now(UTC) + timedelta(seconds=30),
+        reason="an urgent job needs the GPUs",
+    )
+    nodes.on_event(envelope(asked, "preempting-j"))
+    await nodes.flush()
+    await until(lambda: nodes.stats.checkpointed == 1)
+    await asyncio.sleep(0.1)
+    await nodes.flush()
+    assert [type(e) for e in nodes.events()] == [JobStarted, JobCheckpointed]
+    assert nodes.stats.completed == 0

@@ -357,3 +357,28 @@ def test_decisions_over_the_node_inventory_replay_identical_across_a_restart(tmp
 
     assert result.ok, [d.message for d in result.differences]
     assert result.incarnations == 2 and result.compared == len(outputs)
+
+
+def test_a_release_read_before_the_end_it_answers_dates_the_charge_as_the_replay_does() -> None:
+    """Placement releases a job's GPUs once it reads the agent's job.completed, at its own later time, on
+    another topic: quota may read the release first (then the job is retired and the end is skipped),
+    while the replay folds a quiet batch in record-time order (the end first). Either way the charge
+    ends at the release, so the next status's decayed share is the live one to the last digit."""
+    log = Log()
+    run = ServiceRun(log, wiring(STATUS_EVERY_S))
+    admit(log, "j0", 4, at=0)  # queued, the first status
+    run.drain()
+    completed = JobCompleted(job_id=JobId("j0"), allocation_id=AllocationId("j0.1"))
+    log.produce(TOPICS.events, env(completed, at=0.3))
+    release(log, "j0", at=0.8)  # within the interval: the batch decides nothing
+    # This batch reads allocations.log before jobs.events, as a consumer may.
+    run.rng.shuffle = lambda batch: batch.sort(key=lambda b: b[0][0] != TOPICS.allocations)  # type: ignore[method-assign]
+    assert run.drain() == []
+    admit(log, "j1", 2, at=3)  # the next status: j0's charge is history, j1's is present
+    run.drain()
+
+    statuses = [r for r in outputs_of(log.records, SOURCE) if r.type == "gangline.queue.status.v1"]
+    assert [r.envelope["data"]["resources"][H100]["used"] for r in statuses] == [4, 2]
+    result = replay_quota(log.records, STATUS_EVERY_S)
+    assert result.ok, [d.message for d in result.differences]
+    assert result.compared == len(outputs_of(log.records, SOURCE))
