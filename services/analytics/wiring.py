@@ -44,7 +44,6 @@ from faust.transport.consumer import TransactionManager
 from faust.types import TP, EventT, StreamT
 from faust.web import Request, Response, View
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gangline.bus.admin import TopicSpec, ensure_topics
@@ -52,6 +51,7 @@ from gangline.events import topics as catalogue
 from gangline.events.base import Envelope
 from gangline.events.codec import DecodeError, decode
 from gangline.events.nodes import NodeRegistered
+from gangline.telemetry import metrics
 from services.analytics import figures
 from services.analytics.recovery import SeekFirstTableManager
 from services.analytics.settings import AnalyticsSettings
@@ -437,17 +437,8 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         a, now = self.analytics, self.clock()
-        labels = ["queue", "gpu_model", "window"]
-        hours = GaugeMetricFamily(
-            "gangline_analytics_gpu_hours",
-            "GPU-hours of ended allocation time in the current window",
-            labels=labels,
-        )
-        util = GaugeMetricFamily(
-            "gangline_analytics_utilisation_ratio",
-            "GPU-hours in the current window over the registered GPUs of the model times the window",
-            labels=labels,
-        )
+        hours = metrics.gauge("gangline_analytics_gpu_hours")
+        util = metrics.gauge("gangline_analytics_utilisation_ratio")
         capacity = a.capacity()
         for window, size in WINDOWS_S.items():
             current = now - now % size
@@ -458,11 +449,7 @@ class _Collector(Collector):
                         util.add_metric([queue, model, window], seconds / (capacity[model] * size))
         yield hours
         yield util
-        waits = GaugeMetricFamily(
-            "gangline_analytics_wait_seconds",
-            "Wait before a grant over the last day (hopping window), by quantile",
-            labels=["queue", "gpu_model", "quantile"],
-        )
+        waits = metrics.gauge("gangline_analytics_wait_seconds")
         latest = now - now % figures.HOUR_S - figures.DAY_S + figures.HOUR_S
         for queue, model, start, counts in a._windows(a.waits, figures.add_histograms):
             if start == latest:
@@ -471,38 +458,24 @@ class _Collector(Collector):
                         waits.add_metric([queue, model, str(int(name[1:]) / 100)], value)
         yield waits
         today = now - now % figures.DAY_S
-        preempted = GaugeMetricFamily(
-            "gangline_analytics_preemptions", "Preemptions today (UTC)", labels=["queue", "gpu_model"]
-        )
-        lost = GaugeMetricFamily(
-            "gangline_analytics_gpu_hours_lost",
-            "GPU-hours lost to preemption today",
-            labels=["queue", "gpu_model"],
-        )
+        preempted = metrics.gauge("gangline_analytics_preemptions")
+        lost = metrics.gauge("gangline_analytics_gpu_hours_lost")
         for queue, model, start, value in a._windows(a.preemptions, figures.add_pairs):
             if start == today:
                 preempted.add_metric([queue, model], value[0])
                 lost.add_metric([queue, model], value[1] / 3600)
         yield preempted
         yield lost
-        ended = GaugeMetricFamily(
-            "gangline_analytics_jobs_ended",
-            "Jobs that ended today, by final state",
-            labels=["queue", "gpu_model", "state"],
-        )
+        ended = metrics.gauge("gangline_analytics_jobs_ended")
         for queue, model, start, value in a._windows(a.finals, figures.add_counts):
             if start == today:
                 for state, n in sorted(value.items()):
                     ended.add_metric([queue, model, state], n)
         yield ended
-        running = GaugeMetricFamily(
-            "gangline_analytics_running_gpus", "GPUs held now", labels=["queue", "gpu_model"]
-        )
+        running = metrics.gauge("gangline_analytics_running_gpus")
         for row in a.running_view():
             running.add_metric([row["queue"], row["gpu_model"]], row["gpus"])
         yield running
-        skipped = CounterMetricFamily(
-            "gangline_analytics_undecodable_records", "Input records that did not decode (skipped)"
-        )
+        skipped = metrics.counter("gangline_analytics_undecodable_records_total")
         skipped.add_metric([], a.undecodable)
         yield skipped

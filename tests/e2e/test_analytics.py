@@ -28,8 +28,10 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness import ROOT, Proc, private_topics, service_env
+from e2e.test_metrics import check_catalogue
 from gangline.bus.acl import apply_access, load_access
 from gangline.bus.admin import load_catalogue
 from gangline.bus.security import KafkaSecurity, client_options
@@ -314,7 +316,8 @@ async def test_hourly_gpu_hours_survive_a_kill_9_mid_stream(kafka_bootstrap: str
         assert await until(ended, lambda n: n >= every, proc, timeout_s=60) == every  # each once
 
         metrics = (await app.http.get("/metrics")).text
-        assert "gangline_analytics_gpu_hours" in metrics
+        scraped = {family.name: family for family in text_string_to_metric_families(metrics)}
+        check_catalogue(scraped, "analytics")  # every analytics family of the catalogue, of its type
         assert "gangline_analytics_undecodable_records_total 0.0" in metrics
 
 

@@ -217,6 +217,62 @@ FAMILIES: dict[str, Family] = {
             ("agent",),
             dcgm="DCGM_FI_DEV_GPU_TEMP",
         ),
+        Family(
+            "gangline_analytics_gpu_hours",
+            "gauge",
+            ("queue", "gpu_model", "window"),
+            "GPU-hours of ended allocation time in the current window (hour, day)",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_utilisation_ratio",
+            "gauge",
+            ("queue", "gpu_model", "window"),
+            "GPU-hours in the current window over the registered GPUs of the model times the window",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_wait_seconds",
+            "gauge",
+            ("queue", "gpu_model", "quantile"),
+            "Wait before a grant over the last day (hopping window), by quantile",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_preemptions",
+            "gauge",
+            ("queue", "gpu_model"),
+            "Preemptions today (UTC)",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_gpu_hours_lost",
+            "gauge",
+            ("queue", "gpu_model"),
+            "GPU-hours lost to preemption today (UTC), since each victim's last checkpoint",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_jobs_ended",
+            "gauge",
+            ("queue", "gpu_model", "state"),
+            "Jobs that ended today (UTC), by final state",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_running_gpus",
+            "gauge",
+            ("queue", "gpu_model"),
+            "GPUs held now",
+            ("analytics",),
+        ),
+        Family(
+            "gangline_analytics_undecodable_records_total",
+            "counter",
+            (),
+            "Input records the analytics app did not decode (skipped)",
+            ("analytics",),
+        ),
     )
 }
 """Every family a service serves (besides the client library's process_* and python_* ones)."""
