@@ -5,11 +5,10 @@ heartbeats), deciding the same."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 
 import pytest
-from service_kafka_helpers import T0, envelope
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
 from gangline.bus.producer import EventProducer
@@ -142,43 +141,33 @@ async def test_a_restart_from_node_healths_snapshot_and_the_tail_decides_as_one_
 ) -> None:
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
     settings = NodeHealthSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=service_topics.prefix,
-        group_prefix=f"g-{service_topics.prefix.rstrip('.')}",
-        instance_id="i0",
-        metrics_port=None,
+        **on_topics(kafka_bootstrap, service_topics),
         silence_s=3600,
         snapshot_every_events=4,
     )
-    service = asyncio.create_task(main(settings))
-    try:
-        async with EventProducer(kafka_bootstrap) as producer:
-            for node in SPEC.registrations():
-                await producer.publish(service_topics.inventory, envelope(node, 0))
-            for k, node in enumerate(("n-0", "n-1", "n-2")):
-                spec = JobSpec(queue="default", workers=1, gpus_per_worker=1)
-                await producer.publish(
-                    service_topics.events, envelope(JobAdmitted(job_id=JobId(f"j{k}"), spec=spec), 1)
-                )
-                await producer.publish(service_topics.allocations, granted(f"j{k}", node, 2 + k))
-            # Three job-fault XIDs drain n-0/gpu3; one on n-1/gpu1; n-2 fails (its gang released).
-            for k in range(3):
-                await producer.publish(service_topics.health, xid("n-0", "gpu3", 10 + k))
-            await producer.publish(service_topics.health, xid("n-1", "gpu1", 14))
-            await node_health_said(kafka_bootstrap, service_topics, released=0, degraded=1)
-            failed = NodeFailed(node=NodeId("n-2"), code="agent_reported", reason="it died")
-            await producer.publish(service_topics.health, envelope(failed, 15))
-            await node_health_said(kafka_bootstrap, service_topics, released=1, degraded=1)
-            await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
-            # After the snapshot: n-0 fails too, and n-2 registers again.
-            failed = NodeFailed(node=NodeId("n-0"), code="agent_reported", reason="psu")
-            await producer.publish(service_topics.health, envelope(failed, 20))
-            await producer.publish(service_topics.inventory, envelope(SPEC.registrations()[2], 21))
-            await node_health_said(kafka_bootstrap, service_topics, released=2, degraded=1)
-    finally:
-        service.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await service
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in SPEC.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        for k, node in enumerate(("n-0", "n-1", "n-2")):
+            spec = JobSpec(queue="default", workers=1, gpus_per_worker=1)
+            await producer.publish(
+                service_topics.events, envelope(JobAdmitted(job_id=JobId(f"j{k}"), spec=spec), 1)
+            )
+            await producer.publish(service_topics.allocations, granted(f"j{k}", node, 2 + k))
+        # Three job-fault XIDs drain n-0/gpu3; one on n-1/gpu1; n-2 fails (its gang released).
+        for k in range(3):
+            await producer.publish(service_topics.health, xid("n-0", "gpu3", 10 + k))
+        await producer.publish(service_topics.health, xid("n-1", "gpu1", 14))
+        await node_health_said(kafka_bootstrap, service_topics, released=0, degraded=1)
+        failed = NodeFailed(node=NodeId("n-2"), code="agent_reported", reason="it died")
+        await producer.publish(service_topics.health, envelope(failed, 15))
+        await node_health_said(kafka_bootstrap, service_topics, released=1, degraded=1)
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
+        # After the snapshot: n-0 fails too, and n-2 registers again.
+        failed = NodeFailed(node=NodeId("n-0"), code="agent_reported", reason="psu")
+        await producer.publish(service_topics.health, envelope(failed, 20))
+        await producer.publish(service_topics.inventory, envelope(SPEC.registrations()[2], 21))
+        await node_health_said(kafka_bootstrap, service_topics, released=2, degraded=1)
     latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
     assert latest is not None and latest.manifest.chunks > 1
     started = T0 + timedelta(hours=1)

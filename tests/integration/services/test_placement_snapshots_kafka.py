@@ -5,14 +5,13 @@ same. An unreadable snapshot means a full rebuild, with a log line."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from datetime import timedelta
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from service_kafka_helpers import T0, envelope
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
 from gangline.bus.producer import EventProducer
@@ -125,12 +124,8 @@ async def test_a_restart_from_placements_snapshot_and_the_tail_decides_as_one_fr
     # Small chunks: even this state spans several records, put back together on load.
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
     settings = PlacementSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=service_topics.prefix,
-        group_prefix=f"g-{service_topics.prefix.rstrip('.')}",
-        instance_id="i0",
+        **on_topics(kafka_bootstrap, service_topics),
         gated=False,
-        metrics_port=None,
         snapshot_every_events=4,
     )
     spec = ClusterSpec(
@@ -141,26 +136,20 @@ async def test_a_restart_from_placements_snapshot_and_the_tail_decides_as_one_fr
             ),
         ),
     )
-    service = asyncio.create_task(main(settings))
-    try:
-        async with EventProducer(kafka_bootstrap) as producer:
-            for node in spec.registrations():
-                await producer.publish(service_topics.inventory, envelope(node, 0))
-            for k in range(6):
-                await producer.publish(service_topics.events, admitted(f"j{k}", 1 + k))
-            first = await grants(kafka_bootstrap, service_topics, 6)
-            await latest_snapshot(kafka_bootstrap, service_topics, covering=6)
-            # After the snapshot: two jobs end (placement releases them) and three more come.
-            for k, granted in enumerate(first[:2]):
-                done = JobCompleted(job_id=granted.job_id, allocation_id=granted.allocation_id)
-                await producer.publish(service_topics.events, envelope(done, 10 + k))
-            for k in range(6, 9):
-                await producer.publish(service_topics.events, admitted(f"j{k}", 20 + k))
-            await grants(kafka_bootstrap, service_topics, 9)
-    finally:
-        service.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await service
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in spec.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        for k in range(6):
+            await producer.publish(service_topics.events, admitted(f"j{k}", 1 + k))
+        first = await grants(kafka_bootstrap, service_topics, 6)
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=6)
+        # After the snapshot: two jobs end (placement releases them) and three more come.
+        for k, granted in enumerate(first[:2]):
+            done = JobCompleted(job_id=granted.job_id, allocation_id=granted.allocation_id)
+            await producer.publish(service_topics.events, envelope(done, 10 + k))
+        for k in range(6, 9):
+            await producer.publish(service_topics.events, admitted(f"j{k}", 20 + k))
+        await grants(kafka_bootstrap, service_topics, 9)
     latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
     assert latest is not None and latest.manifest.chunks > 1
     from_snapshot, tail = await rebuilt(settings, service_topics, snapshot=True)
@@ -220,12 +209,8 @@ async def test_a_warm_standby_keeps_its_state_read_to_the_logs_end_and_it_is_the
     log gains, and, told to finish, stops after the pass in hand: its state is the rebuild from the whole
     log, and where it got to is the log's end (the leader it becomes reads nothing more)."""
     settings = PlacementSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=service_topics.prefix,
-        group_prefix=f"g-{service_topics.prefix.rstrip('.')}",
-        instance_id="i0",
+        **on_topics(kafka_bootstrap, service_topics),
         gated=False,
-        metrics_port=None,
     )
     select = select_types(dict.fromkeys(FOLDED_EVENTS, True))
     state = new_state(settings)

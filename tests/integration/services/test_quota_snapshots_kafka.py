@@ -5,12 +5,11 @@ deciding the same."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from service_kafka_helpers import T0, envelope
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
 from gangline.bus.producer import EventProducer
@@ -156,44 +155,34 @@ async def test_a_restart_from_quotas_snapshot_and_the_tail_decides_as_one_from_t
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text(QUEUES)
     settings = QuotaSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=service_topics.prefix,
-        group_prefix=f"g-{service_topics.prefix.rstrip('.')}",
-        instance_id="i0",
+        **on_topics(kafka_bootstrap, service_topics),
         queues_file=queues_file,
         fair_share_half_life_s=600,  # the decayed usage a restore rebuilds is the snapshot's
         status_interval_s=0,
-        metrics_port=None,
         snapshot_every_events=4,
     )
     spec = ClusterSpec(
         name="qsnap",
         groups=(NodeGroup(name="q", count=2, gpu_model=H100, gpus_per_node=8, memory_mib=81920, leaf="l"),),
     )
-    service = asyncio.create_task(main(settings))
-    try:
-        async with EventProducer(kafka_bootstrap) as producer:
-            for node in spec.registrations():
-                await producer.publish(service_topics.inventory, envelope(node, 0))
-            # team-a's 8 GPUs: a0 and a1 go, a2 waits; team-b's b0 goes and b1 borrows nothing.
-            for k, (job, queue, gpus) in enumerate(
-                [("a0", "team-a", 4), ("a1", "team-a", 4), ("a2", "team-a", 4), ("b0", "team-b", 8)]
-            ):
-                await producer.publish(service_topics.events, admitted(job, queue, gpus, 1 + k))
-            await producer.publish(service_topics.events, admitted("u0", "default", 2, 5))
-            await quota_said(kafka_bootstrap, service_topics, queued=3, pending=1)
-            for k, job in enumerate(("a0", "a1", "b0")):
-                await producer.publish(service_topics.allocations, granted(job, f"team-{job[0]}", 6 + k))
-            await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
-            # After the snapshot: a1 ends (a2 goes), more jobs come (one waits).
-            await producer.publish(service_topics.allocations, released("a1", 10))
-            await producer.publish(service_topics.events, admitted("a3", "team-a", 8, 11))
-            await producer.publish(service_topics.events, admitted("b1", "team-b", 4, 12))
-            await quota_said(kafka_bootstrap, service_topics, queued=4, pending=2)
-    finally:
-        service.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await service
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in spec.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        # team-a's 8 GPUs: a0 and a1 go, a2 waits; team-b's b0 goes and b1 borrows nothing.
+        for k, (job, queue, gpus) in enumerate(
+            [("a0", "team-a", 4), ("a1", "team-a", 4), ("a2", "team-a", 4), ("b0", "team-b", 8)]
+        ):
+            await producer.publish(service_topics.events, admitted(job, queue, gpus, 1 + k))
+        await producer.publish(service_topics.events, admitted("u0", "default", 2, 5))
+        await quota_said(kafka_bootstrap, service_topics, queued=3, pending=1)
+        for k, job in enumerate(("a0", "a1", "b0")):
+            await producer.publish(service_topics.allocations, granted(job, f"team-{job[0]}", 6 + k))
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
+        # After the snapshot: a1 ends (a2 goes), more jobs come (one waits).
+        await producer.publish(service_topics.allocations, released("a1", 10))
+        await producer.publish(service_topics.events, admitted("a3", "team-a", 8, 11))
+        await producer.publish(service_topics.events, admitted("b1", "team-b", 4, 12))
+        await quota_said(kafka_bootstrap, service_topics, queued=4, pending=2)
     latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
     assert latest is not None and latest.manifest.chunks > 1
     from_snapshot, tail = await rebuilt(settings, service_topics, snapshot=True)

@@ -6,11 +6,10 @@ included, finds every output identical and counts each once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 
 import pytest
-from service_kafka_helpers import envelope
+from service_kafka_helpers import envelope, on_topics, running
 
 import services.common.shell as shell
 from gangline.bus import BatchInfo, Processor
@@ -73,26 +72,17 @@ async def test_a_cycle_whose_commit_aborted_while_a_job_arrived_is_published_and
             shell, "Processor", functools.partial(Processor, before_commit=abort_the_first_cycle)
         )
         settings = PlacementSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=service_topics.prefix,
-            group_prefix=f"g-{service_topics.prefix.rstrip('.')}",
-            instance_id="i0",
+            **on_topics(kafka_bootstrap, service_topics),
             gated=False,
-            metrics_port=None,
         )
         for node in SPEC.registrations():
             await producer.publish(service_topics.inventory, envelope(node, 0))
-        service = asyncio.create_task(main(settings))
-        try:
+        async with running(main(settings)):
             for k in range(3):
                 await producer.publish(service_topics.events, admitted(f"j{k}", 1 + k))
             records = await placement_outputs(kafka_bootstrap, service_topics, grants=4)
             await asyncio.sleep(1)  # anything more would be a decision published twice
             records = await placement_outputs(kafka_bootstrap, service_topics, grants=4)
-        finally:
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
     assert len(aborted) == 1
     grants = [r.envelope["data"]["job_id"] for r in records if r.type == GRANTED]
     assert sorted(grants) == ["j0", "j1", "j2", "late"]  # each once
