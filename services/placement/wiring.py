@@ -11,7 +11,7 @@ from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
 from services.common.pools import Seat, home_pools, restore_and_process_seat, run_seats, seats
@@ -20,7 +20,6 @@ from services.common.select import or_resize_grants, select_types
 from services.common.shell import restore_and_process
 from services.placement import metrics as placement_metrics
 from services.placement.handlers import (
-    POOL_FOLDED_EVENTS,
     PlacementState,
     end_batch,
     fold_event,

@@ -11,7 +11,7 @@ from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
 from services.common.pools import Seat, home_pools, restore_and_process_seat, run_seats, seats
@@ -100,10 +100,6 @@ async def main(settings: PreemptionSettings) -> None:
             # The state with the batch that wrote it; a restart loads the latest and reads only the tail.
             snapshots=snapshots,
         )
-
-
-POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
-"""What a pool's preemption folds: a job is its pool's from its ``job.routed`` (gangline.core.pools)."""
 
 
 async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
