@@ -27,11 +27,12 @@ import yaml
 from gangline.bus.admin import CleanupPolicy, TopicSpec, delete_topics, ensure_topics
 from gangline.store.migrate import migrate
 from gangline.store.pool import create_pool
+from services.common.topics import TopicNames
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = ROOT / "schemas" / "topics.yaml"
 
-_KAFKA_FIXTURES = {"kafka_bootstrap", "topic_factory"}
+_KAFKA_FIXTURES = {"kafka_bootstrap", "topic_factory", "service_topics"}
 _PG_FIXTURES = {"pg_dsn", "pg_pool"}
 
 
@@ -166,6 +167,22 @@ async def pg_pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
 TopicFactory = Callable[..., Awaitable[TopicSpec]]
 
 
+def _test_name(request: pytest.FixtureRequest, limit: int) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name).strip("-")[:limit]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def service_topics(kafka_bootstrap: str, request: pytest.FixtureRequest) -> AsyncIterator[TopicNames]:
+    """The catalogue's topics (what the services read and write) under a fresh prefix for this test,
+    ``t-<test>-<uuid8>.``; deleted after the test."""
+    topics = TopicNames(prefix=f"t-{_test_name(request, 40)}-{uuid.uuid4().hex[:8]}.")
+    await ensure_topics(kafka_bootstrap, topics.specs())
+    try:
+        yield topics
+    finally:
+        await delete_topics(kafka_bootstrap, [s.name for s in topics.specs()])
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) -> AsyncIterator[TopicFactory]:
     """`await topic_factory(partitions=3)` creates `t-<test>-<uuid8>` and its `.dlq` twin for this test.
@@ -173,7 +190,7 @@ async def topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) ->
     Returns the TopicSpec (its `dead_letter` names the twin); both are deleted after the test.
     """
     created: list[str] = []
-    test_name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name).strip("-")[:80]
+    test_name = _test_name(request, 80)
 
     async def make(
         partitions: int = 1,

@@ -32,12 +32,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
 
-from gangline.bus import ProcessorFailed, ProcessorSettings
+from gangline.bus import ProcessorFailed, ProcessorSettings, Refusal, Select
+from gangline.bus.pools import to_pool
 from gangline.core.pools import PoolLayout, PoolLayoutError
-from services.common.shell import LeadershipLost
+from services.common.metrics import ServiceMetrics
+from services.common.shell import Decide, EndBatch, LeadershipLost, Restorable, restore_and_process
+from services.common.snapshots import SnapshotSettings, Snapshotted
+from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +129,56 @@ async def run_seats(
     async with asyncio.TaskGroup() as group:
         for seat in all_seats:
             group.create_task(seat_task(seat), name=f"pool-{seat.pool}")
+
+
+class SeatState(Restorable, Snapshotted, Protocol):
+    """A pool seat's state: restored from the pool's partitions and snapshotted on the pool's partition."""
+
+
+async def restore_and_process_seat(
+    seat: Seat,
+    base: ProcessorSettings,
+    state: SeatState,
+    decide: Decide,
+    *,
+    service: str,
+    topics: TopicNames,
+    restore_topics: Sequence[str],
+    snapshots: SnapshotSettings,
+    snapshot_config: Mapping[str, Any],
+    metrics: ServiceMetrics,
+    select: Select,
+    restore_select: Select | None = None,
+    end_batch: EndBatch | None = None,
+    refusal: Refusal | None = None,
+    started: datetime | None = None,
+) -> None:
+    """:func:`~services.common.shell.restore_and_process` for one pool's seat of ``service``: the pool's
+    partitions, its lock on the inventory topic (``base``'s group, :func:`seat_settings`), its snapshot."""
+    await restore_and_process(
+        seat_settings(base, seat, topics.pooled()),
+        state,
+        decide,
+        restore_topics=restore_topics,
+        select=select,
+        restore_select=restore_select,
+        lock_topic=topics.inventory,
+        end_batch=end_batch,
+        record_inputs=True,
+        started=started,
+        refusal=refusal,
+        metrics=metrics if seat.home else None,
+        # Every output to the pool's partition: what the pool decides is read back by its next owner.
+        partition_of=to_pool(seat.partition, topics.pooled()),
+        # Its own pools come back to it from the replica that took them over while it was away.
+        lock_home=seat.home,
+        # The pool's state, on the pool's partition of the snapshot topic: its next owner loads it.
+        snapshots=snapshots.state_snapshots(
+            state,
+            topic=topics.snapshots(service),
+            service=service,
+            restore_topics=restore_topics,
+            config={**snapshot_config, "pool": seat.pool},
+            partition=seat.partition,
+        ),
+    )

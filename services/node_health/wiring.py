@@ -6,12 +6,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from gangline.bus import Outgoing, RecordMeta
-from gangline.bus.pools import to_pool
 from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
-from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
+from services.common.pools import Seat, home_pools, restore_and_process_seat, run_seats, seats
 from services.common.select import select_types
 from services.common.shell import restore_and_process
 from services.common.snapshots import StateSnapshots
@@ -142,27 +141,19 @@ async def main_pools(settings: NodeHealthSettings, layout: PoolLayout) -> None:
     async def run_seat(seat: Seat) -> None:
         state = new_state(settings, now=datetime.now(UTC))
         base = processor_settings(settings, SERVICE, [*inputs, topics.events])
-        await restore_and_process(
-            seat_settings(base, seat, topics.pooled()),
+        await restore_and_process_seat(
+            seat,
+            base,
             state,
             handler(state, lambda: datetime.now(UTC)),
+            service=SERVICE,
+            topics=topics,
             restore_topics=restore_topics(topics),
+            snapshots=settings,
+            snapshot_config=snapshot_config(settings),
+            metrics=metrics,
             select=select_types(dict.fromkeys(POOL_NODE_HEALTH_EVENTS, True)),
-            lock_topic=topics.inventory,
-            record_inputs=True,
             started=state.started,
-            metrics=metrics if seat.home else None,
-            partition_of=to_pool(seat.partition, topics.pooled()),
-            # Its own pools come back to it from the replica that took them over while it was away.
-            lock_home=seat.home,
-            snapshots=settings.state_snapshots(
-                state,
-                topic=topics.snapshots(SERVICE),
-                service=SERVICE,
-                restore_topics=restore_topics(topics),
-                config={**snapshot_config(settings), "pool": seat.pool},
-                partition=seat.partition,
-            ),
         )
 
     async with metrics.serve(settings):

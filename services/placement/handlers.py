@@ -64,7 +64,7 @@ from gangline.events.jobs import (
 from gangline.events.nodes import NodeRegistered, NodeRejected
 from gangline.events.types import AllocationId, JobId, NodeId
 from gangline.fold.adapter import wire_placements
-from gangline.fold.cluster import FOLDED_EVENTS, ClusterFold
+from gangline.fold.cluster import ClusterFold
 from services.common.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,6 @@ LIVE_POLICY = PreemptionPolicy(evict_in_cycle=False)
 checkpoint protocol. It grows elastic jobs into idle GPUs (it owns them): :func:`grow`."""
 UNSUPPORTED_HARDWARE = "unsupported_hardware"
 """The ``node.rejected`` (and dead-letter) code of a node whose hardware the core cannot model."""
-
-
-POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
-"""What a pool's placement folds (gangline.core.pools): a job is its pool's from the ``job.queued`` that
-routes it there (which carries the spec); a ``job.admitted`` on its partition may be of another pool's job."""
 
 
 @dataclass

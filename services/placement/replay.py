@@ -45,7 +45,7 @@ from gangline.core.waiting import FRONT_OF_LINE
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.base import Envelope
 from gangline.events.jobs import JobCancelRequested, JobPending, JobPlaced, JobResizing
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from gangline.replay.log import LogRecord
 from services.common.replay import (
     NO_TIME,
@@ -66,7 +66,7 @@ from services.common.replay import (
     main as replay_main,
 )
 from services.common.topics import TopicNames
-from services.placement.handlers import POOL_FOLDED_EVENTS, SOURCE, PlacementState, end_batch, fold_event
+from services.placement.handlers import SOURCE, PlacementState, end_batch, fold_event
 
 NAME = "placement-service"
 """The decider's name for `gangline replay --decider`."""

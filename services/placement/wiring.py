@@ -7,21 +7,19 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
-from gangline.bus.pools import to_pool
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
-from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
+from services.common.pools import Seat, home_pools, restore_and_process_seat, run_seats, seats
 from services.common.queues import Queues, unlimited_queues
 from services.common.select import or_resize_grants, select_types
 from services.common.shell import restore_and_process
 from services.placement import metrics as placement_metrics
 from services.placement.handlers import (
-    POOL_FOLDED_EVENTS,
     PlacementState,
     end_batch,
     fold_event,
@@ -139,11 +137,17 @@ async def main_pools(settings: PlacementSettings, layout: PoolLayout) -> None:
             return end_batch(state, cause=cause, now=datetime.now(UTC))
 
         base = processor_settings(settings, SERVICE, [*inputs, topics.heartbeats, topics.requests])
-        await restore_and_process(
-            seat_settings(base, seat, topics.pooled()),
+        await restore_and_process_seat(
+            seat,
+            base,
             state,
             handle,
+            service=SERVICE,
+            topics=topics,
             restore_topics=inputs,
+            snapshots=settings,
+            snapshot_config=snapshot_config(state),
+            metrics=metrics,
             select=select_types(
                 {
                     **dict.fromkeys(POOL_FOLDED_EVENTS, True),
@@ -154,24 +158,8 @@ async def main_pools(settings: PlacementSettings, layout: PoolLayout) -> None:
                 not_ours=frozenset({topics.requests}),
             ),
             restore_select=select_types(dict.fromkeys(POOL_FOLDED_EVENTS, True)),
-            lock_topic=topics.inventory,
             end_batch=cycle,
-            record_inputs=True,
             refusal=refused_registration,
-            metrics=metrics if seat.home else None,
-            # Every output to the pool's partition: what the pool decides is read back by its next owner.
-            partition_of=to_pool(seat.partition, topics.pooled()),
-            # Its own pools come back to it from the replica that took them over while it was away.
-            lock_home=seat.home,
-            # The pool's state, on the pool's partition of the snapshot topic: its next owner loads it.
-            snapshots=settings.state_snapshots(
-                state,
-                topic=topics.snapshots(SERVICE),
-                service=SERVICE,
-                restore_topics=inputs,
-                config={**snapshot_config(state), "pool": seat.pool},
-                partition=seat.partition,
-            ),
         )
 
     log.info("placement pools", extra={"pools": str(layout), "home": sorted(home)})

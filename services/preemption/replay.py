@@ -36,7 +36,7 @@ from datetime import datetime
 
 from gangline.bus import Outgoing
 from gangline.events.base import Envelope
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from gangline.replay.log import LogRecord
 from services.common.env import topic_names
 from services.common.replay import (
@@ -57,7 +57,7 @@ NAME = "preemption"
 
 WANTED = frozenset({*FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 """What the live ``select`` decodes (heartbeats too, while a victim is asked to checkpoint)."""
-POOL_WANTED = WANTED - {"job.admitted"}
+POOL_WANTED = frozenset({*POOL_FOLDED_EVENTS, "job.pending", "job.checkpointed"})
 """What a pool's preemption decodes: it learns a job from its ``job.routed`` (gangline.core.pools)."""
 
 

@@ -6,16 +6,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gangline.bus import Outgoing, RecordMeta
-from gangline.bus.pools import to_pool
 from gangline.core.actions.queueing import PreemptionPolicy
 from gangline.core.defaults import default_profile, placement_registry
 from gangline.core.framework.profile import load_profile_file
 from gangline.core.pools import PoolLayout
 from gangline.events.base import Envelope
-from gangline.fold.cluster import FOLDED_EVENTS
+from gangline.fold.cluster import FOLDED_EVENTS, POOL_FOLDED_EVENTS
 from services.common.env import processor_settings, topic_names
 from services.common.metrics import ServiceMetrics
-from services.common.pools import Seat, home_pools, run_seats, seat_settings, seats
+from services.common.pools import Seat, home_pools, restore_and_process_seat, run_seats, seats
 from services.common.queues import Queues, load_queues
 from services.common.select import select_types
 from services.common.shell import restore_and_process
@@ -103,10 +102,6 @@ async def main(settings: PreemptionSettings) -> None:
         )
 
 
-POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
-"""What a pool's preemption folds: a job is its pool's from its ``job.routed`` (gangline.core.pools)."""
-
-
 async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
     """Preemption with pools: one seat per pool (services.common.pools); victims only in the pool's nodes,
     for the pool's waiting jobs (a gang never spans pools, so what would free room for it is in its pool)."""
@@ -134,11 +129,17 @@ async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
             return end_batch(state, now=datetime.now(UTC))
 
         base = processor_settings(settings, SERVICE, [*inputs, topics.heartbeats])
-        await restore_and_process(
-            seat_settings(base, seat, topics.pooled()),
+        await restore_and_process_seat(
+            seat,
+            base,
             state,
             handle,
+            service=SERVICE,
+            topics=topics,
             restore_topics=inputs,
+            snapshots=settings,
+            snapshot_config=snapshot_config(state),
+            metrics=metrics,
             select=select_types(
                 {
                     **dict.fromkeys(POOL_FOLDED_EVENTS, True),
@@ -150,21 +151,7 @@ async def main_pools(settings: PreemptionSettings, layout: PoolLayout) -> None:
             restore_select=select_types(
                 {**dict.fromkeys(POOL_FOLDED_EVENTS, True), "job.pending": True, "job.checkpointed": True}
             ),
-            lock_topic=topics.inventory,
             end_batch=search,
-            record_inputs=True,
-            metrics=metrics if seat.home else None,
-            partition_of=to_pool(seat.partition, topics.pooled()),
-            # Its own pools come back to it from the replica that took them over while it was away.
-            lock_home=seat.home,
-            snapshots=settings.state_snapshots(
-                state,
-                topic=topics.snapshots(SERVICE),
-                service=SERVICE,
-                restore_topics=inputs,
-                config={**snapshot_config(state), "pool": seat.pool},
-                partition=seat.partition,
-            ),
         )
 
     async with metrics.serve(settings):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,10 @@ class LogReader:
     def of(self, topic: str, kind: type[Any]) -> list[Any]:
         return [e.data for e in self.events[topic] if isinstance(e.data, kind)]
 
+    def grants(self, topic: str, job: str) -> list[AllocationGranted]:
+        """The grants to ``job`` read so far from ``topic`` (the allocations log), in log order."""
+        return [g for g in self.of(topic, AllocationGranted) if g.job_id == job]
+
 
 async def end_offsets(bootstrap: str, topic: str) -> int:
     # Subscribed to it, so that starting fetches its metadata (its partitions).
@@ -271,6 +276,64 @@ def start_pipeline(
     for name, make in mains.items():
         if only is None or name in only:
             tasks.start(name, make())
+
+
+async def start_cluster(
+    tasks: Tasks, cluster: FakeCluster, env: Mapping[str, str], *, only: tuple[str, ...] | None = None
+) -> None:
+    """The fake nodes as a task, until they registered; then the decision services (``only`` those) as
+    tasks (:func:`start_pipeline`)."""
+    tasks.start("fake-nodes", cluster.run())
+    await cluster.ready.wait()
+    start_pipeline(tasks, env, only=only)
+
+
+def placement_replica(
+    env: Mapping[str, str], instance_id: str, log_path: Path, *, pool: str | None = None
+) -> Proc:
+    """A placement replica as its own process (not started), leading ``pool`` first when given."""
+    group = {"GANGLINE_POOL_GROUP": pool} if pool is not None else {}
+    return Proc("services.placement", {**env, "GANGLINE_INSTANCE_ID": instance_id, **group}, log_path)
+
+
+def placement_requests(
+    prefix: str, count: int, *, seed: int, workers: int | Sequence[int], gpus_per_worker: Sequence[int]
+) -> list[tuple[str, bytes]]:
+    """``count`` one-second jobs ``<prefix>-000``... in the default queue, of shapes drawn with ``seed``
+    (``workers`` fixed, or drawn from those given, before each job's GPUs per worker)."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        job = f"{prefix}-{i:03d}"
+        shape = {
+            "workers": workers if isinstance(workers, int) else rng.choice(workers),
+            "gpus_per_worker": rng.choice(gpus_per_worker),
+        }
+        jobs.append((job, request_bytes(job, queue="default", **shape, duration_hint_s=1)))
+    return jobs
+
+
+URGENT = "urgent"
+"""The urgent gang of the preemption stories: 2 x 8 GPUs at priority 100, one second long."""
+
+
+async def urgent_gang_after(
+    log: LogReader,
+    bootstrap: str,
+    topics: TopicNames,
+    victims: Sequence[str],
+    *,
+    timeout_s: float,
+    check: Callable[[], None],
+) -> None:
+    """Once every one of ``victims`` holds a grant (the cluster full of them), send the urgent gang."""
+    await log.until(
+        lambda: all(log.grants(topics.allocations, v) for v in victims), timeout_s=timeout_s, check=check
+    )
+    gang = request_bytes(
+        URGENT, queue="default", workers=2, gpus_per_worker=8, priority=100, duration_hint_s=1
+    )
+    await send_raw(bootstrap, topics.requests, [(URGENT, gang)])
 
 
 def request_bytes(job_id: str, **data: Any) -> bytes:

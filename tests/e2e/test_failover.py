@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 from pathlib import Path
 
@@ -13,11 +12,12 @@ from e2e.harness import (
     Tasks,
     audit_allocations,
     fake_cluster,
+    placement_replica,
+    placement_requests,
     private_topics,
-    request_bytes,
     send_raw,
     service_env,
-    start_pipeline,
+    start_cluster,
 )
 from gangline.events.allocations import AllocationGranted
 
@@ -27,36 +27,14 @@ JOBS = 120
 async def test_a_standby_placement_takes_over_when_the_leader_dies(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    rng = random.Random(3)
-    jobs = [
-        (
-            f"f-{i:03d}",
-            request_bytes(
-                f"f-{i:03d}",
-                queue="default",
-                workers=rng.choice([1, 2]),
-                gpus_per_worker=rng.choice([1, 2, 4]),
-                duration_hint_s=1,
-            ),
-        )
-        for i in range(JOBS)
-    ]
+    jobs = placement_requests("f", JOBS, seed=3, workers=(1, 2), gpus_per_worker=(1, 2, 4))
     async with private_topics(kafka_bootstrap, "failover") as topics:
         env = service_env(kafka_bootstrap, topics, session_timeout_ms="3000")
-        replicas = [
-            Proc(
-                "services.placement",
-                {**env, "GANGLINE_INSTANCE_ID": f"p{k}"},
-                tmp_path / f"placement-{k}.log",
-            )
-            for k in range(2)
-        ]
+        replicas = [placement_replica(env, f"p{k}", tmp_path / f"placement-{k}.log") for k in range(2)]
         cluster = fake_cluster(kafka_bootstrap, topics, time_scale=0.2, heartbeat_s=0.5)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env, only=("admission", "quota"))
+            await start_cluster(tasks, cluster, env, only=("admission", "quota"))
             replicas[0].start()
             await asyncio.sleep(3)  # p0 takes the lock first
             replicas[1].start()
@@ -104,33 +82,15 @@ async def test_a_leader_stopped_past_its_lock_is_replaced_and_fenced_when_it_res
     """A false failover (the leader frozen past the lock's session, as by a long GC pause or a SIGSTOP):
     the standby takes over, the old leader resumes and is fenced (it exits), and no job is granted twice
     nor lost, no GPU held twice."""
-    rng = random.Random(5)
-    jobs = [
-        (
-            f"s-{i:03d}",
-            request_bytes(
-                f"s-{i:03d}",
-                queue="default",
-                workers=rng.choice([1, 2]),
-                gpus_per_worker=rng.choice([1, 2, 4]),
-                duration_hint_s=1,
-            ),
-        )
-        for i in range(JOBS)
-    ]
+    jobs = placement_requests("s", JOBS, seed=5, workers=(1, 2), gpus_per_worker=(1, 2, 4))
     async with private_topics(kafka_bootstrap, "stopped") as topics:
         env = service_env(kafka_bootstrap, topics)  # the default lock session (1.5 s)
-        replicas = [
-            Proc("services.placement", {**env, "GANGLINE_INSTANCE_ID": f"p{k}"}, tmp_path / f"p{k}.log")
-            for k in range(2)
-        ]
+        replicas = [placement_replica(env, f"p{k}", tmp_path / f"p{k}.log") for k in range(2)]
         old, new = replicas
         cluster = fake_cluster(kafka_bootstrap, topics, time_scale=0.2, heartbeat_s=0.5)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env, only=("admission", "quota"))
+            await start_cluster(tasks, cluster, env, only=("admission", "quota"))
             old.start()
             await logged(old, '"leadership acquired"')
             new.start()

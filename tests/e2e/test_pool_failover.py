@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import signal
 import time
 from datetime import datetime
@@ -31,11 +30,12 @@ from e2e.harness import (
     Tasks,
     audit_allocations,
     fake_cluster,
+    placement_replica,
+    placement_requests,
     private_topics,
-    request_bytes,
     send_raw,
     service_env,
-    start_pipeline,
+    start_cluster,
 )
 from gangline.bus.positions import INCARNATION_HEADER
 from gangline.cluster_spec import load_cluster_spec
@@ -95,20 +95,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rng = random.Random(11)
-    jobs = [
-        (
-            f"pl-{i:03d}",
-            request_bytes(
-                f"pl-{i:03d}",
-                queue="default",
-                workers=rng.choice([1, 2]),
-                gpus_per_worker=rng.choice([1, 2, 4, 8]),
-                duration_hint_s=1,
-            ),
-        )
-        for i in range(JOBS + BACK_JOBS)
-    ]
+    jobs = placement_requests("pl", JOBS + BACK_JOBS, seed=11, workers=(1, 2), gpus_per_worker=(1, 2, 4, 8))
     spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
     pool_of_node = {r.node: r.spine for r in spec.registrations()}
     async with private_topics(kafka_bootstrap, "pools") as topics:
@@ -121,19 +108,13 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
             snapshot_every_events="5",
         )
         replicas = [
-            Proc(
-                "services.placement",
-                {**env, "GANGLINE_INSTANCE_ID": f"p{k}", "GANGLINE_POOL_GROUP": pool},
-                tmp_path / f"placement-{k}.log",
-            )
+            placement_replica(env, f"p{k}", tmp_path / f"placement-{k}.log", pool=pool)
             for k, pool in enumerate(("spine-a", "spine-b"))
         ]
         cluster = fake_cluster(kafka_bootstrap, topics, spec, time_scale=0.2, heartbeat_s=0.5)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env, only=("admission", "quota"))
+            await start_cluster(tasks, cluster, env, only=("admission", "quota"))
             for proc in replicas:
                 proc.start()
             loop = asyncio.get_running_loop()
@@ -206,11 +187,7 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
 
                 # p0 back: spine-a's lock goes home, p1's seat of it stands by again.
                 back_at = time.time()
-                back = Proc(
-                    "services.placement",
-                    {**env, "GANGLINE_INSTANCE_ID": "p0", "GANGLINE_POOL_GROUP": "spine-a"},
-                    tmp_path / "placement-0-back.log",
-                )
+                back = placement_replica(env, "p0", tmp_path / "placement-0-back.log", pool="spine-a")
                 replicas.append(back)
                 back.start()
                 deadline = loop.time() + 120
@@ -307,37 +284,18 @@ async def test_a_pools_owner_frozen_past_its_lock_is_replaced_for_that_pool_and_
     """A false failover of one pool (its owner frozen past the lock's session, as by a long GC pause):
     the other replica takes the pool over; the frozen one resumes, learns it lost, and exits, having
     committed nothing meanwhile (the pool's transactional id is the new owner's now)."""
-    rng = random.Random(13)
-    jobs = [
-        (
-            f"pz-{i:03d}",
-            request_bytes(
-                f"pz-{i:03d}",
-                queue="default",
-                workers=1,
-                gpus_per_worker=rng.choice([1, 2, 4, 8]),
-                duration_hint_s=1,
-            ),
-        )
-        for i in range(JOBS)
-    ]
+    jobs = placement_requests("pz", JOBS, seed=13, workers=1, gpus_per_worker=(1, 2, 4, 8))
     spec = load_cluster_spec(ROOT / "deploy" / "clusters" / "pools.yaml")
     async with private_topics(kafka_bootstrap, "poolz") as topics:
         env = service_env(kafka_bootstrap, topics, pools=POOLS, pool_standby_delay_s=STANDBY_DELAY_S)
         old, new = (
-            Proc(
-                "services.placement",
-                {**env, "GANGLINE_INSTANCE_ID": f"z{k}", "GANGLINE_POOL_GROUP": pool},
-                tmp_path / f"z{k}.log",
-            )
+            placement_replica(env, f"z{k}", tmp_path / f"z{k}.log", pool=pool)
             for k, pool in enumerate(("spine-a", "spine-b"))
         )
         cluster = fake_cluster(kafka_bootstrap, topics, spec, time_scale=0.2, heartbeat_s=0.5)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env, only=("admission", "quota"))
+            await start_cluster(tasks, cluster, env, only=("admission", "quota"))
             old.start()
             new.start()
             loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import (
+    URGENT,
     LogReader,
     Tasks,
     audit_allocations,
@@ -21,7 +22,8 @@ from e2e.harness import (
     request_bytes,
     send_raw,
     service_env,
-    start_pipeline,
+    start_cluster,
+    urgent_gang_after,
 )
 from gangline.cluster_spec import ClusterSpec, NodeGroup, Pools
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -68,25 +70,21 @@ async def test_preemption_and_node_health_decide_per_pool_and_replay_identical(
         cluster = fake_cluster(kafka_bootstrap, topics, spec, heartbeat_s=0.3)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env)
+            await start_cluster(tasks, cluster, env)
             victims = [f"low-{i}" for i in range(8)]
             low = {"queue": "default", "workers": 1, "gpus_per_worker": 4, "preemptible": True}
             await send_raw(kafka_bootstrap, topics.requests, [(v, request_bytes(v, **low)) for v in victims])
             async with LogReader(kafka_bootstrap, [topics.allocations, topics.health, topics.events]) as log:
 
                 def grants(job: str) -> list[AllocationGranted]:
-                    return [g for g in log.of(topics.allocations, AllocationGranted) if g.job_id == job]
+                    return log.grants(topics.allocations, job)
 
-                await log.until(lambda: all(grants(v) for v in victims), timeout_s=90, check=tasks.check)
-                urgent = request_bytes(
-                    "urgent", queue="default", workers=2, gpus_per_worker=8, priority=100, duration_hint_s=1
+                await urgent_gang_after(
+                    log, kafka_bootstrap, topics, victims, timeout_s=90, check=tasks.check
                 )
-                await send_raw(kafka_bootstrap, topics.requests, [("urgent", urgent)])
-                await log.until(lambda: bool(grants("urgent")), timeout_s=90, check=tasks.check)
+                await log.until(lambda: bool(grants(URGENT)), timeout_s=90, check=tasks.check)
                 routed = {r.job_id: r.pool for r in log.of(topics.events, JobRouted)}
-                urgent_pool = routed["urgent"]
+                urgent_pool = routed[URGENT]
                 other = pools[1 - pools.index(urgent_pool)]
                 doomed = next(g.placements[0].node for v in victims if routed[v] == other for g in grants(v))
                 await cluster.fail_node(doomed)

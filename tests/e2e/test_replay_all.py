@@ -28,7 +28,9 @@ from e2e.harness import (
     request_bytes,
     send_raw,
     service_env,
+    start_cluster,
     start_pipeline,
+    urgent_gang_after,
 )
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -89,9 +91,7 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
         cluster = fake_cluster(kafka_bootstrap, topics, two_nodes(), heartbeat_s=0.3)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env)
+            await start_cluster(tasks, cluster, env)
             victims = [f"low-{i}" for i in range(4)]
             low = {"queue": "default", "workers": 1, "gpus_per_worker": 4, "preemptible": True}
             await send_raw(
@@ -103,13 +103,11 @@ async def test_every_service_replays_identical_after_a_preemption_and_a_node_fai
             async with LogReader(kafka_bootstrap, [topics.allocations, topics.health, topics.events]) as log:
 
                 def grants(job: str) -> list[AllocationGranted]:
-                    return [g for g in log.of(topics.allocations, AllocationGranted) if g.job_id == job]
+                    return log.grants(topics.allocations, job)
 
-                await log.until(lambda: all(grants(v) for v in victims), timeout_s=60, check=tasks.check)
-                urgent = request_bytes(
-                    "urgent", queue="default", workers=2, gpus_per_worker=8, priority=100, duration_hint_s=1
+                await urgent_gang_after(
+                    log, kafka_bootstrap, topics, victims, timeout_s=60, check=tasks.check
                 )
-                await send_raw(kafka_bootstrap, topics.requests, [("urgent", urgent)])
                 await log.until(
                     lambda: all(len(grants(v)) == 2 for v in victims), timeout_s=60, check=tasks.check
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from e2e.harness import (
+    URGENT,
     LogReader,
     Tasks,
     audit_allocations,
@@ -13,7 +14,8 @@ from e2e.harness import (
     request_bytes,
     send_raw,
     service_env,
-    start_pipeline,
+    start_cluster,
+    urgent_gang_after,
 )
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased
@@ -46,9 +48,7 @@ async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
         cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(2))
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env)
+            await start_cluster(tasks, cluster, env)
             victims = [f"low-{i}" for i in range(4)]
             await send_raw(
                 kafka_bootstrap,
@@ -71,15 +71,13 @@ async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
             async with LogReader(kafka_bootstrap, [topics.events, topics.allocations]) as log:
 
                 def grants(job: str) -> list[AllocationGranted]:
-                    return [g for g in log.of(topics.allocations, AllocationGranted) if g.job_id == job]
+                    return log.grants(topics.allocations, job)
 
-                await log.until(lambda: all(grants(v) for v in victims), timeout_s=60, check=tasks.check)
-                # The cluster is full; an urgent gang of 2 x 8 GPUs arrives.
-                urgent = request_bytes(
-                    "urgent", queue="default", workers=2, gpus_per_worker=8, priority=100, duration_hint_s=1
+                # The cluster full, an urgent gang of 2 x 8 GPUs arrives.
+                await urgent_gang_after(
+                    log, kafka_bootstrap, topics, victims, timeout_s=60, check=tasks.check
                 )
-                await send_raw(kafka_bootstrap, topics.requests, [("urgent", urgent)])
-                await log.until(lambda: bool(grants("urgent")), timeout_s=60, check=tasks.check)
+                await log.until(lambda: bool(grants(URGENT)), timeout_s=60, check=tasks.check)
                 # ... and once it is done, the victims resume from their checkpoints.
                 await log.until(
                     lambda: all(len(grants(v)) == 2 for v in victims), timeout_s=60, check=tasks.check
@@ -97,7 +95,7 @@ async def test_preemption_story(kafka_bootstrap: str, tmp_path: Path) -> None:
             )
             releases = [r for r in log.of(topics.allocations, AllocationReleased) if r.reason == "preempted"]
             assert sorted(r.job_id for r in releases) == sorted(victims)
-            assert len(grants("urgent")) == 1 and len(grants("urgent")[0].placements) == 2
+            assert len(grants(URGENT)) == 1 and len(grants(URGENT)[0].placements) == 2
             assert audit_allocations(log.stamped[topics.allocations]) == []
         finally:
             await tasks.stop()
@@ -123,9 +121,7 @@ async def test_node_failure_story(kafka_bootstrap: str) -> None:
         cluster = fake_cluster(kafka_bootstrap, topics, h100_nodes(3), heartbeat_s=0.3)
         tasks = Tasks()
         try:
-            tasks.start("fake-nodes", cluster.run())
-            await cluster.ready.wait()
-            start_pipeline(tasks, env)
+            await start_cluster(tasks, cluster, env)
             gang = request_bytes("gang", queue="default", workers=2, gpus_per_worker=8)
             await send_raw(kafka_bootstrap, topics.requests, [("gang", gang)])
             async with LogReader(kafka_bootstrap, [topics.events, topics.allocations, topics.health]) as log:

@@ -99,6 +99,9 @@ FOLDED_EVENTS = (
     "allocation.released",
 )
 """The event types the fold reads (cancellations, read from jobs.requests, end as job.failed)."""
+POOL_FOLDED_EVENTS = tuple(t for t in FOLDED_EVENTS if t != "job.admitted")
+"""What a pool's fold reads (gangline.core.pools): a job is its pool's from the ``job.queued`` that routes it
+there (which carries the spec); a ``job.admitted`` on the pool's partition may be of another pool's job."""
 
 FINAL_RELEASES = frozenset({"completed", "failed", "cancelled"})
 """Release reasons after which the job is over."""

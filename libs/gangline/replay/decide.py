@@ -25,30 +25,13 @@ from gangline.core.defaults import default_profile
 from gangline.core.framework.cycle import apply_plan, run_cycle
 from gangline.core.framework.plan import Placed
 from gangline.core.framework.profile import Profile
-from gangline.core.mig import MigProfileName
-from gangline.core.model import (
-    AllocationId,
-    DomainId,
-    Gpu,
-    GpuId,
-    GpuMode,
-    GpuModel,
-    Job,
-    JobId,
-    MiB,
-    Milli,
-    Node,
-    NodeId,
-    QueueName,
-    Seconds,
-    TopologyConstraint,
-    TopologyLevel,
-    TopologyMode,
-)
+from gangline.core.model import AllocationId, Job, JobId, Node, NodeId
 from gangline.core.snapshot import Snapshot
 from gangline.events.base import JsonObject
 from gangline.events.codec import dumps
 from gangline.events.jobs import JobRequested
+from gangline.events.nodes import NodeRegistered
+from gangline.fold.adapter import core_job, core_node, wire_placements
 from gangline.replay.log import LogRecord
 
 GRANTED = "gangline.allocation.granted.v1"
@@ -63,55 +46,9 @@ def wire_allocation_id(job_id: JobId, cycle: int) -> AllocationId:
     return AllocationId(f"{job_id}.c{cycle}")
 
 
-def job_from_request(data: JsonObject) -> Job:
-    """The core `Job` of a `job.requested` payload."""
-    topo = data.get("topology")
-    milli = data.get("gpu_fraction_milli")
-    mig = data.get("mig_profile")
-    hint = data.get("duration_hint_s")
-    return Job(
-        id=JobId(data["job_id"]),
-        queue=QueueName(data["queue"]),
-        workers=int(data["workers"]),
-        gpus_per_worker=max(1, int(data.get("gpus_per_worker") or 1)),
-        gpu_type=GpuModel(data["gpu_type"]) if data.get("gpu_type") else None,
-        gpu_memory_mib=MiB(data["gpu_memory_mib"]) if data.get("gpu_memory_mib") else None,
-        mig_profile=MigProfileName(mig) if mig else None,
-        gpu_milli=Milli(milli) if milli else None,
-        priority=int(data.get("priority") or 0),
-        preemptible=bool(data.get("preemptible")),
-        checkpoint_grace_s=Seconds(int(data.get("checkpoint_grace_s") or 0)),
-        topology=(
-            TopologyConstraint(TopologyLevel.parse(topo["level"]), TopologyMode(topo.get("mode", "required")))
-            if topo
-            else None
-        ),
-        min_workers=data.get("min_workers"),
-        duration_hint_s=Seconds(int(hint)) if hint else None,
-    )
-
-
 def node_from_registration(data: JsonObject) -> Node:
-    """The core `Node` of a `node.registered` payload (MIG-enabled GPUs in MIG mode)."""
-    node = NodeId(data["node"])
-    gpus = tuple(
-        Gpu(
-            GpuId(g["id"]),
-            int(g["index"]),
-            GpuModel(g["model"]),
-            MiB(int(g["memory_mib"])),
-            mode=GpuMode.MIG if g.get("mig_enabled") else GpuMode.WHOLE,
-        )
-        for g in data.get("gpus", [])
-    )
-    domain = data.get("nvlink_domain")
-    return Node(
-        id=node,
-        gpus=gpus,
-        leaf=DomainId(data["leaf"]),
-        spine=DomainId(data["spine"]),
-        nvlink_domain=DomainId(domain) if domain and domain != node else None,
-    )
+    """The core `Node` of a `node.registered` payload, as the services see it (every GPU usable)."""
+    return core_node(NodeRegistered.model_validate(data), cordoned=False, unusable_gpus=frozenset())
 
 
 def granted_payload(placed: Placed, snapshot: Snapshot) -> JsonObject:
@@ -119,24 +56,12 @@ def granted_payload(placed: Placed, snapshot: Snapshot) -> JsonObject:
     a = placed.allocation
     first = a.placements[0]
     model = snapshot.models[snapshot.g_model[snapshot.gpu_pos[first.gpus[0]]]]
-    placements: list[JsonObject] = []
-    for p in a.placements:
-        entry: JsonObject = {
-            "rank": p.rank,
-            "node": p.node,
-            "gpus": list(p.gpus),
-            "mig": {"gpu": p.gpus[0], "profile": p.mig.profile, "instance_id": p.mig.start}
-            if p.mig
-            else None,
-            "gpu_fraction_milli": p.milli,
-        }
-        placements.append(entry)
     return {
         "job_id": placed.job.id,
         "allocation_id": a.id,
         "queue": placed.job.queue,
         "gpu_type": model,
-        "placements": placements,
+        "placements": [p.model_dump(mode="json") for p in wire_placements(a)],
         "resizes": None,  # this model places jobs; it never resizes one
     }
 
@@ -164,10 +89,10 @@ class PlacementModel:
             self.snapshot = Snapshot.build(list(self.nodes.values()), running)
         elif t == REQUESTED:
             try:
-                JobRequested.model_validate(data)
-                job = job_from_request(data)
-            except (KeyError, TypeError, ValueError):
+                request = JobRequested.model_validate(data)
+            except ValueError:
                 return []  # a request admission rejected (workers 0, no queue, ...): never placed
+            job = core_job(request.job_id, request)
             if job.id in self.pending or job.id in self.snapshot.running:
                 return []  # a duplicate request (idempotency by job id)
             self.pending[job.id] = job

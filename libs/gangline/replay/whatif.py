@@ -19,7 +19,9 @@ from datetime import datetime
 
 from gangline.core.defaults import default_profile
 from gangline.core.framework.profile import Profile
-from gangline.core.model import GpuModel, JobId, Milli, Node, QueueName
+from gangline.core.model import Node
+from gangline.events.jobs import JobRequested
+from gangline.fold.adapter import core_job
 from gangline.queues_file import QueuesFile, queues_of
 from gangline.replay.decide import GRANTED, REGISTERED, RELEASED, REQUESTED, node_from_registration
 from gangline.replay.log import LogRecord
@@ -39,7 +41,7 @@ def _time(r: LogRecord) -> float:
 def workload_from_log(records: Sequence[LogRecord]) -> tuple[list[Node], list[TraceJob]]:
     """The registered nodes and the requested jobs with their recorded run times."""
     nodes: dict[str, Node] = {}
-    requested: dict[str, tuple[float, dict[str, object]]] = {}
+    requested: dict[str, tuple[float, JobRequested]] = {}
     granted: dict[str, float] = {}
     ran: dict[str, float] = {}
     for r in records:
@@ -49,8 +51,11 @@ def workload_from_log(records: Sequence[LogRecord]) -> tuple[list[Node], list[Tr
         if r.type == REGISTERED:
             n = node_from_registration(data)
             nodes[n.id] = n
-        elif r.type == REQUESTED:
-            requested.setdefault(data["job_id"], (_time(r), data))
+        elif r.type == REQUESTED and data.get("job_id") not in requested:
+            try:
+                requested[data["job_id"]] = (_time(r), JobRequested.model_validate(data))
+            except ValueError:
+                continue  # a request admission rejected (workers 0, no queue, ...): it never ran
         elif r.type == GRANTED:
             granted[data["job_id"]] = _time(r)
         elif r.type == RELEASED and data["job_id"] in granted:
@@ -59,23 +64,23 @@ def workload_from_log(records: Sequence[LogRecord]) -> tuple[list[Node], list[Tr
         return list(nodes.values()), []
     t0 = min(t for t, _ in requested.values())
     jobs: list[TraceJob] = []
-    for jid, (t, d) in sorted(requested.items(), key=lambda kv: (kv[1][0], kv[0])):
-        hint = d.get("duration_hint_s")
-        duration = ran.get(jid) or (float(hint) if isinstance(hint, int | float) else 1.0)
-        milli = d.get("gpu_fraction_milli")
-        gpu_type = d.get("gpu_type")
+    for jid, (t, request) in sorted(requested.items(), key=lambda kv: (kv[1][0], kv[0])):
+        job = core_job(request.job_id, request)
+        duration = ran.get(jid) or (float(job.duration_hint_s) if job.duration_hint_s is not None else 1.0)
         jobs.append(
             TraceJob(
-                id=JobId(jid),
+                id=job.id,
                 submit_s=t - t0,
                 duration_s=max(1.0, duration),
-                queue=QueueName(str(d["queue"])),
-                workers=int(str(d["workers"])),
-                gpus_per_worker=max(1, int(str(d.get("gpus_per_worker") or 1))),
-                gpu_milli=Milli(int(str(milli))) if milli else None,
-                gpu_type=GpuModel(str(gpu_type)) if gpu_type else None,
-                priority=int(str(d.get("priority") or 0)),
-                preemptible=bool(d.get("preemptible")),
+                queue=job.queue,
+                workers=job.workers,
+                gpus_per_worker=job.gpus_per_worker,
+                gpu_milli=job.gpu_milli,
+                gpu_type=job.gpu_type,
+                priority=job.priority,
+                preemptible=job.preemptible,
+                time_limit_s=job.time_limit_s,
+                min_workers=job.min_workers,
             )
         )
     return list(nodes.values()), jobs

@@ -5,20 +5,17 @@ heartbeats), deciding the same."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
-from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.producer import EventProducer
 from gangline.bus.snapshots import Snapshot, read_latest
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
-from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobSpec
 from gangline.events.nodes import GpuErrorReported, GpuHealthChanged, HealthCause, NodeFailed, NodeHeartbeat
 from gangline.events.types import AllocationId, GpuId, JobId, NodeId
@@ -39,7 +36,6 @@ from services.node_health.wiring import (
 
 pytestmark = pytest.mark.kafka
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 XID = HealthCause(kind="xid", message="xid.13: graphics engine exception", xid=13)
 SPEC = ClusterSpec(
     name="nhsnap",
@@ -47,20 +43,6 @@ SPEC = ClusterSpec(
         NodeGroup(name="n", count=3, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l"),
     ),
 )
-
-
-@contextlib.asynccontextmanager
-async def private_topics(bootstrap: str) -> AsyncIterator[TopicNames]:
-    topics = TopicNames(prefix=f"t-nhsnap-{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics.specs())
-    try:
-        yield topics
-    finally:
-        await delete_topics(bootstrap, [s.name for s in topics.specs()])
-
-
-def envelope(event: Event, at: float) -> Envelope:
-    return make_envelope(event, event_id=uuid.uuid4().hex, source="test", time=T0 + timedelta(seconds=at))
 
 
 def granted(job: str, node: str, at: float) -> Envelope:
@@ -155,53 +137,42 @@ def next_decisions(state: NodeHealthState, started: datetime) -> list[Envelope]:
 
 
 async def test_a_restart_from_node_healths_snapshot_and_the_tail_decides_as_one_from_the_whole_log(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, service_topics: TopicNames, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
-    async with private_topics(kafka_bootstrap) as topics:
-        settings = NodeHealthSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=topics.prefix,
-            group_prefix=f"g-{topics.prefix.rstrip('.')}",
-            instance_id="i0",
-            metrics_port=None,
-            silence_s=3600,
-            snapshot_every_events=4,
-        )
-        service = asyncio.create_task(main(settings))
-        try:
-            async with EventProducer(kafka_bootstrap) as producer:
-                for node in SPEC.registrations():
-                    await producer.publish(topics.inventory, envelope(node, 0))
-                for k, node in enumerate(("n-0", "n-1", "n-2")):
-                    spec = JobSpec(queue="default", workers=1, gpus_per_worker=1)
-                    await producer.publish(
-                        topics.events, envelope(JobAdmitted(job_id=JobId(f"j{k}"), spec=spec), 1)
-                    )
-                    await producer.publish(topics.allocations, granted(f"j{k}", node, 2 + k))
-                # Three job-fault XIDs drain n-0/gpu3; one on n-1/gpu1; n-2 fails (its gang released).
-                for k in range(3):
-                    await producer.publish(topics.health, xid("n-0", "gpu3", 10 + k))
-                await producer.publish(topics.health, xid("n-1", "gpu1", 14))
-                await node_health_said(kafka_bootstrap, topics, released=0, degraded=1)
-                failed = NodeFailed(node=NodeId("n-2"), code="agent_reported", reason="it died")
-                await producer.publish(topics.health, envelope(failed, 15))
-                await node_health_said(kafka_bootstrap, topics, released=1, degraded=1)
-                await latest_snapshot(kafka_bootstrap, topics, covering=5)
-                # After the snapshot: n-0 fails too, and n-2 registers again.
-                failed = NodeFailed(node=NodeId("n-0"), code="agent_reported", reason="psu")
-                await producer.publish(topics.health, envelope(failed, 20))
-                await producer.publish(topics.inventory, envelope(SPEC.registrations()[2], 21))
-                await node_health_said(kafka_bootstrap, topics, released=2, degraded=1)
-        finally:
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
-        latest = await read_latest(kafka_bootstrap, topics.snapshots(SERVICE))
-        assert latest is not None and latest.manifest.chunks > 1
-        started = T0 + timedelta(hours=1)
-        from_snapshot, tail = await rebuilt(settings, topics, started, snapshot=True)
-        from_log, whole = await rebuilt(settings, topics, started, snapshot=False)
+    settings = NodeHealthSettings(
+        **on_topics(kafka_bootstrap, service_topics),
+        silence_s=3600,
+        snapshot_every_events=4,
+    )
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in SPEC.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        for k, node in enumerate(("n-0", "n-1", "n-2")):
+            spec = JobSpec(queue="default", workers=1, gpus_per_worker=1)
+            await producer.publish(
+                service_topics.events, envelope(JobAdmitted(job_id=JobId(f"j{k}"), spec=spec), 1)
+            )
+            await producer.publish(service_topics.allocations, granted(f"j{k}", node, 2 + k))
+        # Three job-fault XIDs drain n-0/gpu3; one on n-1/gpu1; n-2 fails (its gang released).
+        for k in range(3):
+            await producer.publish(service_topics.health, xid("n-0", "gpu3", 10 + k))
+        await producer.publish(service_topics.health, xid("n-1", "gpu1", 14))
+        await node_health_said(kafka_bootstrap, service_topics, released=0, degraded=1)
+        failed = NodeFailed(node=NodeId("n-2"), code="agent_reported", reason="it died")
+        await producer.publish(service_topics.health, envelope(failed, 15))
+        await node_health_said(kafka_bootstrap, service_topics, released=1, degraded=1)
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
+        # After the snapshot: n-0 fails too, and n-2 registers again.
+        failed = NodeFailed(node=NodeId("n-0"), code="agent_reported", reason="psu")
+        await producer.publish(service_topics.health, envelope(failed, 20))
+        await producer.publish(service_topics.inventory, envelope(SPEC.registrations()[2], 21))
+        await node_health_said(kafka_bootstrap, service_topics, released=2, degraded=1)
+    latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
+    assert latest is not None and latest.manifest.chunks > 1
+    started = T0 + timedelta(hours=1)
+    from_snapshot, tail = await rebuilt(settings, service_topics, started, snapshot=True)
+    from_log, whole = await rebuilt(settings, service_topics, started, snapshot=False)
     assert tail < whole
     (fields, *rest), (rebuilt_fields, *rebuilt_rest) = (
         comparable(from_snapshot, started),

@@ -5,23 +5,21 @@ same. An unreadable snapshot means a full rebuild, with a log line."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
-from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.producer import EventProducer
 from gangline.bus.security import client_options
 from gangline.bus.snapshots import MANIFEST_KEY, Snapshot, read_latest
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted
-from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.base import Envelope, make_envelope
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
 from gangline.events.types import JobId
 from gangline.fold.cluster import FOLDED_EVENTS
@@ -35,18 +33,6 @@ from services.placement.settings import PlacementSettings
 from services.placement.wiring import SERVICE, main, new_state, snapshot_config
 
 pytestmark = pytest.mark.kafka
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@contextlib.asynccontextmanager
-async def private_topics(bootstrap: str) -> AsyncIterator[TopicNames]:
-    topics = TopicNames(prefix=f"t-snap-{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics.specs())
-    try:
-        yield topics
-    finally:
-        await delete_topics(bootstrap, [s.name for s in topics.specs()])
 
 
 def restore_topics(topics: TopicNames) -> list[str]:
@@ -63,10 +49,6 @@ def snapshots_of(state: PlacementState, settings: PlacementSettings, topics: Top
     )
     assert found is not None
     return found
-
-
-def envelope(event: Event, at: float) -> Envelope:
-    return make_envelope(event, event_id=uuid.uuid4().hex, source="test", time=T0 + timedelta(seconds=at))
 
 
 def admitted(job: str, at: float) -> Envelope:
@@ -137,52 +119,41 @@ def next_decisions(state: PlacementState) -> list[Envelope]:
 
 
 async def test_a_restart_from_placements_snapshot_and_the_tail_decides_as_one_from_the_whole_log(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, service_topics: TopicNames, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small chunks: even this state spans several records, put back together on load.
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
-    async with private_topics(kafka_bootstrap) as topics:
-        settings = PlacementSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=topics.prefix,
-            group_prefix=f"g-{topics.prefix.rstrip('.')}",
-            instance_id="i0",
-            gated=False,
-            metrics_port=None,
-            snapshot_every_events=4,
-        )
-        spec = ClusterSpec(
-            name="snap",
-            groups=(
-                NodeGroup(
-                    name="a", count=2, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l"
-                ),
+    settings = PlacementSettings(
+        **on_topics(kafka_bootstrap, service_topics),
+        gated=False,
+        snapshot_every_events=4,
+    )
+    spec = ClusterSpec(
+        name="snap",
+        groups=(
+            NodeGroup(
+                name="a", count=2, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l"
             ),
-        )
-        service = asyncio.create_task(main(settings))
-        try:
-            async with EventProducer(kafka_bootstrap) as producer:
-                for node in spec.registrations():
-                    await producer.publish(topics.inventory, envelope(node, 0))
-                for k in range(6):
-                    await producer.publish(topics.events, admitted(f"j{k}", 1 + k))
-                first = await grants(kafka_bootstrap, topics, 6)
-                await latest_snapshot(kafka_bootstrap, topics, covering=6)
-                # After the snapshot: two jobs end (placement releases them) and three more come.
-                for k, granted in enumerate(first[:2]):
-                    done = JobCompleted(job_id=granted.job_id, allocation_id=granted.allocation_id)
-                    await producer.publish(topics.events, envelope(done, 10 + k))
-                for k in range(6, 9):
-                    await producer.publish(topics.events, admitted(f"j{k}", 20 + k))
-                await grants(kafka_bootstrap, topics, 9)
-        finally:
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
-        latest = await read_latest(kafka_bootstrap, topics.snapshots(SERVICE))
-        assert latest is not None and latest.manifest.chunks > 1
-        from_snapshot, tail = await rebuilt(settings, topics, snapshot=True)
-        from_log, whole = await rebuilt(settings, topics, snapshot=False)
+        ),
+    )
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in spec.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        for k in range(6):
+            await producer.publish(service_topics.events, admitted(f"j{k}", 1 + k))
+        first = await grants(kafka_bootstrap, service_topics, 6)
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=6)
+        # After the snapshot: two jobs end (placement releases them) and three more come.
+        for k, granted in enumerate(first[:2]):
+            done = JobCompleted(job_id=granted.job_id, allocation_id=granted.allocation_id)
+            await producer.publish(service_topics.events, envelope(done, 10 + k))
+        for k in range(6, 9):
+            await producer.publish(service_topics.events, admitted(f"j{k}", 20 + k))
+        await grants(kafka_bootstrap, service_topics, 9)
+    latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
+    assert latest is not None and latest.manifest.chunks > 1
+    from_snapshot, tail = await rebuilt(settings, service_topics, snapshot=True)
+    from_log, whole = await rebuilt(settings, service_topics, snapshot=False)
     assert tail < whole
     assert saved(from_snapshot) == saved(from_log)
     decided = next_decisions(from_snapshot)
@@ -191,23 +162,25 @@ async def test_a_restart_from_placements_snapshot_and_the_tail_decides_as_one_fr
 
 
 async def test_a_snapshot_of_an_unknown_format_means_a_full_rebuild_with_a_log_line(
-    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+    kafka_bootstrap: str, service_topics: TopicNames, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with private_topics(kafka_bootstrap) as topics:
-        settings = PlacementSettings(
-            kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, instance_id="i0", metrics_port=None
+    settings = PlacementSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=service_topics.prefix,
+        instance_id="i0",
+        metrics_port=None,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            service_topics.snapshots(SERVICE), b'{"format": 99, "chunks": 1}', key=MANIFEST_KEY, partition=0
         )
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, **client_options())
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                topics.snapshots(SERVICE), b'{"format": 99, "chunks": 1}', key=MANIFEST_KEY, partition=0
-            )
-        finally:
-            await producer.stop()
-        state = new_state(settings)
-        with caplog.at_level(logging.WARNING, logger="services.common.snapshots"):
-            start = await snapshots_of(state, settings, topics).load(kafka_bootstrap)
+    finally:
+        await producer.stop()
+    state = new_state(settings)
+    with caplog.at_level(logging.WARNING, logger="services.common.snapshots"):
+        start = await snapshots_of(state, settings, service_topics).load(kafka_bootstrap)
     assert start == {}
     assert "rebuilding from the whole log" in caplog.text and "format 99" in caplog.text
     assert not state.jobs and not state.nodes
@@ -230,56 +203,52 @@ async def test_a_missing_snapshot_topic_means_a_full_rebuild_and_no_snapshots(
 
 async def test_a_warm_standby_keeps_its_state_read_to_the_logs_end_and_it_is_the_rebuild(
     kafka_bootstrap: str,
+    service_topics: TopicNames,
 ) -> None:
     """The standby restores while it waits for the lock (no snapshot yet: the whole log), reads what the
     log gains, and, told to finish, stops after the pass in hand: its state is the rebuild from the whole
     log, and where it got to is the log's end (the leader it becomes reads nothing more)."""
-    async with private_topics(kafka_bootstrap) as topics:
-        settings = PlacementSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=topics.prefix,
-            group_prefix=f"g-{topics.prefix.rstrip('.')}",
-            instance_id="i0",
-            gated=False,
-            metrics_port=None,
-        )
-        select = select_types(dict.fromkeys(FOLDED_EVENTS, True))
-        state = new_state(settings)
-        warm = WarmStandby(
-            processor_settings(settings, SERVICE, restore_topics(topics)),
-            state,
-            restore_topics(topics),
-            select,
-            snapshots_of(state, settings, topics),
-        )
-        async with EventProducer(kafka_bootstrap) as producer:
-            for k in range(5):
-                await producer.publish(topics.events, admitted(f"j{k}", k))
-            warming = asyncio.create_task(warm.run())
-            for _ in range(300):
-                if warm.events >= 5:
-                    break
-                await asyncio.sleep(0.05)
-            assert warm.events == 5 and not warming.done()
-            for k in range(5, 8):
-                await producer.publish(topics.events, admitted(f"j{k}", k))
-            for _ in range(300):  # it keeps reading what the log gains
-                if warm.events >= 8:
-                    break
-                await asyncio.sleep(0.05)
-            await warm.finish(warming)
-            assert warm.events == 8
-            # Written after it finished (the predecessor's last transactions): the leader's tail.
-            for k in range(8, 10):
-                await producer.publish(topics.events, admitted(f"j{k}", k))
-        tail = await read_to_end(
-            kafka_bootstrap,
-            restore_topics(topics),
-            state.restore,
-            service=SERVICE,
-            select=select,
-            start=warm.positions,
-        )
-        cold, events = await rebuilt(settings, topics, snapshot=False)
-        assert (tail, events) == (2, 10)
-        assert saved(state) == saved(cold)
+    settings = PlacementSettings(
+        **on_topics(kafka_bootstrap, service_topics),
+        gated=False,
+    )
+    select = select_types(dict.fromkeys(FOLDED_EVENTS, True))
+    state = new_state(settings)
+    warm = WarmStandby(
+        processor_settings(settings, SERVICE, restore_topics(service_topics)),
+        state,
+        restore_topics(service_topics),
+        select,
+        snapshots_of(state, settings, service_topics),
+    )
+    async with EventProducer(kafka_bootstrap) as producer:
+        for k in range(5):
+            await producer.publish(service_topics.events, admitted(f"j{k}", k))
+        warming = asyncio.create_task(warm.run())
+        for _ in range(300):
+            if warm.events >= 5:
+                break
+            await asyncio.sleep(0.05)
+        assert warm.events == 5 and not warming.done()
+        for k in range(5, 8):
+            await producer.publish(service_topics.events, admitted(f"j{k}", k))
+        for _ in range(300):  # it keeps reading what the log gains
+            if warm.events >= 8:
+                break
+            await asyncio.sleep(0.05)
+        await warm.finish(warming)
+        assert warm.events == 8
+        # Written after it finished (the predecessor's last transactions): the leader's tail.
+        for k in range(8, 10):
+            await producer.publish(service_topics.events, admitted(f"j{k}", k))
+    tail = await read_to_end(
+        kafka_bootstrap,
+        restore_topics(service_topics),
+        state.restore,
+        service=SERVICE,
+        select=select,
+        start=warm.positions,
+    )
+    cold, events = await rebuilt(settings, service_topics, snapshot=False)
+    assert (tail, events) == (2, 10)
+    assert saved(state) == saved(cold)

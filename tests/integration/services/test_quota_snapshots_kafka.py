@@ -5,21 +5,18 @@ deciding the same."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from service_kafka_helpers import T0, envelope, on_topics, running
 
 import gangline.bus.snapshots as snapshot_format
-from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.producer import EventProducer
 from gangline.bus.snapshots import Snapshot, read_latest
 from gangline.cluster_spec import ClusterSpec, NodeGroup
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
-from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobPending, JobQueued, JobSpec
 from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.shell import read_to_end
@@ -39,7 +36,6 @@ from services.quota.wiring import (
 
 pytestmark = pytest.mark.kafka
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 H100 = "H100-SXM5-80GB"
 QUEUES = f"""
 cohorts:
@@ -54,20 +50,6 @@ queues:
   - name: default
     unlimited: true
 """
-
-
-@contextlib.asynccontextmanager
-async def private_topics(bootstrap: str) -> AsyncIterator[TopicNames]:
-    topics = TopicNames(prefix=f"t-qsnap-{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics.specs())
-    try:
-        yield topics
-    finally:
-        await delete_topics(bootstrap, [s.name for s in topics.specs()])
-
-
-def envelope(event: Event, at: float) -> Envelope:
-    return make_envelope(event, event_id=uuid.uuid4().hex, source="test", time=T0 + timedelta(seconds=at))
 
 
 def admitted(job: str, queue: str, gpus: int, at: float) -> Envelope:
@@ -166,58 +148,45 @@ def next_decisions(state: QuotaState) -> list[Envelope]:
 
 
 async def test_a_restart_from_quotas_snapshot_and_the_tail_decides_as_one_from_the_whole_log(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    kafka_bootstrap: str, service_topics: TopicNames, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Small chunks: even this state spans several records, put back together on load.
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 2048)
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text(QUEUES)
-    async with private_topics(kafka_bootstrap) as topics:
-        settings = QuotaSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=topics.prefix,
-            group_prefix=f"g-{topics.prefix.rstrip('.')}",
-            instance_id="i0",
-            queues_file=queues_file,
-            fair_share_half_life_s=600,  # the decayed usage a restore rebuilds is the snapshot's
-            status_interval_s=0,
-            metrics_port=None,
-            snapshot_every_events=4,
-        )
-        spec = ClusterSpec(
-            name="qsnap",
-            groups=(
-                NodeGroup(name="q", count=2, gpu_model=H100, gpus_per_node=8, memory_mib=81920, leaf="l"),
-            ),
-        )
-        service = asyncio.create_task(main(settings))
-        try:
-            async with EventProducer(kafka_bootstrap) as producer:
-                for node in spec.registrations():
-                    await producer.publish(topics.inventory, envelope(node, 0))
-                # team-a's 8 GPUs: a0 and a1 go, a2 waits; team-b's b0 goes and b1 borrows nothing.
-                for k, (job, queue, gpus) in enumerate(
-                    [("a0", "team-a", 4), ("a1", "team-a", 4), ("a2", "team-a", 4), ("b0", "team-b", 8)]
-                ):
-                    await producer.publish(topics.events, admitted(job, queue, gpus, 1 + k))
-                await producer.publish(topics.events, admitted("u0", "default", 2, 5))
-                await quota_said(kafka_bootstrap, topics, queued=3, pending=1)
-                for k, job in enumerate(("a0", "a1", "b0")):
-                    await producer.publish(topics.allocations, granted(job, f"team-{job[0]}", 6 + k))
-                await latest_snapshot(kafka_bootstrap, topics, covering=5)
-                # After the snapshot: a1 ends (a2 goes), more jobs come (one waits).
-                await producer.publish(topics.allocations, released("a1", 10))
-                await producer.publish(topics.events, admitted("a3", "team-a", 8, 11))
-                await producer.publish(topics.events, admitted("b1", "team-b", 4, 12))
-                await quota_said(kafka_bootstrap, topics, queued=4, pending=2)
-        finally:
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
-        latest = await read_latest(kafka_bootstrap, topics.snapshots(SERVICE))
-        assert latest is not None and latest.manifest.chunks > 1
-        from_snapshot, tail = await rebuilt(settings, topics, snapshot=True)
-        from_log, whole = await rebuilt(settings, topics, snapshot=False)
+    settings = QuotaSettings(
+        **on_topics(kafka_bootstrap, service_topics),
+        queues_file=queues_file,
+        fair_share_half_life_s=600,  # the decayed usage a restore rebuilds is the snapshot's
+        status_interval_s=0,
+        snapshot_every_events=4,
+    )
+    spec = ClusterSpec(
+        name="qsnap",
+        groups=(NodeGroup(name="q", count=2, gpu_model=H100, gpus_per_node=8, memory_mib=81920, leaf="l"),),
+    )
+    async with running(main(settings)), EventProducer(kafka_bootstrap) as producer:
+        for node in spec.registrations():
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        # team-a's 8 GPUs: a0 and a1 go, a2 waits; team-b's b0 goes and b1 borrows nothing.
+        for k, (job, queue, gpus) in enumerate(
+            [("a0", "team-a", 4), ("a1", "team-a", 4), ("a2", "team-a", 4), ("b0", "team-b", 8)]
+        ):
+            await producer.publish(service_topics.events, admitted(job, queue, gpus, 1 + k))
+        await producer.publish(service_topics.events, admitted("u0", "default", 2, 5))
+        await quota_said(kafka_bootstrap, service_topics, queued=3, pending=1)
+        for k, job in enumerate(("a0", "a1", "b0")):
+            await producer.publish(service_topics.allocations, granted(job, f"team-{job[0]}", 6 + k))
+        await latest_snapshot(kafka_bootstrap, service_topics, covering=5)
+        # After the snapshot: a1 ends (a2 goes), more jobs come (one waits).
+        await producer.publish(service_topics.allocations, released("a1", 10))
+        await producer.publish(service_topics.events, admitted("a3", "team-a", 8, 11))
+        await producer.publish(service_topics.events, admitted("b1", "team-b", 4, 12))
+        await quota_said(kafka_bootstrap, service_topics, queued=4, pending=2)
+    latest = await read_latest(kafka_bootstrap, service_topics.snapshots(SERVICE))
+    assert latest is not None and latest.manifest.chunks > 1
+    from_snapshot, tail = await rebuilt(settings, service_topics, snapshot=True)
+    from_log, whole = await rebuilt(settings, service_topics, snapshot=False)
     assert tail < whole
     assert comparable(from_snapshot) == comparable(from_log)
     assert from_snapshot.status.published  # the board, read whole from queues.status

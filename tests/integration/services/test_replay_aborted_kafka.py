@@ -6,20 +6,16 @@ included, finds every output identical and counts each once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
+from service_kafka_helpers import envelope, on_topics, running
 
 import services.common.shell as shell
 from gangline.bus import BatchInfo, Processor
-from gangline.bus.admin import delete_topics, ensure_topics
 from gangline.bus.producer import EventProducer
 from gangline.cluster_spec import ClusterSpec, NodeGroup
-from gangline.events.base import Envelope, Event, make_envelope
+from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobSpec
 from gangline.events.types import JobId
 from gangline.replay.kafka import KafkaSource
@@ -32,7 +28,6 @@ from services.placement.wiring import main
 
 pytestmark = pytest.mark.kafka
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GRANTED = "gangline.allocation.granted.v1"
 SPEC = ClusterSpec(
     name="abort",
@@ -40,20 +35,6 @@ SPEC = ClusterSpec(
         NodeGroup(name="a", count=2, gpu_model="H100-SXM5-80GB", gpus_per_node=8, memory_mib=81920, leaf="l"),
     ),
 )
-
-
-@contextlib.asynccontextmanager
-async def private_topics(bootstrap: str) -> AsyncIterator[TopicNames]:
-    topics = TopicNames(prefix=f"t-abort-{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics.specs())
-    try:
-        yield topics
-    finally:
-        await delete_topics(bootstrap, [s.name for s in topics.specs()])
-
-
-def envelope(event: Event, at: float) -> Envelope:
-    return make_envelope(event, event_id=uuid.uuid4().hex, source="test", time=T0 + timedelta(seconds=at))
 
 
 def admitted(job: str, at: float) -> Envelope:
@@ -72,48 +53,42 @@ async def placement_outputs(bootstrap: str, topics: TopicNames, grants: int) -> 
 
 
 async def test_a_cycle_whose_commit_aborted_while_a_job_arrived_is_published_and_replayed_once(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    kafka_bootstrap: str,
+    service_topics: TopicNames,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async with private_topics(kafka_bootstrap) as topics, EventProducer(kafka_bootstrap) as producer:
+    async with EventProducer(kafka_bootstrap) as producer:
         aborted: list[BatchInfo] = []
 
         async def abort_the_first_cycle(batch: BatchInfo) -> None:
             if batch.outputs and not aborted:
                 aborted.append(batch)
                 # A job comes while the cycle's transaction is open; then the commit fails.
-                await producer.publish(topics.events, admitted("late", 5))
+                await producer.publish(service_topics.events, admitted("late", 5))
                 raise ConnectionError("simulated failure between produce and commit")
 
         monkeypatch.setattr(
             shell, "Processor", functools.partial(Processor, before_commit=abort_the_first_cycle)
         )
         settings = PlacementSettings(
-            kafka_bootstrap=kafka_bootstrap,
-            topic_prefix=topics.prefix,
-            group_prefix=f"g-{topics.prefix.rstrip('.')}",
-            instance_id="i0",
+            **on_topics(kafka_bootstrap, service_topics),
             gated=False,
-            metrics_port=None,
         )
         for node in SPEC.registrations():
-            await producer.publish(topics.inventory, envelope(node, 0))
-        service = asyncio.create_task(main(settings))
-        try:
+            await producer.publish(service_topics.inventory, envelope(node, 0))
+        async with running(main(settings)):
             for k in range(3):
-                await producer.publish(topics.events, admitted(f"j{k}", 1 + k))
-            records = await placement_outputs(kafka_bootstrap, topics, grants=4)
+                await producer.publish(service_topics.events, admitted(f"j{k}", 1 + k))
+            records = await placement_outputs(kafka_bootstrap, service_topics, grants=4)
             await asyncio.sleep(1)  # anything more would be a decision published twice
-            records = await placement_outputs(kafka_bootstrap, topics, grants=4)
-        finally:
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
+            records = await placement_outputs(kafka_bootstrap, service_topics, grants=4)
     assert len(aborted) == 1
     grants = [r.envelope["data"]["job_id"] for r in records if r.type == GRANTED]
     assert sorted(grants) == ["j0", "j1", "j2", "late"]  # each once
     outputs = [r for r in records if r.envelope.get("source") == SOURCE]
 
-    assert replay.verify_decisions(records, prefix=topics.prefix, gated=False, max_problems=5)
+    assert replay.verify_decisions(records, prefix=service_topics.prefix, gated=False, max_problems=5)
 
     said = capsys.readouterr().out
     assert f"{len(outputs)} outputs compared: identical" in said, said

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,19 @@ def test_the_readme_what_if_commands_work_as_written(
         assert main(argv) == 0, argv
         out = capsys.readouterr().out
         assert "what-if: fair vs recorded (default)" in out and "| q0 |" in out and "| q1 |" in out
+
+
+def test_the_workload_is_the_requests_as_the_services_read_them() -> None:
+    log = _mixed()
+    request = next(r for r in log if r.topic == "jobs.requests")
+    # A request admission rejected (workers 0) never ran; an elastic one runs from 1 to its 3 workers.
+    rejected = json.loads(json.dumps(request.envelope))
+    rejected["data"].update(job_id="zero", workers=0)
+    elastic = json.loads(json.dumps(request.envelope))
+    elastic["data"].update(job_id="elastic", workers=2, min_workers=1, max_workers=3)
+    extra = [replace(request, offset=10_000 + k, envelope=env) for k, env in enumerate((rejected, elastic))]
+    _, jobs = workload_from_log([*extra, *log])
+    by_id = {j.id: j for j in jobs}
+    assert "zero" not in by_id
+    assert (by_id[JobId("elastic")].workers, by_id[JobId("elastic")].min_workers) == (3, 1)
+    assert len(jobs) == 1 + len([r for r in log if r.topic == "jobs.requests"])

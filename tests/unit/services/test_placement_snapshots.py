@@ -23,9 +23,9 @@ from gangline.bus.snapshots import SnapshotUnreadable
 from gangline.core.defaults import default_profile
 from gangline.events.allocations import AllocationGranted
 from gangline.events.base import Envelope
-from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobCompleted, JobFailed, JobSpec
-from gangline.events.nodes import GpuHealthChanged
-from gangline.events.types import AllocationId, JobId
+from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobCompleted, JobFailed, JobPending, JobSpec
+from gangline.events.nodes import GpuHealthChanged, NodeHeartbeat
+from gangline.events.types import AllocationId, JobId, NodeId
 from services.common.snapshots import StateSnapshots, decode_state, encode_state
 from services.placement.handlers import PlacementState, end_batch, fold_event
 
@@ -280,3 +280,45 @@ def test_a_snapshot_that_aborts_its_transaction_never_holds_the_outputs_back() -
         assert snapshots.records(positions, 5, {}) == []  # the retry goes without
         snapshots.committed(False, 5)
     assert snapshots.off and snapshots.records(positions, 5, {}) == []
+
+
+def pending_told(outputs: list[tuple[str, Envelope]]) -> dict[JobId, tuple[str, ...]]:
+    """Per job, the reasons a batch's ``job.pending`` told it, as placement remembers them."""
+    return {
+        e.data.job_id: tuple(f"{r.code}:{r.message}" for r in e.data.reasons)
+        for _, e in outputs
+        if isinstance(e.data, JobPending)
+    }
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps=Steps)
+def test_a_restore_in_topic_or_arrival_order_tells_each_waiting_job_its_reasons_once_the_same(
+    steps: list[tuple[int, int]],
+) -> None:
+    # What placement last told a job (last_pending) is no fact of the log: a restore in any order keeps
+    # none (nor does a snapshot), and its first cycle tells every waiting job its reasons again, those the
+    # live service finds in the same world (what it last told may be a cycle older: a grant made after).
+    live, _, _ = run(steps, 0)
+    by_topic = restore(fresh(), live.log)
+    in_arrival = fresh()
+    for _, envelope in live.log:
+        in_arrival.restore(envelope)
+    assert not by_topic.last_pending and not in_arrival.last_pending
+    at = live.at + 1
+    now = T0 + timedelta(seconds=at)
+    beat = env(NodeHeartbeat(node=NodeId("a-0"), seq=1), at=at, event_id="beat")
+
+    def first_batch(state: PlacementState) -> list[tuple[str, Envelope]]:
+        """The first batch after the restart: a heartbeat, which starts the cycle owed to waiting jobs."""
+        return fold_event(beat, state, now=now) + end_batch(state, cause=beat.id, now=now)
+
+    told = first_batch(by_topic)
+    assert told == first_batch(in_arrival)
+    assert set(pending_told(told)) == set(by_topic.waiting) == set(live.state.waiting)
+    assert pending_told(told) == by_topic.last_pending
+    # The live service, made to forget what it told and to cycle, tells the same.
+    forgetful = pickle.loads(pickle.dumps(live.state))
+    forgetful.last_pending.clear()
+    forgetful.cycle_due = True
+    assert pending_told(first_batch(forgetful)) == pending_told(told)
