@@ -68,6 +68,7 @@ class History:
         self.jobs: list[JobId] = []
         self.queued: dict[JobId, int] = {}
         self.granted: dict[JobId, int] = {}
+        self.failed: set[JobId] = set()
         self.clock = 0.0
 
     def send(self, event: Any, *, same_time: bool = False) -> None:
@@ -98,6 +99,13 @@ class History:
         job = self.jobs[op[1] % len(self.jobs)]
         attempt = self.queued.get(job, 0)
         allocation = AllocationId(f"{job}.{attempt}")
+        if job in self.failed:
+            # A failed job runs no more: what is left is placement releasing the GPUs it held, as it
+            # does once it reads the agent's job.failed (at its own later time, on allocations.log).
+            if kind in ("release", "preempt") and self.granted.get(job, 0) == attempt > 0:
+                self.granted[job] = -attempt
+                self.send(AllocationReleased(job_id=job, allocation_id=allocation, reason="failed"))
+            return
         if kind == "grant" and attempt > self.granted.get(job, 0):
             self.granted[job] = attempt
             placement = Placement(rank=0, node=NodeId("n0"), gpus=("g0",))
@@ -116,7 +124,11 @@ class History:
                 # Written with the release, at its time (the preemption service's one transaction).
                 self.send(JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1), same_time=True)
         elif kind == "fail":
-            self.send(JobFailed(job_id=job, code="worker_exit", reason="it died"))
+            # The agent names the allocation that failed when the job holds one (libs/gangline/agent);
+            # a job failed with none held (quota's or placement's own failures) names none.
+            held = allocation if self.granted.get(job, 0) == attempt > 0 else None
+            self.failed.add(job)
+            self.send(JobFailed(job_id=job, allocation_id=held, code="worker_exit", reason="it died"))
 
     def node(self, op: tuple[Any, ...]) -> None:
         kind, model, gpus = op
@@ -179,7 +191,7 @@ class History:
     ops=st.lists(st.one_of(admit_op, other_op, node_op), min_size=1, max_size=60),
     half_life_s=st.sampled_from([0.0, 30.0]),
 )
-# A failed job whose grant is never released: kept uncharged live, retired at once by the restore.
+# A failed job whose grant is never released (the history ends before placement's release).
 @example(
     ops=[
         ("admit", "team-a", 1, None, 0, False),
