@@ -454,19 +454,19 @@ class QuotaState:
             expected_release=self._expected_release if self.gate_reserve else None,
         )
 
-    def _expected_release(self, job_id: CoreJobId) -> float | None:
-        """When a charged job's charge is expected to go: its live grant's time plus its run bound (None:
-        not placed yet, or no duration hint or time limit)."""
+    def _expected_release(self, job_id: CoreJobId, at: float) -> float | None:
+        """When a charged job's charge is expected to go: its live grant's time (``at`` when not placed
+        yet) plus its run bound (None: no duration hint or time limit; the core's QuotaCharges)."""
         job = self.jobs.get(JobId(job_id))
         if job is None:
             return None
         record = job.record
-        live = record.live()
         core = record.core()
-        if live is None or core is None or core.run_bound_s is None:
+        if core is None or core.run_bound_s is None:
             return None
-        at = record.granted_at.get(live.allocation_id)
-        return None if at is None else at.timestamp() + core.run_bound_s
+        live = record.live()
+        granted = record.granted_at.get(live.allocation_id) if live is not None else None
+        return (granted.timestamp() if granted is not None else at) + core.run_bound_s
 
     @property
     def ledger(self) -> QuotaLedger:

@@ -92,15 +92,17 @@ class QuotaCharges(Generic[T]):
         starvation_s: float | None = None,
         credit: CreditPolicy | None = None,
         run_bound: Callable[[T], float | None] | None = None,
-        expected_release: Callable[[JobId], float | None] | None = None,
+        expected_release: Callable[[JobId, float], float | None] | None = None,
     ) -> None:
         if credit is not None and run_bound is None:
             raise ValueError("the gate's backfill (credit) needs the held jobs' run bounds (run_bound)")
         if expected_release is not None and run_bound is None:
             raise ValueError("the gate's reservation needs the held jobs' run bounds (run_bound)")
         self.expected_release = expected_release
-        """When a charged job's charge is expected to go (None: not known); given, the gate reserves
-        quota for the oldest job past ``starvation_s`` it holds
+        """When a charged job's charge is expected to go, asked at a time: a placed job's grant time plus
+        its run bound, one not placed yet that time plus its run bound (as if placed then: both engines
+        answer alike whether or not placement's grant of the same instant was read); None: no bound.
+        Given, the gate reserves quota for the oldest job past ``starvation_s`` it holds
         (:class:`~gangline.core.quota_gate.GateReservation`)."""
         self.tree = tree
         self.starvation_s = starvation_s
@@ -214,7 +216,7 @@ class QuotaCharges(Generic[T]):
         releases = []
         for job_id, charge in self.charges.items():
             if charge.flavour.request and self.root(charge.queue) == root:
-                end = expected(job_id)
+                end = expected(job_id, at)
                 releases.append(
                     QuotaRelease(math.inf if end is None else end, charge.queue, charge.flavour.request)
                 )

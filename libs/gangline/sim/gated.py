@@ -228,15 +228,19 @@ class GatedPolicy:
         self._placeable[job.id] = job
         return True
 
-    def _expected_release(self, job_id: JobId) -> float | None:
-        """When a charged job's charge is expected to go: its run's start plus its run bound (None: not
-        running yet, or no bound)."""
-        running = self.snapshot.running.get(job_id)
+    def _expected_release(self, job_id: JobId, at: float) -> float | None:
+        """When a charged job's charge is expected to go: its run's start (``at`` when not placed yet)
+        plus its run bound (None: no bound; :class:`~gangline.core.charging.QuotaCharges`)."""
         facts = self._facts.get(job_id)
-        if running is None or facts is None:
-            return None
-        bound = running.job.run_bound_s
-        return None if bound is None else facts.started_at + bound
+        job = self._waiting.get(job_id)
+        if job is None:
+            running = self.snapshot.running.get(job_id)
+            if running is None:
+                return None
+            job = running.job
+        bound = job.run_bound_s
+        start = facts.started_at if facts is not None and job_id in self.snapshot.running else at
+        return None if bound is None else start + bound
 
     def _flavours(self, job: Job) -> list[Flavour]:
         """The job's flavours its nodes can hold, in the order the quota service tries them (its GPU

@@ -36,7 +36,7 @@ class Gate:
             expected_release=self.expected_release if reserve else None,
         )
 
-    def expected_release(self, job_id: JobId) -> float | None:
+    def expected_release(self, job_id: JobId, at: float) -> float | None:
         at = self.started.get(job_id)
         return None if at is None else at + self.hints[job_id]
 
