@@ -237,16 +237,19 @@ simulate-alibaba: venv
 # second half (--skip 41124) on the contended cluster, and a synthetic gang-heavy generic-CSV trace
 # (python -m gangline.sim.synthetic, seed 15) on the vs-slurm cluster; then issue 15's goals for each.
 SYNTHETIC := docs/sim/synthetic/synthetic-4000.csv
+# The default and the default with the gate's line shortest run first (docs/policy.md), in one run each.
+POLICY_PROFILES := --profile deploy/profiles/default.yaml --profile deploy/profiles/default-shortest.yaml
 simulate-policy: venv
 	mkdir -p docs/sim/synthetic
 	PYTHONPATH=libs $(PY) -m gangline.sim.synthetic --out $(SYNTHETIC) --jobs 4000 --gpus 128 --seed 15
 	$(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
 		--queues deploy/queues/philly-contended.yaml --skip 41124 --limit 8000 --no-progress \
-		--report docs/sim/philly-contended-h2-8k-report.json
+		$(POLICY_PROFILES) --report docs/sim/philly-contended-h2-8k-report.json
 	$(BIN)/gangline simulate --trace $(SYNTHETIC) --format generic --cluster deploy/clusters/vs-slurm.yaml \
-		--queues deploy/queues/synthetic.yaml --no-progress --report docs/sim/synthetic-report.json
-	PYTHONPATH=libs $(PY) -m gangline.sim.goals docs/sim/philly-contended-h2-8k-report.json
-	PYTHONPATH=libs $(PY) -m gangline.sim.goals docs/sim/synthetic-report.json
+		--queues deploy/queues/synthetic.yaml --no-progress $(POLICY_PROFILES) --report docs/sim/synthetic-report.json
+	for report in docs/sim/philly-contended-h2-8k-report.json docs/sim/synthetic-report.json; do \
+		for policy in default default-shortest; do \
+			PYTHONPATH=libs $(PY) -m gangline.sim.goals $$report --policy $$policy || exit 1; done; done
 
 # Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
 bench-sim: venv

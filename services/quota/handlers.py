@@ -83,7 +83,7 @@ from typing import ClassVar
 
 from gangline.bus import Outgoing
 from gangline.core.charging import Charge, QuotaCharges, usage_steps
-from gangline.core.fairshare import FairShare, Pending, Step
+from gangline.core.fairshare import FairShare, Pending, Step, job_line_work
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import Hardware, HoldsWorkers, NodeOffer
@@ -356,6 +356,10 @@ class QuotaState:
     """Fair share's usage half-life; 0: plain DRF on what is charged now."""
     starvation_s: float | None = None
     """The profile's starvation bound: a job admitted longer ago goes before fair order, oldest first."""
+    line_order: str = "submit"
+    """The profile's ``line_order``: how each queue's line orders its jobs (gangline.core.fairshare)."""
+    gate_reserve: bool = False
+    """The profile's ``gate_reserve``: quota is reserved for the oldest starving job the gate holds."""
     cluster: ClusterFold = field(default_factory=ClusterFold)
     """The one lifecycle fold: every job's attempts, grants and ends, and the nodes."""
     jobs: dict[JobId, QuotaJob] = field(default_factory=dict)
@@ -430,7 +434,7 @@ class QuotaState:
         for tree in sorted(self.waiting):
             if tree[0]:
                 for job in self.waiting[tree].values():
-                    self.charges.hold(_pending_item(job))
+                    self.charges.hold(_pending_item(job, self.line_order))
         self.inventory.hardware = Hardware(self.inventory.offers.values())
         self.inventory.pools_loaded()
 
@@ -442,8 +446,27 @@ class QuotaState:
 
     def _new_charges(self) -> QuotaCharges[QuotaJob]:
         return QuotaCharges(
-            self.queues.tree, self.gate_options, half_life_s=self.half_life_s, starvation_s=self.starvation_s
+            self.queues.tree,
+            self.gate_options,
+            half_life_s=self.half_life_s,
+            starvation_s=self.starvation_s,
+            run_bound=_run_bound,
+            expected_release=self._expected_release if self.gate_reserve else None,
         )
+
+    def _expected_release(self, job_id: CoreJobId, at: float) -> float | None:
+        """When a charged job's charge is expected to go: its live grant's time (``at`` when not placed
+        yet) plus its run bound (None: no duration hint or time limit; the core's QuotaCharges)."""
+        job = self.jobs.get(JobId(job_id))
+        if job is None:
+            return None
+        record = job.record
+        core = record.core()
+        if core is None or core.run_bound_s is None:
+            return None
+        live = record.live()
+        granted = record.granted_at.get(live.allocation_id) if live is not None else None
+        return (granted.timestamp() if granted is not None else at) + core.run_bound_s
 
     @property
     def ledger(self) -> QuotaLedger:
@@ -560,7 +583,7 @@ class QuotaState:
             _index(self.waiting, tree, job, job.eligible)
             if tree[0]:
                 if job.eligible:
-                    self.charges.hold(_pending_item(job))
+                    self.charges.hold(_pending_item(job, self.line_order))
                 else:
                     self.charges.unhold(job.job_id, job.spec.queue)
         if job.unplaced:
@@ -753,6 +776,9 @@ def _admit_or_hold(state: QuotaState, job: QuotaJob, cause: Envelope, now: datet
     never = state.queues.can_ever_fit(spec)
     if never is not None:
         return _fail(state, job, "exceeds_queue_quota", never, cause, now)
+    tree = state.tree_of(spec.queue)
+    if tree[0] and state.charges.reserves(tree[1], cause.time.timestamp()):
+        return _let_through(state, tree, cause, now)  # held already: it goes in the gate's order
     fit = state.charges.first_fit(spec.queue, state.gate_flavours(job))
     if fit is not None:
         return [_queue(state, job, fit.model, cause, now)]
@@ -818,14 +844,22 @@ def _let_through(state: QuotaState, tree: TreeKey, cause: Envelope, now: datetim
     return out
 
 
-def _pending_item(job: QuotaJob) -> Pending[QuotaJob]:
+def _run_bound(job: QuotaJob) -> float | None:
+    """A waiting job's run bound (duration hint or time limit), as the core's job has it."""
+    core = job.record.core()
+    return None if core is None else core.run_bound_s
+
+
+def _pending_item(job: QuotaJob, line_order: str = "submit") -> Pending[QuotaJob]:
     spec, at = job.spec, job.admitted_at
     assert spec is not None
     cached = job.pending
     if cached is not None and cached[0] is spec and cached[1] == at:
         return cached[2]
     admitted = at.timestamp() if at is not None else math.inf
-    pending = Pending(Queue(spec.queue), spec.priority, admitted, job.job_id, job)
+    core = job.record.core()
+    work = job_line_work(core, line_order) if core is not None else 0.0
+    pending = Pending(Queue(spec.queue), spec.priority, admitted, job.job_id, job, work)
     job.pending = (spec, at, pending)
     return pending
 

@@ -103,13 +103,16 @@ def quota_select(
 
 def new_state(settings: QuotaSettings, queues: Queues | None = None) -> QuotaState:
     """An empty state under ``settings``; ``queues`` when already read from ``settings.queues_file``."""
+    profile = gate_profile(settings)
     return QuotaState(
         topics=topic_names(settings),
         queues=queues if queues is not None else load_queues(settings.queues_file),
         half_life_s=settings.fair_share_half_life_s,
         status=StatusBoard(interval_s=settings.status_interval_s),
         pools=settings.pool_layout,
-        starvation_s=gate_profile(settings).settings.starvation_s,
+        starvation_s=profile.settings.starvation_s,
+        line_order=profile.settings.line_order,
+        gate_reserve=profile.settings.gate_reserve,
     )
 
 

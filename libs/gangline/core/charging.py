@@ -27,6 +27,7 @@ Pure: times are given (seconds on the caller's clock), nothing is read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -37,7 +38,17 @@ from gangline.core.framework.status import Reason
 from gangline.core.gate_credit import CreditPolicy, credit_left, lend
 from gangline.core.model import JobId, QueueName
 from gangline.core.queues import QuotaLedger, QuotaTree, Resource
-from gangline.core.quota_gate import Flavour, Gate, HoldReason, Options, WaitingLines, first_fit, hold_reason
+from gangline.core.quota_gate import (
+    Flavour,
+    Gate,
+    GateReservation,
+    HoldReason,
+    Options,
+    QuotaRelease,
+    WaitingLines,
+    first_fit,
+    hold_reason,
+)
 
 T = TypeVar("T")
 
@@ -81,9 +92,18 @@ class QuotaCharges(Generic[T]):
         starvation_s: float | None = None,
         credit: CreditPolicy | None = None,
         run_bound: Callable[[T], float | None] | None = None,
+        expected_release: Callable[[JobId, float], float | None] | None = None,
     ) -> None:
         if credit is not None and run_bound is None:
             raise ValueError("the gate's backfill (credit) needs the held jobs' run bounds (run_bound)")
+        if expected_release is not None and run_bound is None:
+            raise ValueError("the gate's reservation needs the held jobs' run bounds (run_bound)")
+        self.expected_release = expected_release
+        """When a charged job's charge is expected to go, asked at a time: a placed job's grant time plus
+        its run bound, one not placed yet that time plus its run bound (as if placed then: both engines
+        answer alike whether or not placement's grant of the same instant was read); None: no bound.
+        Given, the gate reserves quota for the oldest job past ``starvation_s`` it holds
+        (:class:`~gangline.core.quota_gate.GateReservation`)."""
         self.tree = tree
         self.starvation_s = starvation_s
         """A held job admitted longer ago than this goes ahead of fair order, oldest first (None: never)."""
@@ -180,7 +200,35 @@ class QuotaCharges(Generic[T]):
             self._options,
             explain=explain,
             aged_before=self.aged_before(at),
+            reservation=self.reservation(root, at),
         )
+
+    def reservation(self, root: str, at: float) -> GateReservation | None:
+        """The facts of the gate's reservation in tree ``root`` at ``at`` (None: the gate reserves nothing):
+        every charge of the tree, with when it is expected to be released. Only a job past the starvation
+        bound reserves, so without one (or with no held job past it) nothing is worked out."""
+        expected, bound, aged = self.expected_release, self._run_bound, self.aged_before(at)
+        if expected is None or bound is None or aged is None:
+            return None
+        held = self._held.get(root, {})
+        if not any(p.submit_time <= aged for p in held.values()):
+            return None
+        releases = []
+        for job_id, charge in self.charges.items():
+            if charge.flavour.request and self.root(charge.queue) == root:
+                end = expected(job_id, at)
+                releases.append(
+                    QuotaRelease(math.inf if end is None else end, charge.queue, charge.flavour.request)
+                )
+        return GateReservation(at, releases, bound)
+
+    def reserves(self, root: str, at: float) -> bool:
+        """Whether an arrival in tree ``root`` must go through a pass of the gate rather than the first
+        fit: the gate reserves quota and holds a job past the starvation bound there."""
+        aged = self.aged_before(at)
+        if self.expected_release is None or aged is None:
+            return False
+        return any(p.submit_time <= aged for p in self._held.get(root, {}).values())
 
     def aged_before(self, at: float) -> float | None:
         """The starvation bound at ``at``: a held job admitted at or before it goes ahead of fair order,
@@ -255,13 +303,20 @@ class QuotaCharges(Generic[T]):
 
     def arrive(self, pending: Pending[T], at: float) -> Flavour | None:
         """A job admitted (or requeued, keeping its admitted time in ``pending``): charged and let
-        through on the first flavour its queue's quota admits now, or held (None)."""
+        through on the first flavour its queue's quota admits now, or held (None). Where the gate
+        reserves (:meth:`reserves`) the caller uses :meth:`arrive_in_turn` instead."""
         fit = self.first_fit(pending.queue, self._options(pending.item)[0])
         if fit is not None:
             self._charge(JobId(pending.tie), pending.queue, fit, at)
             return fit
         self.hold(pending)
         return None
+
+    def arrive_in_turn(self, pending: Pending[T], at: float) -> list[tuple[T, Flavour]]:
+        """A job admitted where the gate reserves quota (:meth:`reserves`): held, then the tree's held
+        jobs go in the gate's order (:meth:`let_through`), so it passes no reservation; who went."""
+        self.hold(pending)
+        return self.let_through(self.root(pending.queue), at)
 
     def release(self, job_id: JobId, at: float) -> str | None:
         """The job's allocation was released (or it ended): its charge goes. The tree whose usage it

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gangline.core.model import Job
 from gangline.core.queues import QueueName, Resource, ResourceVector
 
 T = TypeVar("T")
@@ -329,19 +330,59 @@ def serving_share(fair: FairShare, queue: QueueName, submit_time: float, aged_be
 
 @dataclass(frozen=True, slots=True)
 class Pending(Generic[T]):
-    """One pending item for :class:`FairOrder`: its queue, priority (higher first), submit time and id."""
+    """One pending item for :class:`FairOrder`: its queue, priority (higher first), submit time and id,
+    and what its line orders it by at its priority (:func:`line_work`; 0 for all: submit order)."""
 
     queue: QueueName
     priority: int
     submit_time: float
     tie: str
     item: T
+    work: float = 0.0
+
+
+LINE_ORDERS = ("submit", "shortest-run", "shortest-work")
+"""The profile's ``settings.line_order``: how a queue's line orders its jobs at one priority, after those
+past the starvation bound (:func:`line_key`): by submit time; the shortest run bound first (duration
+hint or time limit); or the least expected work first (GPUs times run bound). See :func:`line_work`."""
+
+
+def line_work(order: str, gpus: float, run_bound_s: float | None) -> float:
+    """What a job's place in its queue's line is ordered by (``Pending.work``) under ``order``: 0 for
+    ``submit`` (submit order), its run bound for ``shortest-run``, GPUs times run bound for
+    ``shortest-work``; with no run bound (no hint, no limit) infinite: behind every job whose is known."""
+    if order == "submit":
+        return 0.0
+    if order not in LINE_ORDERS:
+        raise ValueError(f"line_order must be one of {', '.join(LINE_ORDERS)}, not {order!r}")
+    if run_bound_s is None:
+        return math.inf
+    return float(run_bound_s) * (gpus if order == "shortest-work" else 1.0)
+
+
+def job_line_work(job: Job, order: str) -> float:
+    """:func:`line_work` of a core job (a MIG slice or shared slot counts as one GPU per worker)."""
+    return line_work(order, job.workers * max(1, job.gpus_per_worker), job.run_bound_s)
+
+
+LineKey = tuple[int, int, float, float, str]
+"""Where a pending item stands in its queue's line (:func:`line_key`)."""
+
+
+def line_key(p: Pending[T], aged_before: float | None) -> LineKey:
+    """Where ``p`` stands in its queue's line: higher priority first; at a priority, items waiting since
+    before ``aged_before`` first (the starvation bound), oldest first; then the least work (``p.work``),
+    then submit time, then id. With every ``work`` 0 that is submit order, as before the work counted."""
+    if aged_before is not None and p.submit_time <= aged_before:
+        return (-p.priority, 0, 0.0, p.submit_time, p.tie)
+    return (-p.priority, 1, p.work, p.submit_time, p.tie)
 
 
 class FairOrder(Generic[T]):
     """Serve pending work: priority first, then the lowest dominant share, then submit time, then id.
 
-    Each queue keeps its own line (priority, submit time, id). A heap holds one head per queue, keyed
+    Each queue keeps its own line (:func:`line_key`: priority, the starving first, then least work, submit
+    time, id). A heap holds one head per queue, keyed
     by (-priority, queue share, submit time, id). The caller takes the best head with :meth:`next`,
     then says what happened: :meth:`admitted` (the share grows), or :meth:`skipped` (the item stays
     unplaced, the queue's next item gets its turn). Shares change only through ``charge``, so the
@@ -360,7 +401,7 @@ class FairOrder(Generic[T]):
         self._heap: list[tuple[int, float, float, str, QueueName]] = []
         self._heads: dict[QueueName, Pending[T]] = {}
         for q in sorted(lines):
-            line = sorted(lines[q], key=lambda p: (-p.priority, p.submit_time, p.tie))
+            line = sorted(lines[q], key=lambda p: line_key(p, aged_before))
             self._lines[q] = iter(line)
             self._advance(q)
         self._current: QueueName | None = None

@@ -31,12 +31,13 @@ offer); nothing here reads a clock.
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gangline.core.fairshare import FairOrder, FairShare, Pending, serving_share
+from gangline.core.fairshare import FairOrder, FairShare, LineKey, Pending, line_key, serving_share
 from gangline.core.framework.status import Reason
 from gangline.core.hardware import NAME as HARDWARE
 from gangline.core.hardware import HoldsWorkers, WorkerAsk
@@ -87,6 +88,73 @@ class Gate(Generic[T]):
 
 Options = Callable[[T], tuple[Sequence[Flavour], Sequence[Reason]]]
 """A job's flavours its nodes can hold, in the order to try them, and why the others' nodes cannot."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRelease:
+    """A charge the gate expects to be released: when (``math.inf``: not known, e.g. not placed yet)."""
+
+    at: float
+    queue: QueueName
+    request: Mapping[Resource, int]
+
+
+@dataclass(frozen=True, slots=True)
+class GateReservation:
+    """The gate's reservation for a starving job (``settings.gate_reserve``): the facts one pass needs.
+
+    The first job past the starvation bound a pass holds (the oldest, at the highest priority: such jobs
+    come first in fair order) gets the quota it waits for reserved, EASY backfill on quota: the pass works
+    out when the charges held now are expected to have freed enough for it (``releases``, in any order),
+    and lets a later job through only if it is expected to end by then (``now`` + its run bound) or
+    leaves enough for the reserved job at that time. Without it a starving job that needs much quota at
+    once (a big gang) waits until that much is free at one instant, which jobs that need less, taking
+    each release as it comes, may never allow: the starvation bound was no bound for it.
+    """
+
+    now: float
+    releases: Sequence[QuotaRelease]
+    run_bound: Callable[[Any], float | None]
+    """The run bound of a waiting job's item (duration hint or time limit; None: none)."""
+
+
+@dataclass
+class _Reserved(Generic[T]):
+    """The reservation a pass made: for whom, from when, and the quota as it will be then."""
+
+    job: Pending[T]
+    flavours: Sequence[Flavour]
+    start: float
+    then: QuotaLedger
+
+
+def _reserve(
+    ledger: QuotaLedger, p: Pending[T], flavours: Sequence[Flavour], reservation: GateReservation
+) -> _Reserved[T] | None:
+    """When ``p`` fits if the held charges are released as expected (None: not even once all are)."""
+    then = ledger.copy()
+    for r in sorted(reservation.releases, key=lambda r: (r.at, r.queue, sorted(r.request.items()))):
+        then.release(r.queue, r.request)
+        if first_fit(then, p.queue, flavours) is not None:
+            return _Reserved(p, flavours, max(r.at, reservation.now), then)
+    return None
+
+
+def _backfills(reserved: _Reserved[T], p: Pending[T], fit: Flavour, reservation: GateReservation) -> bool:
+    """Whether ``p``, which fits now on ``fit``, may go without delaying the reserved job: it is expected
+    to end before the reserved start, or the quota then still holds the reserved job beside it (then it
+    is counted as holding its quota at that time)."""
+    bound = reservation.run_bound(p.item)
+    if bound is not None and reservation.now + bound <= reserved.start:
+        return True
+    if not fit.request:
+        return True
+    then = reserved.then
+    then.admit(p.queue, fit.request)
+    if first_fit(then, reserved.job.queue, reserved.flavours) is not None:
+        return True
+    then.release(p.queue, fit.request)
+    return False
 
 
 def held_flavours(
@@ -213,8 +281,9 @@ def let_through(
     return lines.let_through(ledger, fair, tree, options, explain=explain, aged_before=aged_before)
 
 
-_LineKey = tuple[int, float, str]
-"""Where a job stands in its queue's line: (-priority, submit time, id), the order fair order serves it."""
+_LineKey = LineKey
+"""Where a job stands in its queue's line (:func:`~gangline.core.fairshare.line_key`), kept as it is
+when nothing starves; a pass puts the jobs past the starvation bound first."""
 
 _Signature = tuple[tuple[str | None, tuple[tuple[Resource, int], ...]], ...]
 """What a job may be charged, flavour by flavour: jobs of a queue with the same are refused alike."""
@@ -225,14 +294,16 @@ def _signature(flavours: Sequence[Flavour]) -> _Signature:
 
 
 class _SubLine(Generic[T]):
-    """The jobs of one queue's line that may go on the same flavours (one signature), in line order."""
+    """The jobs of one queue's line that may go on the same flavours (one signature), in line order, and
+    their line keys by submit time (those past the starvation bound are a prefix of it)."""
 
-    __slots__ = ("entries", "flavours", "keys")
+    __slots__ = ("by_submit", "entries", "flavours", "keys")
 
     def __init__(self, flavours: Sequence[Flavour]) -> None:
         self.flavours = tuple(flavours)
         self.keys: list[_LineKey] = []
         self.entries: list[tuple[Pending[T], Sequence[Flavour]]] = []
+        self.by_submit: list[tuple[float, str, _LineKey]] = []
 
 
 class WaitingLines(Generic[T]):
@@ -271,7 +342,7 @@ class WaitingLines(Generic[T]):
     def put(self, p: Pending[T], flavours: Sequence[Flavour]) -> None:
         """``p`` waits in its queue's line, to go on ``flavours`` (replacing the job of the same id)."""
         signature = _signature(flavours)
-        key = (-p.priority, p.submit_time, p.tie)
+        key = line_key(p, None)
         where = self._where.get(p.tie)
         if where is not None:
             if where == (p.queue, signature, key):  # its place is the same: only what it carries changes
@@ -286,6 +357,8 @@ class WaitingLines(Generic[T]):
         k = bisect_left(line.keys, key)
         line.keys.insert(k, key)
         line.entries.insert(k, (p, flavours))
+        by_submit = (p.submit_time, p.tie, key)
+        line.by_submit.insert(bisect_left(line.by_submit, by_submit), by_submit)
         self._where[p.tie] = (p.queue, signature, key)
 
     def discard(self, tie: str) -> None:
@@ -299,6 +372,7 @@ class WaitingLines(Generic[T]):
         k = bisect_left(sub.keys, key)
         del sub.keys[k]
         del sub.entries[k]
+        del sub.by_submit[bisect_left(sub.by_submit, (key[3], key[4], key))]
         if not sub.keys:
             del subs[signature]
             if not subs:
@@ -313,16 +387,22 @@ class WaitingLines(Generic[T]):
         *,
         explain: int | None = None,
         aged_before: float | None = None,
+        reservation: GateReservation | None = None,
     ) -> Gate[T]:
         """The gate's decisions over the waiting jobs (:func:`let_through`); the lines stay as they are.
         Jobs waiting since before ``aged_before`` are served first
-        (:func:`~gangline.core.fairshare.serving_share`)."""
+        (:func:`~gangline.core.fairshare.serving_share`); with ``reservation``, the first held job's quota
+        is reserved (:class:`GateReservation`)."""
         gate: Gate[T] = Gate()
-        held = self._pass(gate, ledger, fair, explain, aged_before)
+        reserved: list[_Reserved[T]] = []
+        held = self._pass(gate, ledger, fair, explain, aged_before, reservation, reserved)
         reasons: dict[_ReasonKey, HoldReason] = {}
         for p in held:
             flavours, misfits = options(p.item)
             # Nothing is charged any more in this pass: the reason is a function of what it is asked about.
+            if reserved and p is not reserved[0].job and first_fit(ledger, p.queue, flavours) is not None:
+                gate.held.append((p.item, reserved_reason(p.queue, reserved[0].job, reserved[0].start)))
+                continue
             key = reason_key(p.queue, flavours, misfits)
             why = reasons.get(key)
             if why is None:
@@ -337,27 +417,40 @@ class WaitingLines(Generic[T]):
         fair: FairShare,
         explain: int | None,
         aged_before: float | None,
+        reservation: GateReservation | None = None,
+        reserved: list[_Reserved[T]] | None = None,
     ) -> list[Pending[T]]:
         """Fair order over the lines (see the class): the jobs let through go to ``gate`` (charged to
-        ``ledger`` and ``fair``); the first ``explain`` held are returned, the others counted."""
+        ``ledger`` and ``fair``); the first ``explain`` held are returned, the others counted. With
+        ``reservation``, the first held job's reservation goes to ``reserved``, and a job that fits
+        is held when it would delay it (:func:`_backfills`)."""
         refusals = _Refusals()
         exact = explain is None or explain > 0
+        reserving = reservation is not None and reserved is not None
+        if reserving:
+            exact = True  # a job the reservation holds is refused by no ledger: no sub-line is passed over
         held: list[Pending[T]] = []
-        # Per queue, a cursor per sub-line: [keys, entries, next index, flavours].
+        # Per queue, a cursor per sub-line: [keys, entries, next index, flavours]; the jobs past the
+        # starvation bound in a cursor of their own (flavours None), first, and skipped in their sub-lines.
         cursors: dict[QueueName, list[list[Any]]] = {}
         heads: dict[QueueName, list[Any]] = {}
         heap: list[tuple[int, float, float, str, QueueName]] = []
+        starving: set[str] = set()
 
         def push(queue: QueueName) -> None:
             best: _LineKey | None = None
             chosen: list[Any] | None = None
             live = cursors[queue]
             for c in live:
-                keys = c[0]
+                keys, entries = c[0], c[1]
                 i = c[2]
+                if c[3] is not None:
+                    while i < len(keys) and entries[i][0].tie in starving:
+                        i += 1  # served from the starving cursor
+                    c[2] = i
                 if i >= len(keys):
                     continue
-                if not exact and _refused(refusals, queue, c[3]):
+                if not exact and c[3] is not None and _refused(refusals, queue, c[3]):
                     continue
                 k = keys[i]
                 if best is None or k < best:
@@ -365,14 +458,24 @@ class WaitingLines(Generic[T]):
             if best is None or chosen is None:
                 return
             if not exact:  # what is refused now is refused for the rest of the pass
-                cursors[queue] = [c for c in live if c[2] < len(c[0]) and not _refused(refusals, queue, c[3])]
+                cursors[queue] = [
+                    c
+                    for c in live
+                    if c[2] < len(c[0]) and (c[3] is None or not _refused(refusals, queue, c[3]))
+                ]
             heads[queue] = chosen
             heapq.heappush(
-                heap, (best[0], serving_share(fair, queue, best[1], aged_before), best[1], best[2], queue)
+                heap, (best[0], serving_share(fair, queue, best[3], aged_before), best[3], best[4], queue)
             )
 
         for queue in sorted(self._lines):
-            cursors[queue] = [[s.keys, s.entries, 0, s.flavours] for s in self._lines[queue].values()]
+            subs = self._lines[queue].values()
+            cursors[queue] = [[s.keys, s.entries, 0, s.flavours] for s in subs]
+            if aged_before is not None:
+                aged = _starving(subs, aged_before)
+                if aged:
+                    starving.update(p.tie for _, (p, _) in aged)
+                    cursors[queue].append([[k for k, _ in aged], [e for _, e in aged], 0, None])
             push(queue)
         while heap:
             queue = heapq.heappop(heap)[4]
@@ -380,6 +483,18 @@ class WaitingLines(Generic[T]):
             p, flavours = c[1][c[2]]
             c[2] += 1
             fit = first_fit(ledger, queue, flavours, refusals)
+            if reserving and reservation is not None and reserved is not None:
+                if fit is None and not reserved and aged_before is not None and p.submit_time <= aged_before:
+                    made = _reserve(ledger, p, flavours, reservation)
+                    if made is not None:
+                        reserved.append(made)
+                elif fit is not None and reserved and not _backfills(reserved[0], p, fit, reservation):
+                    fit = None
+                if fit is None:
+                    if explain is None or len(held) < explain:
+                        held.append(p)
+                    push(queue)
+                    continue
             if fit is None:
                 if exact:
                     held.append(p)
@@ -393,6 +508,22 @@ class WaitingLines(Generic[T]):
             push(queue)
         gate.unexplained = len(self) - len(gate.admitted) - len(held)  # passed over whole, or refused
         return held
+
+
+def _starving(
+    subs: Iterable[_SubLine[T]], aged_before: float
+) -> list[tuple[_LineKey, tuple[Pending[T], Sequence[Flavour]]]]:
+    """The jobs of a queue's sub-lines waiting since before ``aged_before``, in line order (their
+    :func:`~gangline.core.fairshare.line_key` then: the oldest first at a priority)."""
+    out: list[tuple[_LineKey, tuple[Pending[T], Sequence[Flavour]]]] = []
+    for sub in subs:
+        for submit, tie, key in sub.by_submit:
+            if submit > aged_before:
+                break
+            p, flavours = sub.entries[bisect_left(sub.keys, key)]
+            out.append(((key[0], 0, 0.0, submit, tie), (p, flavours)))
+    out.sort(key=lambda e: e[0])
+    return out
 
 
 def _refused(refusals: _Refusals, queue: QueueName, flavours: Sequence[Flavour]) -> bool:
@@ -489,6 +620,24 @@ def hold_reason(
         ),
         details=details,
         unblock=sentence("jobs borrowing the cohort's quota checkpoint and release their GPUs"),
+    )
+
+
+def reserved_reason(queue: QueueName, holder: Pending[Any], start: float) -> HoldReason:
+    """Why a job its quota admits now waits: the quota is reserved for ``holder`` (the gate's
+    reservation, :class:`GateReservation`), and it is not expected to end before ``start``."""
+    when = f"t={start:g}" if math.isfinite(start) else "once charges with no known end are released"
+    message = (
+        f"quota is reserved for job {holder.tie} of queue {holder.queue} (first in the gate's order) from "
+        f"{when}; this job is not expected to end before then and would leave too little for it"
+    )
+    details: dict[str, int | str | bool] = {"queue": queue, "reserved_for": holder.tie, "start": str(start)}
+    return HoldReason(
+        code="quota",
+        constraint="reservation",
+        message=sentence(message),
+        details=details,
+        unblock=sentence(f"job {holder.tie} is let through, or a duration hint shows this job ends before"),
     )
 
 

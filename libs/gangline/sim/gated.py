@@ -49,7 +49,7 @@ from gangline.core.actions.queueing import (
     placement_cycle,
 )
 from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
-from gangline.core.fairshare import Pending
+from gangline.core.fairshare import Pending, job_line_work
 from gangline.core.framework.cycle import apply_plan
 from gangline.core.framework.profile import Profile
 from gangline.core.gate_credit import CreditPolicy
@@ -113,6 +113,7 @@ class GatedPolicy:
                 starvation_s=self.profile.settings.starvation_s,
                 credit=CreditPolicy(window) if window is not None else None,
                 run_bound=lambda job: job.run_bound_s,
+                expected_release=self._expected_release if self.profile.settings.gate_reserve else None,
             )
         self._submitted: dict[JobId, float] = {}
         self._waiting: dict[JobId, Job] = {}
@@ -215,11 +216,31 @@ class GatedPolicy:
         charges = self._charges
         limited = charges is not None and charges.limits(job.queue)
         if limited and charges is not None:
-            pending = Pending(job.queue, job.priority, self._submitted[job.id], job.id, job)
+            work = job_line_work(job, self.profile.settings.line_order)
+            pending = Pending(job.queue, job.priority, self._submitted[job.id], job.id, job, work)
+            if charges.reserves(charges.root(job.queue), now):
+                through = charges.arrive_in_turn(pending, now)
+                for other, _ in through:
+                    self._placeable[other.id] = other
+                return bool(through)
             if charges.arrive(pending, now) is None:
                 return False
         self._placeable[job.id] = job
         return True
+
+    def _expected_release(self, job_id: JobId, at: float) -> float | None:
+        """When a charged job's charge is expected to go: its run's start (``at`` when not placed yet)
+        plus its run bound (None: no bound; :class:`~gangline.core.charging.QuotaCharges`)."""
+        facts = self._facts.get(job_id)
+        job = self._waiting.get(job_id)
+        if job is None:
+            running = self.snapshot.running.get(job_id)
+            if running is None:
+                return None
+            job = running.job
+        bound = job.run_bound_s
+        start = facts.started_at if facts is not None and job_id in self.snapshot.running else at
+        return None if bound is None else start + bound
 
     def _flavours(self, job: Job) -> list[Flavour]:
         """The job's flavours its nodes can hold, in the order the quota service tries them (its GPU

@@ -3,6 +3,8 @@ admits, held jobs skipped (smaller ones behind go), why a job waits, and where a
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -298,11 +300,12 @@ def fresh_gate(
     t: QuotaTree,
     options: dict[str, tuple[list[Flavour], list[Reason]]],
     explain: int | None,
+    aged_before: float | None = None,
 ) -> Gate[str]:
     """The gate as the plain fair order computes it: each job in turn, the first ``explain`` held told why."""
     gate: Gate[str] = Gate()
     held = []
-    for item, fit in fair_admission(waiting, ledger, share, lambda j: options[j][0]):
+    for item, fit in fair_admission(waiting, ledger, share, lambda j: options[j][0], aged_before=aged_before):
         if fit is None:
             held.append(item)
         else:
@@ -338,6 +341,7 @@ JOB = st.tuples(
     st.integers(0, 2),  # priority
     st.integers(0, 5),  # submit time: ties broken by id
     FLAVOURS,
+    st.sampled_from([0.0, 1.0, 2.0, math.inf]),  # the work its line orders it by (line_order)
 )
 
 
@@ -356,13 +360,17 @@ JOB = st.tuples(
     st.one_of(st.none(), st.integers(0, 4)),
     st.lists(st.tuples(st.sampled_from([A, B, C]), st.integers(0, 6)), max_size=4),
     st.floats(0.0, 6.0),
+    st.one_of(st.none(), st.integers(-1, 5)),
 )
 def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_over_the_jobs_waiting_then(
-    steps: list[tuple[str, int | None, tuple[QueueName, int, int, list[tuple[str, int, int | None]]] | None]],
+    steps: list[
+        tuple[str, int | None, tuple[QueueName, int, int, list[tuple[str, int, int | None]], float] | None]
+    ],
     borrow: int | None,
     lend: int | None,
     used: list[tuple[QueueName, int]],
     decayed: float,
+    aged: int | None,
 ) -> None:
     # The lines a caller keeps (jobs put, put again with other facts, taken away) must let through the
     # same jobs in the same order on the same flavours, and explain the same first held jobs with the
@@ -387,10 +395,10 @@ def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_ove
         if op == "put":
             assert arg is not None and spec is not None
             name = f"j{arg}"
-            queue, priority, at, raw = spec
+            queue, priority, at, raw, work = spec
             flavours = [flavour(m, n, x) for m, n, x in raw]
             options[name] = (flavours, [] if flavours else [MISFITS[0]])
-            waiting[name] = Pending(queue, priority, float(at), name, name)
+            waiting[name] = Pending(queue, priority, float(at), name, name, work)
             lines.put(waiting[name], flavours)
         elif op == "discard":
             name = f"j{arg}"
@@ -401,8 +409,13 @@ def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_ove
             assert len(lines) == len(waiting)
             kept_ledger, fresh_ledger = base.copy(), base.copy()
             kept_share, fresh_share = share(), share()
-            kept = lines.let_through(kept_ledger, kept_share, t, lambda j: options[j], explain=explain)
-            fresh = fresh_gate(list(waiting.values()), fresh_ledger, fresh_share, t, options, explain)
+            aged_before = None if aged is None else float(aged)  # jobs submitted by then starve
+            kept = lines.let_through(
+                kept_ledger, kept_share, t, lambda j: options[j], explain=explain, aged_before=aged_before
+            )
+            fresh = fresh_gate(
+                list(waiting.values()), fresh_ledger, fresh_share, t, options, explain, aged_before
+            )
             assert kept.admitted == fresh.admitted
             assert kept.held == fresh.held
             assert kept.unexplained == fresh.unexplained
@@ -410,5 +423,7 @@ def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_ove
                 assert kept_ledger.usage_vector(q) == fresh_ledger.usage_vector(q)
                 assert kept_share.share(q) == fresh_share.share(q)
             # A pass leaves the lines as they were: the same pass again decides the same.
-            again = lines.let_through(base.copy(), share(), t, lambda j: options[j], explain=explain)
+            again = lines.let_through(
+                base.copy(), share(), t, lambda j: options[j], explain=explain, aged_before=aged_before
+            )
             assert again.admitted == kept.admitted and again.held == kept.held

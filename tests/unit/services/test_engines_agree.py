@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from gangline.cluster_spec import load_cluster_spec
-from gangline.core.defaults import default_profile
+from gangline.core.defaults import DEFAULT_PROFILE_YAML, default_profile, placement_registry
+from gangline.core.framework.profile import load_profile_file
 from gangline.events.allocations import AllocationGranted
 from gangline.events.jobs import JobPending
 from gangline.queues_file import load_queues
@@ -41,11 +42,14 @@ def _jobs() -> list[TraceJob]:
     return load_trace(WORLD / "philly-slice.csv", time_scale=2.0)
 
 
-def _core(jobs: list[TraceJob], queues: bool) -> tuple[list[Grant], dict[str, object]]:
+def _core(
+    jobs: list[TraceJob], queues: bool, profile_path: Path | None = None
+) -> tuple[list[Grant], dict[str, object]]:
     spec = load_cluster_spec(WORLD / "cluster.yaml")
-    policy = GatedPolicy(
-        "default", default_profile(), spec.build_nodes(), load_queues(QUEUES) if queues else None
+    profile = (
+        default_profile() if profile_path is None else load_profile_file(profile_path, placement_registry())
     )
+    policy = GatedPolicy("default", profile, spec.build_nodes(), load_queues(QUEUES) if queues else None)
     result = Simulator(jobs, policy, float(spec.total_gpus)).run()
     grants = [
         (
@@ -61,9 +65,13 @@ def _core(jobs: list[TraceJob], queues: bool) -> tuple[list[Grant], dict[str, ob
     return grants, summarize(result)
 
 
-def _services(jobs: list[TraceJob], queues: bool) -> tuple[list[Grant], dict[str, object]]:
+def _services(
+    jobs: list[TraceJob], queues: bool, profile_path: Path | None = None
+) -> tuple[list[Grant], dict[str, object]]:
     spec = load_cluster_spec(WORLD / "cluster.yaml")
-    run = simulate_services(jobs, spec, queues=QUEUES if queues else None, keep_log=True)
+    run = simulate_services(
+        jobs, spec, queues=QUEUES if queues else None, keep_log=True, profile_path=profile_path
+    )
     sim = run.simulation
     grants = [
         (
@@ -91,6 +99,22 @@ def test_both_engines_grant_the_same_jobs_at_the_same_time_on_the_same_gpus(queu
     assert _rounded(core) == _rounded(services)
     for figure in ("mean_wait_s", "p99_wait_s", "mean_jct_s", "utilization"):
         assert core_figures[figure] == pytest.approx(services_figures[figure], rel=1e-9, abs=1e-3)
+
+
+def test_both_engines_agree_under_the_gates_line_order_and_reservation(tmp_path: Path) -> None:
+    """The quota gate's two optional rules (``line_order``, ``gate_reserve``), with a bound short enough
+    that jobs of this world starve: the services read them from the profile and decide as the core does."""
+    text = DEFAULT_PROFILE_YAML.replace("starvation_s: 259200", "starvation_s: 1800")
+    text += "  line_order: shortest-run\n  gate_reserve: true\n"
+    path = tmp_path / "profile.yaml"
+    path.write_text(text)
+    jobs = _jobs()
+    core, core_figures = _core(jobs, True, path)
+    services, _ = _services(jobs, True, path)
+    assert _rounded(core) == _rounded(services)
+    plain, plain_figures = _core(jobs, True)
+    assert _rounded(core) != _rounded(plain)  # the rules decided something here
+    assert core_figures["mean_wait_s"] != plain_figures["mean_wait_s"]
 
 
 def test_the_world_queues_borrows_and_places_gangs() -> None:

@@ -269,6 +269,42 @@ def test_quota_takes_the_starvation_bound_from_the_profile_placement_runs(tmp_pa
     assert state.starvation_s == state.charges.starvation_s == 60
 
 
+def _line_scenario(line_order: str) -> list[str]:
+    """team-a's 16 H100s run one job; a long job waits from 10 s, a short one from 20 s; the run ends."""
+    state = quota(ONE_TEAM)
+    state.line_order = line_order
+    run(state, "runs", gpus_per_worker=16)
+    assert reason_of(feed(state, admit("long", gpus_per_worker=16, duration_hint_s=72_000, at=10))[0])
+    assert reason_of(feed(state, admit("short", gpus_per_worker=16, duration_hint_s=3_600, at=20))[0])
+    return queued_ids(feed(state, release("runs", at=100)))
+
+
+def test_the_quota_service_orders_a_queues_line_by_the_profiles_line_order() -> None:
+    assert _line_scenario("submit") == ["long"]
+    assert _line_scenario("shortest-run") == ["short"]  # the core's line order (gangline.core.fairshare)
+
+
+def _reserve_scenario(gate_reserve: bool) -> list[Envelope]:
+    """The lab's 16 GPUs run two 8-GPU jobs (ending at 2 and 3 days by their hints); a 16-GPU job has
+    waited past the one-day bound; an 8-GPU job of 1.5 days waits too; the first run ends at 2 days."""
+    state = quota(LAB, starvation_s=DAY)
+    state.gate_reserve = gate_reserve
+    state.charges = state._new_charges()
+    run(state, "r1", gpus_per_worker=8, duration_hint_s=int(2 * DAY))
+    run(state, "r2", queue="team-b", gpus_per_worker=8, duration_hint_s=int(3 * DAY))
+    assert reason_of(feed(state, admit("big", workers=2, gpus_per_worker=8, at=10))[0])
+    feed(state, admit("small", gpus_per_worker=8, duration_hint_s=int(1.5 * DAY), at=1.5 * DAY))
+    return feed(state, release("r1", at=2 * DAY))
+
+
+def test_the_quota_service_reserves_quota_for_a_starving_job_when_the_profile_says_so() -> None:
+    assert queued_ids(_reserve_scenario(False)) == ["small"]
+    held = _reserve_scenario(True)
+    assert queued_ids(held) == []
+    reasons = {e.data.job_id: reason_of(e) for e in held if isinstance(e.data, JobPending)}
+    assert "reserved for job big" in reasons[JobId("small")].message
+
+
 def test_a_queue_that_used_a_lot_recently_goes_after_one_that_did_not() -> None:
     assert _fair_scenario(LAB, half_life_s=0) == ["a1"]  # plain DRF: both at 0, the earlier admitted
     assert _fair_scenario(LAB, half_life_s=3600) == ["b1"]  # team-a's last hour counts against it

@@ -175,7 +175,9 @@ class History:
             # same order: a pass over both (every job, every held one explained) decides the same.
             kept = state.waiting_lines(key)
             waiting = state.waiting.get(key, {}).values()
-            fresh = WaitingLines.of((_pending_item(j) for j in waiting), lambda j: state.gate_options(j)[0])
+            fresh = WaitingLines.of(
+                (_pending_item(j, state.line_order) for j in waiting), lambda j: state.gate_options(j)[0]
+            )
             assert len(kept) == len(fresh)
             at = self.log[-1].time
             gates = [

@@ -12,6 +12,8 @@ settings:
   max_candidates: 4            # whole-gang candidates scored per job
   gate_credit_s: 86400         # the quota gate's backfill window (gangline.core.gate_credit); absent: off
   starvation_s: 172800         # waited longer: served before fair share, oldest first; absent: never
+  line_order: shortest-run     # the gate's line: submit (default), shortest-run, shortest-work
+  gate_reserve: true           # the quota gate reserves quota for the oldest starving job it holds
 ```
 
 Plugins run at each extension point in the order listed. A bad profile is a configuration
@@ -27,6 +29,7 @@ from typing import Any, cast
 
 import yaml
 
+from gangline.core.fairshare import LINE_ORDERS
 from gangline.core.framework.plugin import (
     Action,
     FilterPlugin,
@@ -52,6 +55,15 @@ class Settings:
     starvation_s: float | None = None
     """A job that has waited longer than this is served before fair share's order, oldest first, at the
     quota gate and in placement's order (:func:`gangline.core.fairshare.serving_share`); None: never."""
+    line_order: str = "submit"
+    """How each queue's line at the quota gate orders its jobs at one priority, after those past
+    ``starvation_s``: by submit time, or the shortest run bound / least expected work first
+    (:func:`gangline.core.fairshare.line_work`). Placement keeps its own order (priority, fair share,
+    admitted time) over the jobs the gate let through."""
+    gate_reserve: bool = False
+    """The quota gate reserves quota for the oldest job past ``starvation_s`` it holds, EASY backfill on
+    quota (:class:`gangline.core.quota_gate.GateReservation`): later jobs go only if they end before its
+    expected start or leave it enough then. Needs ``starvation_s``."""
 
 
 @dataclass(frozen=True)
@@ -138,14 +150,23 @@ def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
     raw_settings = doc.get("settings") or {}
     if not isinstance(raw_settings, Mapping):
         raise ValueError("settings must be a mapping")
-    unknown = set(raw_settings) - {"max_candidates", "gate_credit_s", "starvation_s"}
+    known = {"max_candidates", "gate_credit_s", "starvation_s", "line_order", "gate_reserve"}
+    unknown = set(raw_settings) - known
     if unknown:
         raise ValueError(f"unknown settings: {sorted(unknown)}")
     max_candidates = raw_settings.get("max_candidates", Settings().max_candidates)
     if not isinstance(max_candidates, int) or max_candidates < 1:
         raise ValueError("settings.max_candidates must be a positive integer")
     credit, starvation = (_seconds(raw_settings, k) for k in ("gate_credit_s", "starvation_s"))
-    settings = Settings(max_candidates, credit, starvation)
+    line_order = raw_settings.get("line_order", Settings().line_order)
+    if not isinstance(line_order, str) or line_order not in LINE_ORDERS:
+        raise ValueError(f"settings.line_order must be one of {', '.join(LINE_ORDERS)}")
+    gate_reserve = raw_settings.get("gate_reserve", Settings().gate_reserve)
+    if not isinstance(gate_reserve, bool):
+        raise ValueError("settings.gate_reserve must be true or false")
+    if gate_reserve and starvation is None:
+        raise ValueError("settings.gate_reserve needs settings.starvation_s (only a starving job reserves)")
+    settings = Settings(max_candidates, credit, starvation, line_order, gate_reserve)
     return Profile.compose(name, tuple(actions), tuple(plugins), weights, settings)
 
 
