@@ -19,6 +19,11 @@ and so are the completions and checkpoint acknowledgements whose timers fire tog
 ``job.started`` always precedes its ``job.completed``. A grant may be read before its job's
 ``job.admitted`` (the two topics are read side by side): the job then starts at once and its
 timer starts when the duration hint is read, counting from the start.
+
+A broker away for longer than the producer's timeout (a restart on a busy machine) stops nothing, as
+it stops no real agent: a heartbeat that could not be sent is dropped (the next one says the same), and
+the job reports that could not be sent are sent again, in order, with their ids, until the broker takes
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from gangline.bus import EventProducer
 from gangline.bus.producer import send_envelope
@@ -87,6 +93,14 @@ Outgoing = tuple[str, Event, str]
 """(topic, event, event id): one event to publish."""
 
 
+class NotSent(Exception):
+    """Some of a batch the broker did not take (``unsent``, in the batch's order); ``__cause__``: why."""
+
+    def __init__(self, unsent: Sequence[Outgoing]) -> None:
+        super().__init__(f"{len(unsent)} record(s) not sent")
+        self.unsent = list(unsent)
+
+
 @dataclass
 class FakeCluster:
     spec: ClusterSpec
@@ -99,6 +113,8 @@ class FakeCluster:
     default_duration_s: int | None = None
     """Run time of jobs without a duration hint; None runs them until released."""
     checkpoint_delay_s: float = 0.2
+    resend_s: float = 0.5
+    """How long to wait before sending again what the broker did not take."""
     pools: PoolLayout | None = None
     """The cluster's pools: each node's records, and the reports of the jobs it runs, go to its pool's
     partition (gangline.bus.pools), as each node's own agent sends them. None: by key."""
@@ -256,8 +272,14 @@ class FakeCluster:
                     batch.append(
                         (self.topics.heartbeats, beat, derived_id(self.spec.name, node_id, "hb", seq))
                     )
-                await self._send_all(batch)
-                self.stats.heartbeats += len(batch)
+                try:
+                    await self._send_all(batch)
+                except NotSent as e:
+                    log.warning(
+                        "fake nodes: %s heartbeat(s) not sent (%r); dropped", len(e.unsent), e.__cause__
+                    )
+                else:
+                    self.stats.heartbeats += len(batch)
                 await asyncio.sleep(self.heartbeat_s / slices)
 
     def _busy_gpus(self) -> dict[NodeId, set[GpuId]]:
@@ -419,19 +441,28 @@ class FakeCluster:
             items, self._outbox = self._outbox, []
             if items:
                 self.stats.batches += 1
-                await self._send_all(items)
+            while items:
+                try:
+                    await self._send_all(items)
+                    items = []
+                except NotSent as e:
+                    items = e.unsent
+                    log.warning("fake nodes: %s report(s) not sent (%r); again", len(items), e.__cause__)
+                    await asyncio.sleep(self.resend_s)
 
     async def _send_all(self, items: Sequence[Outgoing]) -> None:
+        """Send ``items``; :class:`NotSent` with those the broker did not take (a broker error)."""
         producer = self._producer
         if producer is None:
             return
         now = datetime.now(UTC)
         tracer = get_tracer()
         futures = []
+        error: KafkaError | None = None
         for topic, event, event_id in items:
             envelope = make_envelope(event, event_id=event_id, source=self._source, time=now)
-            futures.append(
-                await send_envelope(
+            try:
+                future = await send_envelope(
                     producer.raw,
                     tracer,
                     topic,
@@ -439,8 +470,21 @@ class FakeCluster:
                     chain=producer.chain,
                     partition=self._pool_partition(topic, envelope),
                 )
-            )
-        await asyncio.gather(*futures)
+            except KafkaError as e:  # not queued (no metadata in time): neither is the rest
+                error = e
+                break
+            futures.append(future)
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        unsent = [
+            item for item, outcome in zip(items, outcomes, strict=False) if isinstance(outcome, BaseException)
+        ]
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, KafkaError):
+                raise failure
+        unsent += items[len(futures) :]
+        if unsent:
+            raise NotSent(unsent) from (failures[0] if failures else error)
 
 
 def time_limit_reached(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from aiokafka.errors import LeaderNotAvailableError
 
 from gangline.cluster_spec import uniform_cluster
 from gangline.events.allocations import AllocationGranted, AllocationReleased, Placement
@@ -281,3 +285,80 @@ async def test_a_job_checkpointed_for_a_preemption_stops_and_never_completes() -
     await nodes.flush()
     assert [type(e) for e in nodes.events()] == [JobStarted, JobCheckpointed]
     assert nodes.stats.completed == 0
+
+
+class FlakyBroker:
+    """An aiokafka producer stand-in whose deliveries fail while ``away`` (a broker restart longer than
+    the producer's timeout: aiokafka fails the batch with the last retriable error)."""
+
+    def __init__(self) -> None:
+        self.away = True
+        self.taken: list[tuple[str, bytes]] = []
+        self.refused = 0
+
+    async def send(self, topic: str, *, value: bytes, **_: object) -> asyncio.Future[None]:
+        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.away:
+            self.refused += 1
+            delivery.set_exception(LeaderNotAvailableError())
+        else:
+            self.taken.append((topic, value))
+            delivery.set_result(None)
+        return delivery
+
+
+@dataclass
+class _Producer:
+    raw: FlakyBroker
+    chain: None = None
+
+
+def on_flaky_broker(broker: FlakyBroker) -> FakeCluster:
+    nodes = FakeCluster(
+        spec=uniform_cluster(2),
+        bootstrap="unused:9092",
+        topics=TOPICS,
+        group_id="unit",
+        time_scale=0.01,
+        heartbeat_s=0.01,
+        resend_s=0.01,
+    )
+    nodes._producer = _Producer(broker)  # type: ignore[assignment]
+    return nodes
+
+
+async def test_reports_the_broker_did_not_take_are_sent_again_in_order_when_it_is_back() -> None:
+    """The chaos run's case: the broker's restart took 65 s on a loaded machine; the nodes' sends failed
+    with LeaderNotAvailableError and the whole simulated cluster stopped."""
+    broker = FlakyBroker()
+    nodes = on_flaky_broker(broker)
+    nodes.on_event(admitted("a", duration_s=None))
+    nodes.on_event(granted("a"))
+    nodes.on_event(admitted("b", duration_s=None))
+    nodes.on_event(granted("b", gpu="gpu1"))
+    flush = asyncio.ensure_future(nodes.flush())
+    await until(lambda: broker.refused >= 4)
+    assert not flush.done()  # still trying
+    broker.away = False
+    await asyncio.wait_for(flush, 5)
+    sent = [json.loads(value) for _, value in broker.taken]
+    assert [(e["type"], e["data"]["job_id"]) for e in sent] == [
+        ("gangline.job.started.v1", "a"),
+        ("gangline.job.started.v1", "b"),
+    ]
+
+
+async def test_heartbeats_the_broker_did_not_take_are_dropped_and_the_beats_go_on() -> None:
+    broker = FlakyBroker()
+    nodes = on_flaky_broker(broker)
+    beats = asyncio.create_task(nodes._heartbeats())
+    try:
+        await until(lambda: broker.refused >= 4)
+        assert not beats.done() and nodes.stats.heartbeats == 0
+        broker.away = False
+        await until(lambda: nodes.stats.heartbeats >= 4)
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+    assert {topic for topic, _ in broker.taken} == {TOPICS.heartbeats}
