@@ -12,6 +12,7 @@ settings:
   max_candidates: 4            # whole-gang candidates scored per job
   gate_credit_s: 86400         # the quota gate's backfill window (gangline.core.gate_credit); absent: off
   starvation_s: 172800         # waited longer: served before fair share, oldest first; absent: never
+  short_first_weight: 1.0      # placement's line: submit time + weight x run bound; absent: submit time
 ```
 
 Plugins run at each extension point in the order listed. A bad profile is a configuration
@@ -52,6 +53,11 @@ class Settings:
     starvation_s: float | None = None
     """A job that has waited longer than this is served before fair share's order, oldest first, at the
     quota gate and in placement's order (:func:`gangline.core.fairshare.serving_share`); None: never."""
+    short_first_weight: float | None = None
+    """Shortest first among jobs submitted together: in placement's line and order a job stands as if
+    submitted this many times its run bound later (:func:`gangline.core.waiting.line_time`; 1: by its
+    earliest possible end); None: by submit time alone. Fair share, priority and the starvation bound
+    are read as before."""
 
 
 @dataclass(frozen=True)
@@ -138,14 +144,20 @@ def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
     raw_settings = doc.get("settings") or {}
     if not isinstance(raw_settings, Mapping):
         raise ValueError("settings must be a mapping")
-    unknown = set(raw_settings) - {"max_candidates", "gate_credit_s", "starvation_s"}
+    unknown = set(raw_settings) - {"max_candidates", "gate_credit_s", "starvation_s", "short_first_weight"}
     if unknown:
         raise ValueError(f"unknown settings: {sorted(unknown)}")
     max_candidates = raw_settings.get("max_candidates", Settings().max_candidates)
     if not isinstance(max_candidates, int) or max_candidates < 1:
         raise ValueError("settings.max_candidates must be a positive integer")
     credit, starvation = (_seconds(raw_settings, k) for k in ("gate_credit_s", "starvation_s"))
-    settings = Settings(max_candidates, credit, starvation)
+    short_first = raw_settings.get("short_first_weight")
+    if short_first is not None and (
+        isinstance(short_first, bool) or not isinstance(short_first, int | float) or short_first < 0
+    ):
+        raise ValueError("settings.short_first_weight must be a non-negative number")
+    short_first_weight = None if short_first is None else float(short_first)
+    settings = Settings(max_candidates, credit, starvation, short_first_weight)
     return Profile.compose(name, tuple(actions), tuple(plugins), weights, settings)
 
 
