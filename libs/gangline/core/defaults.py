@@ -32,6 +32,7 @@ plugins:
 settings:
   max_candidates: 4
   starvation_s: 259200
+  short_first_weight: 1.0
 """
 """The built-in default profile (the same as deploy/profiles/default.yaml): the first blocked gang
 of two GPUs or more holds the GPUs it will start on, and only work that ends before then (or is

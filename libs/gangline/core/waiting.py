@@ -229,13 +229,33 @@ class _FitCounter:
         return min(n, limit)
 
 
-def waiting_line(jobs: Iterable[Job], admitted_at: Mapping[JobId, float]) -> list[Job]:
+def line_time(job: Job, submitted: float, short_first_weight: float | None) -> float:
+    """When ``job`` stands in placement's line: its submit time, plus ``short_first_weight`` times its
+    run bound (duration hint or time limit) when both are given.
+
+    The profile's ``short_first_weight`` (shortest first among jobs submitted together): of a batch
+    submitted at once, the short jobs start first, which lowers the batch's mean wait, and as the
+    handicap is a job's run time, not its size, a big gang of short jobs is not put behind small long
+    ones. A job waiting longer than the others' handicaps is still ahead of them (it is a handicap,
+    not a class). A job with no run bound keeps its submit time.
+    """
+    bound = job.run_bound_s
+    if short_first_weight is None or bound is None:
+        return submitted
+    return submitted + short_first_weight * bound
+
+
+def waiting_line(
+    jobs: Iterable[Job], admitted_at: Mapping[JobId, float], *, short_first_weight: float | None = None
+) -> list[Job]:
     """The waiting jobs in the order placement's line keeps them (:func:`cycle_jobs` reads its front):
-    highest priority first, then admitted earliest (``admitted_at``, seconds; unknown: last), then by
-    job id. Every part of it is read from the log, so a restore or a replay lines them up alike."""
+    highest priority first, then admitted earliest (``admitted_at``, seconds; unknown: last; moved back
+    by :func:`line_time` with ``short_first_weight``), then by job id. Every part of it is read from
+    the log, so a restore or a replay lines them up alike."""
 
     def key(job: Job) -> tuple[int, float, str]:
-        return (-job.priority, admitted_at.get(job.id, math.inf), job.id)
+        at = admitted_at.get(job.id)
+        return (-job.priority, math.inf if at is None else line_time(job, at, short_first_weight), job.id)
 
     return sorted(jobs, key=key)
 

@@ -250,11 +250,15 @@ class CorePolicy:
     """The jobs that held reservations after the last cycle."""
 
     def __post_init__(self) -> None:
-        if self.profile.settings.starvation_s is not None or any(
-            getattr(a, "horizon_s", None) is not None for a in self.profile.actions
+        settings = self.profile.settings
+        if (
+            settings.starvation_s is not None
+            or settings.short_first_weight is not None
+            or any(getattr(a, "horizon_s", None) is not None for a in self.profile.actions)
         ):
-            # The waiting-job pruning assumes fair order and the first blocked gang decide; the
-            # starvation bound and the reservation horizon break that, so every waiting job is handed.
+            # The waiting-job pruning assumes fair order and the first blocked gang decide, each group
+            # of like requests in submit order; the starvation bound, the reservation horizon and
+            # shortest-first (which orders a group by run time) break that, so every waiting job is handed.
             self.prune = False
         self.snapshot = Snapshot(self.nodes)
         if self.queues is not None:

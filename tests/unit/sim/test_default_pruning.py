@@ -96,10 +96,11 @@ class _Deepest(CorePolicy):
 
 
 def pruned_profile() -> Profile:
-    """The default without the starvation bound and the reservation horizon, under which CorePolicy
-    does not prune (they break the pruning's assumptions; see CorePolicy.__post_init__)."""
+    """The default without the starvation bound, the reservation horizon and shortest-first, under
+    which CorePolicy does not prune (they break the pruning's assumptions; see CorePolicy.__post_init__)."""
     text = DEFAULT_PROFILE_YAML.replace(", horizon_s: 3600", "").replace("  starvation_s: 259200\n", "")
-    assert "horizon_s" not in text and "starvation_s" not in text
+    text = text.replace("  short_first_weight: 1.0\n", "")
+    assert "horizon_s" not in text and "starvation_s" not in text and "short_first" not in text
     return load_profile(text, placement_registry())
 
 

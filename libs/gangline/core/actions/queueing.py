@@ -39,7 +39,7 @@ from gangline.core.queues import (
 )
 from gangline.core.quota_gate import Flavour, fair_admission
 from gangline.core.snapshot import RunningJob, Slot, Snapshot
-from gangline.core.waiting import cycle_jobs, waiting_line
+from gangline.core.waiting import cycle_jobs, line_time, waiting_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +335,15 @@ def request_for_order(job: Job, snapshot: Snapshot) -> dict[Resource, int]:
 
 
 def fair_order(
-    jobs: Sequence[Job], ctx: QueueContext, snapshot: Snapshot, *, starvation_s: float | None = None
+    jobs: Sequence[Job],
+    ctx: QueueContext,
+    snapshot: Snapshot,
+    *,
+    starvation_s: float | None = None,
+    short_first_weight: float | None = None,
 ) -> list[Job]:
-    """Priority, then the queue's dominant share (growing as work is admitted), then submit time; with
+    """Priority, then the queue's dominant share (growing as work is admitted), then submit time (moved
+    back by :func:`~gangline.core.waiting.line_time` with ``short_first_weight``); with
     ``starvation_s``, jobs submitted longer ago than that go first at their priority, oldest first.
 
     The quota gate's fair admission (:func:`gangline.core.quota_gate.fair_admission`, the rule the quota
@@ -345,7 +351,16 @@ def fair_order(
     if admitted when its queue's quota would admit it (work that cannot run must not push its queue
     back), on its GPU type or the cluster's first (:func:`request_for_order`).
     """
-    items = [Pending(j.queue, j.priority, ctx.submit_time.get(j.id, 0.0), j.id, j) for j in jobs]
+    aged_before = ctx.now - starvation_s if starvation_s is not None else None
+
+    def line(job: Job) -> float:
+        # a starving job keeps its submit time: the bound serves it oldest first, as without the rule
+        submitted = ctx.submit_time.get(job.id, 0.0)
+        if aged_before is not None and submitted <= aged_before:
+            return submitted
+        return line_time(job, submitted, short_first_weight)
+
+    items = [Pending(j.queue, j.priority, line(j), j.id, j) for j in jobs]
     # One flavour per request shape (read only by the gate).
     flavours: dict[tuple[object, ...], tuple[Flavour, ...]] = {}
 
@@ -356,7 +371,6 @@ def fair_order(
             known = flavours[shape] = (Flavour(job.gpu_type, request_for_order(job, snapshot)),)
         return known
 
-    aged_before = ctx.now - starvation_s if starvation_s is not None else None
     admission = fair_admission(
         items, ctx.ledger.copy(), ctx.fair.clone(), flavours_of, aged_before=aged_before
     )
@@ -377,7 +391,14 @@ def run_queue_cycle(
     Like `run_cycle`, the snapshot is left as it was; ``ctx.ledger`` and ``ctx.fair`` are the
     caller's working copies and hold this cycle's admissions afterwards.
     """
-    ordered = fair_order(jobs, ctx, snapshot, starvation_s=profile.settings.starvation_s)
+    settings = profile.settings
+    ordered = fair_order(
+        jobs,
+        ctx,
+        snapshot,
+        starvation_s=settings.starvation_s,
+        short_first_weight=settings.short_first_weight,
+    )
     with snapshot.transaction():
         session = Session(snapshot, profile, ordered, cycle=cycle, allocation_id=allocation_id)
         shared: dict[StateKey[Any], Any] = session.shared
@@ -407,12 +428,14 @@ def placement_cycle(
     """Placement's cycle over the jobs the quota gate let through (they hold their quota already, see
     :mod:`gangline.core.charging`): the placement service's and the core simulator's, the same rule.
 
-    The jobs in line (:func:`~gangline.core.waiting.waiting_line`: priority, then admitted time), of
+    The jobs in line (:func:`~gangline.core.waiting.waiting_line`: priority, then admitted time, moved
+    back by the profile's ``short_first_weight``), of
     which the cycle sees the first ``head`` and every later one the free GPUs could hold
     (:func:`~gangline.core.waiting.cycle_jobs`); ``context`` gives the queue facts for those (no
     quota: the gate decided; :func:`open_context`). The snapshot is left as it was.
     """
-    jobs = cycle_jobs(snapshot, waiting_line(waiting, admitted_at), head)
+    line = waiting_line(waiting, admitted_at, short_first_weight=profile.settings.short_first_weight)
+    jobs = cycle_jobs(snapshot, line, head)
     return run_queue_cycle(snapshot, jobs, profile, context(jobs), cycle=cycle, allocation_id=allocation_id)
 
 

@@ -14,6 +14,7 @@ settings:
   starvation_s: 172800         # waited longer: served before fair share, oldest first; absent: never
   line_order: shortest-run     # the gate's line: submit (default), shortest-run, shortest-work
   gate_reserve: true           # the quota gate reserves quota for the oldest starving job it holds
+  short_first_weight: 1.0      # placement's line: submit time + weight x run bound; absent: submit time
 ```
 
 Plugins run at each extension point in the order listed. A bad profile is a configuration
@@ -64,6 +65,11 @@ class Settings:
     """The quota gate reserves quota for the oldest job past ``starvation_s`` it holds, EASY backfill on
     quota (:class:`gangline.core.quota_gate.GateReservation`): later jobs go only if they end before its
     expected start or leave it enough then. Needs ``starvation_s``."""
+    short_first_weight: float | None = None
+    """Shortest first among jobs submitted together: in placement's line and order a job stands as if
+    submitted this many times its run bound later (:func:`gangline.core.waiting.line_time`; 1: by its
+    earliest possible end); None: by submit time alone. Fair share, priority and the starvation bound
+    are read as before."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,14 @@ def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
     raw_settings = doc.get("settings") or {}
     if not isinstance(raw_settings, Mapping):
         raise ValueError("settings must be a mapping")
-    known = {"max_candidates", "gate_credit_s", "starvation_s", "line_order", "gate_reserve"}
+    known = {
+        "max_candidates",
+        "gate_credit_s",
+        "starvation_s",
+        "line_order",
+        "gate_reserve",
+        "short_first_weight",
+    }
     unknown = set(raw_settings) - known
     if unknown:
         raise ValueError(f"unknown settings: {sorted(unknown)}")
@@ -166,7 +179,20 @@ def profile_from_mapping(doc: Mapping[str, Any], registry: Registry) -> Profile:
         raise ValueError("settings.gate_reserve must be true or false")
     if gate_reserve and starvation is None:
         raise ValueError("settings.gate_reserve needs settings.starvation_s (only a starving job reserves)")
-    settings = Settings(max_candidates, credit, starvation, line_order, gate_reserve)
+    short_first = raw_settings.get("short_first_weight")
+    if short_first is not None and (
+        isinstance(short_first, bool) or not isinstance(short_first, int | float) or short_first < 0
+    ):
+        raise ValueError("settings.short_first_weight must be a non-negative number")
+    short_first_weight = None if short_first is None else float(short_first)
+    settings = Settings(
+        max_candidates=max_candidates,
+        gate_credit_s=credit,
+        starvation_s=starvation,
+        line_order=line_order,
+        gate_reserve=gate_reserve,
+        short_first_weight=short_first_weight,
+    )
     return Profile.compose(name, tuple(actions), tuple(plugins), weights, settings)
 
 
