@@ -324,11 +324,12 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             from services.bench.restart import write_history
 
             node_names = [r.node for r in uniform_cluster(args.nodes).registrations()]
-            records = await write_history(bootstrap, topics, args.history, node_names, live=0)
+            records = await write_history(bootstrap, topics, args.history, node_names, live=args.live)
             figures["history_write_s"] = round(time.monotonic() - began, 1)
             print(
-                f"history: {args.history} finished jobs ({records} records) written in "
-                f"{figures['history_write_s']} s; every service restores them at start",
+                f"history: {args.history} jobs ({args.history - args.live} finished, {args.live} still "
+                f"holding a GPU; {records} records) written in {figures['history_write_s']} s; every "
+                "service restores them at start",
                 flush=True,
             )
         procs["fake-nodes"] = start(
@@ -547,6 +548,13 @@ def main() -> int:
         help="before the services start, write this many finished jobs (admitted, granted, completed, "
         "released) on the simulated nodes: the state every service restores and keeps",
     )
+    p.add_argument(
+        "--live",
+        type=int,
+        default=0,
+        help="of the --history jobs, this many (the last) are granted and never end: one GPU each, live in "
+        "every service's state next to the finished ones (at most --nodes x 8)",
+    )
     p.add_argument("--offered", type=float, default=200.0)
     p.add_argument("--offered-s", type=float, default=15.0)
     p.add_argument(
@@ -580,6 +588,8 @@ def main() -> int:
         "then gives the median of each figure and every run's figures under 'runs'",
     )
     args = p.parse_args()
+    if not 0 <= args.live <= min(args.history, args.nodes * 8):
+        p.error("--live must be between 0 and the smaller of --history and --nodes x 8")
     admin_credentials()
     runs = []
     for k in range(args.runs):
