@@ -89,6 +89,8 @@ class Grants:
         )
         self.at: dict[str, int] = {}
         self.released: set[str] = set()
+        self.node_failed = 0
+        """Releases because a node failed: on simulated nodes, heartbeats that came too late."""
         self.stage_at: dict[bytes, dict[str, int]] = {stage: {} for stage in STAGES}
 
     async def poll(self) -> None:
@@ -103,6 +105,8 @@ class Grants:
                     continue
                 if b'"type":"gangline.allocation.released.' in value:
                     self.released.add((r.key or b"").decode())
+                    if b'"reason":"node_failed"' in value:
+                        self.node_failed += 1  # node_health failed the node (silent past --silence-s)
                     continue
                 for stage in STAGES:
                     if b'"type":"gangline.' + stage in value:
@@ -325,7 +329,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         "GANGLINE_TOPIC_PREFIX": topics.prefix,
         "GANGLINE_GROUP_PREFIX": f"g-{topics.prefix.rstrip('.')}",
         "GANGLINE_INSTANCE_ID": "bench",
-        "GANGLINE_SILENCE_S": "60",
+        "GANGLINE_SILENCE_S": str(args.silence_s),
         "GANGLINE_LOG_LEVEL": "WARNING",
         "GANGLINE_QUEUES_FILE": str(write_queues(logs, args.nodes)),
     }
@@ -508,6 +512,9 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             await producer.stop()
             await grants.consumer.stop()
 
+        figures["released_node_failed"] = grants.node_failed
+        if grants.node_failed:
+            print(f"  {grants.node_failed} allocations released because their node failed", flush=True)
         cpu = {name: round(cpu_seconds(proc.pid), 1) for name, proc in procs.items()}
         print(f"CPU seconds used per process: {cpu}", flush=True)
         peaks = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
@@ -574,6 +581,13 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--burst", type=int, default=7000)
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="each simulated node's heartbeat interval")
+    p.add_argument(
+        "--silence-s",
+        type=float,
+        default=60.0,
+        help="how long node_health waits for a heartbeat before it fails the node (GANGLINE_SILENCE_S); "
+        "many --nodes with a long --heartbeat-s on a busy machine need more, or nodes fail falsely",
+    )
     p.add_argument(
         "--start-s",
         type=float,
