@@ -89,6 +89,8 @@ class Grants:
         )
         self.at: dict[str, int] = {}
         self.released: set[str] = set()
+        self.node_failed = 0
+        """Releases because a node failed: on simulated nodes, heartbeats that came too late."""
         self.stage_at: dict[bytes, dict[str, int]] = {stage: {} for stage in STAGES}
 
     async def poll(self) -> None:
@@ -103,6 +105,8 @@ class Grants:
                     continue
                 if b'"type":"gangline.allocation.released.' in value:
                     self.released.add((r.key or b"").decode())
+                    if b'"reason":"node_failed"' in value:
+                        self.node_failed += 1  # node_health failed the node (silent past --silence-s)
                     continue
                 for stage in STAGES:
                     if b'"type":"gangline.' + stage in value:
@@ -213,6 +217,31 @@ async def wait_until_caught_up(
         await admin.close()
 
 
+HISTORY_READERS = ("quota", "placement", "preemption", "node_health")
+"""The services that read the topics ``--history`` writes (jobs.events, allocations.log)."""
+
+
+def fake_nodes_group(env: dict[str, str], args: argparse.Namespace) -> str:
+    """The simulated nodes' consumer group (services.agent.main), for the uniform cluster of ``--nodes``."""
+    return f"{env['GANGLINE_GROUP_PREFIX']}.fake-nodes.{uniform_cluster(args.nodes).name}"
+
+
+async def commit_at_end(bootstrap: str, groups: list[str], topics: dict[str, int]) -> None:
+    """Commit each of ``groups``' offsets at the end of every partition of ``topics`` (name: count)."""
+    partitions = [TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)]
+    for group in groups:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, **client_options(), group_id=group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            consumer.assign(partitions)
+            ends = await consumer.end_offsets(partitions)
+            await consumer.commit({tp: offset for tp, offset in ends.items() if offset > 0})
+        finally:
+            await consumer.stop()
+
+
 def gc_summaries(logs: Path) -> list[str]:
     """One line per process whose garbage collections were timed (services.bench.gctrace)."""
     lines = []
@@ -300,7 +329,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         "GANGLINE_TOPIC_PREFIX": topics.prefix,
         "GANGLINE_GROUP_PREFIX": f"g-{topics.prefix.rstrip('.')}",
         "GANGLINE_INSTANCE_ID": "bench",
-        "GANGLINE_SILENCE_S": "60",
+        "GANGLINE_SILENCE_S": str(args.silence_s),
         "GANGLINE_LOG_LEVEL": "WARNING",
         "GANGLINE_QUEUES_FILE": str(write_queues(logs, args.nodes)),
     }
@@ -324,11 +353,27 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             from services.bench.restart import write_history
 
             node_names = [r.node for r in uniform_cluster(args.nodes).registrations()]
-            records = await write_history(bootstrap, topics, args.history, node_names, live=0)
+            records = await write_history(bootstrap, topics, args.history, node_names, live=args.live)
             figures["history_write_s"] = round(time.monotonic() - began, 1)
+            # As a cluster that ran it: the readers of the history's topics are past it (their restore folds
+            # it; their processors and the simulated nodes go on after it instead of reading it all again).
+            readers = [
+                *(f"{env['GANGLINE_GROUP_PREFIX']}.{s}" for s in HISTORY_READERS),
+                fake_nodes_group(env, args),
+            ]
+            await commit_at_end(
+                bootstrap,
+                readers,
+                {
+                    spec.name: spec.partitions
+                    for spec in topics.specs()
+                    if spec.name in (topics.events, topics.allocations)
+                },
+            )
             print(
-                f"history: {args.history} finished jobs ({records} records) written in "
-                f"{figures['history_write_s']} s; every service restores them at start",
+                f"history: {args.history} jobs ({args.history - args.live} finished, {args.live} still "
+                f"holding a GPU; {records} records) written in {figures['history_write_s']} s; every "
+                "service restores them at start, its consumer group committed past them",
                 flush=True,
             )
         procs["fake-nodes"] = start(
@@ -467,6 +512,9 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
             await producer.stop()
             await grants.consumer.stop()
 
+        figures["released_node_failed"] = grants.node_failed
+        if grants.node_failed:
+            print(f"  {grants.node_failed} allocations released because their node failed", flush=True)
         cpu = {name: round(cpu_seconds(proc.pid), 1) for name, proc in procs.items()}
         print(f"CPU seconds used per process: {cpu}", flush=True)
         peaks = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
@@ -534,6 +582,13 @@ def main() -> int:
     p.add_argument("--burst", type=int, default=7000)
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="each simulated node's heartbeat interval")
     p.add_argument(
+        "--silence-s",
+        type=float,
+        default=60.0,
+        help="how long node_health waits for a heartbeat before it fails the node (GANGLINE_SILENCE_S); "
+        "many --nodes with a long --heartbeat-s on a busy machine need more, or nodes fail falsely",
+    )
+    p.add_argument(
         "--start-s",
         type=float,
         default=120.0,
@@ -546,6 +601,13 @@ def main() -> int:
         default=0,
         help="before the services start, write this many finished jobs (admitted, granted, completed, "
         "released) on the simulated nodes: the state every service restores and keeps",
+    )
+    p.add_argument(
+        "--live",
+        type=int,
+        default=0,
+        help="of the --history jobs, this many (the last) are granted and never end: one GPU each, live in "
+        "every service's state next to the finished ones (at most --nodes x 8)",
     )
     p.add_argument("--offered", type=float, default=200.0)
     p.add_argument("--offered-s", type=float, default=15.0)
@@ -580,6 +642,8 @@ def main() -> int:
         "then gives the median of each figure and every run's figures under 'runs'",
     )
     args = p.parse_args()
+    if not 0 <= args.live <= min(args.history, args.nodes * 8):
+        p.error("--live must be between 0 and the smaller of --history and --nodes x 8")
     admin_credentials()
     runs = []
     for k in range(args.runs):

@@ -112,9 +112,14 @@ class ServiceMetrics:
         timed, an event folded ahead of its batch's cycle)."""
         if self._cycle is not None and seconds is not None:
             self._cycle.labels(self.service).observe(seconds)
-        if self._decisions is not None:
+        if self._decisions is not None and outputs:
+            # One labelled child per type, not per output (labels() takes a lock and builds a key each call).
+            counts: dict[str, int] = {}
             for _, envelope in outputs:
-                self._decisions.labels(self.service, envelope.data.TYPE).inc()
+                kind = envelope.data.TYPE
+                counts[kind] = counts.get(kind, 0) + 1
+            for kind, count in counts.items():
+                self._decisions.labels(self.service, kind).inc(count)
         for hook in self._on_decided:
             hook(outputs)
 

@@ -19,10 +19,11 @@ every replica's seat of that pool. It reads only the pool's partition of each po
   committed is aborted, never seen.
 * **Hand-back.** A home seat claims its pool's lock as the pool's home (:mod:`services.common.leader`):
   when a replica comes back while another holds its pools, the holder's seats hand each lock over at the
-  next rebalance (the home seat's join) and go back to standing by. The home seat fences the pool's
-  transactional id before it decides (the holder's open transaction is aborted, and it can commit nothing
-  more), and restores from the pool's snapshot and partitions, which hold every grant the holder
-  committed: none is lost or made twice.
+  next rebalance (the home seat's join) and go back to standing by. The home seat restores from the
+  pool's snapshot and partitions up to their end before it joins the lock (the pool stays decided by the
+  holder meanwhile), then fences the pool's transactional id (the holder's open transaction is aborted,
+  and it can commit nothing more) and reads the short tail the holder committed since: every grant the
+  holder committed is in it, none is lost or made twice.
 * A home seat that loses its lock ends the whole replica (as a lone leader does): it restarts as a
   standby. Another seat that loses its lock (handed back, or fenced) starts again as a standby for it.
 """

@@ -272,7 +272,8 @@ async def restore_and_process(
     (``lock_session_timeout_ms`` after its last heartbeat); the leader's processor joins no consumer
     group (``ProcessorSettings.group_membership``). With ``lock_home`` this replica is the lock's home:
     a holder that is not hands the lock over when it joins (:mod:`services.common.leader`; the holder
-    raises :class:`LeadershipLost`).
+    raises :class:`LeadershipLost`); so a home with snapshots restores to the log's end before it joins,
+    and the lock moves only for the fence and the tail after that.
     Such a service commits its consumed offsets every ``idle_commit_ms`` rather than in every
     transaction (ProcessorSettings.offsets_in_every_transaction): whoever starts next re-reads at most
     that much input, whose decisions its restored state already holds.
@@ -333,6 +334,10 @@ async def restore_and_process(
     )
     warming = asyncio.create_task(warm.run()) if warm is not None else None
     try:
+        if lock_home and warm is not None and warming is not None:
+            # A home claim takes the lock from its holder at once: restored first (up to the log's end now),
+            # the pool goes undecided only while the fence and the short tail after that pass are read.
+            await warm.restored_once(warming)
         await leadership.acquire()
         if warm is not None and warming is not None:
             await warm.finish(warming)
@@ -379,6 +384,8 @@ class WarmStandby:
         self._settings, self._state, self._topics, self._select = settings, state, topics, select
         self._snapshots = snapshots
         self._stopping = asyncio.Event()
+        self._passed = asyncio.Event()
+        """Set once the first pass over the log ended (or the warm state failed)."""
         self._failed: BaseException | None = None
         self.positions: dict[tuple[str, int], int] = {}
         """Where the state has read each partition of the restore topics up to."""
@@ -405,6 +412,7 @@ class WarmStandby:
                     partitions=settings.input_partitions,
                 )
                 self.positions = reached
+                self._passed.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), WARM_REFRESH_S)
                 if self._stopping.is_set():
@@ -412,6 +420,17 @@ class WarmStandby:
         except Exception as error:  # a pass cut short leaves the state ahead of its positions
             self._failed = error
             log.warning("the standby's warm state is unusable: %r", error)
+        finally:
+            self._passed.set()
+
+    async def restored_once(self, task: asyncio.Task[None]) -> None:
+        """Wait until the snapshot is loaded and the log read once to its end (``task`` runs :meth:`run`);
+        a failed state returns too (:meth:`finish` raises then)."""
+        passed = asyncio.ensure_future(self._passed.wait())
+        try:
+            await asyncio.wait({passed, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            passed.cancel()
 
     async def finish(self, task: asyncio.Task[None]) -> None:
         """Stop after the pass in hand; raises when the state cannot be used (the process then starts

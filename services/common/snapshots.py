@@ -100,9 +100,53 @@ def _set_field(state: object, path: str, value: Any) -> None:
     setattr(_field(state, ".".join(parents)) if parents else state, name, value)
 
 
-def encode_state(state: Snapshotted) -> bytes:
-    """The saved fields of ``state``, pickled."""
-    return pickle.dumps({path: _field(state, path) for path in state.SNAPSHOT_FIELDS}, protocol=5)
+class FrozenPart:
+    """A frozen model pickled on its own (:class:`FrozenParts`): unpickling it builds the model."""
+
+    def __new__(cls, payload: bytes) -> Any:
+        return _StateUnpickler(io.BytesIO(payload)).load()
+
+
+class FrozenParts:
+    """The pickled bytes of a state's frozen models (node registrations, job specs, grants), kept from one
+    snapshot to the next: they never change, so a snapshot copies their bytes instead of pickling each
+    model again (the models were most of a snapshot's time: 1,000 registrations of 8 GPUs each, 0.7 of
+    0.95 s on a busy machine). Only what the last snapshot held is kept."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[object, bytes]] = {}
+
+    def _bytes_of(self, model: BaseModel, used: dict[int, tuple[object, bytes]]) -> bytes:
+        entry = self._kept.get(id(model))
+        if entry is None or entry[0] is not model:  # the same id may be a new object's
+            entry = (model, pickle.dumps(model, protocol=5))
+        used[id(model)] = entry
+        return entry[1]
+
+
+class _PartsPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, parts: FrozenParts) -> None:
+        super().__init__(file, protocol=5)
+        self._parts = parts
+        self.used: dict[int, tuple[object, bytes]] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BaseModel) and obj.model_config.get("frozen"):
+            return FrozenPart, (self._parts._bytes_of(obj, self.used),)
+        return NotImplemented
+
+
+def encode_state(state: Snapshotted, parts: FrozenParts | None = None) -> bytes:
+    """The saved fields of ``state``, pickled; with ``parts``, its frozen models copied from the bytes the
+    last snapshot pickled them to (those it no longer holds are forgotten)."""
+    saved = {path: _field(state, path) for path in state.SNAPSHOT_FIELDS}
+    if parts is None:
+        return pickle.dumps(saved, protocol=5)
+    out = io.BytesIO()
+    pickler = _PartsPickler(out, parts)
+    pickler.dump(saved)
+    parts._kept = pickler.used
+    return out.getvalue()
 
 
 def load_state(state: Snapshotted, saved: Mapping[str, Any]) -> None:
@@ -152,6 +196,7 @@ class StateSnapshots:
         self.partition = partition
         """The snapshot topic's partition: 0, or with pools the pool's (each pool's owner its own)."""
         self._state = state
+        self._parts = FrozenParts()
         self._kind = f"{service}/{state.SNAPSHOT_VERSION}"
         self._restore_topics = frozenset(restore_topics)
         self._config = dict(config or {})
@@ -261,7 +306,7 @@ class StateSnapshots:
             return []
         started = time.perf_counter()
         covered = {tp: offset for tp, offset in positions.items() if tp[0] in self._restore_topics}
-        payload = encode_state(self._state)
+        payload = encode_state(self._state, self._parts)
         records = snapshot_records(
             payload,
             snapshot_id=uuid.uuid4().hex,

@@ -199,6 +199,13 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                     assert back.alive() and replicas[1].alive()
                     await asyncio.sleep(0.2)
                 [handed_back] = logged_at(back, "processor started", "placement.pool-spine-a.leader")
+                # The pool is undecided from its holder giving it up until its home decides: the home restored
+                # before it claimed the lock, so that is the fence and the short tail, not the restore.
+                [lock_moved] = logged_at(replicas[1], "leadership lost", '"member": "p1"')
+                [home_locked] = logged_at(back, "leadership acquired", '"member": "p0"')
+                [home_restored] = logged_at(back, "state restored from the log", '"warm": true')
+                # Its seat of spine-b waits out the standby delay: the first snapshot loaded is spine-a's.
+                assert min(logged_at(back, "state loaded from a snapshot", "")) < home_locked
                 assert replicas[1].alive() and processor_started(replicas[1], "spine-b")
                 await send_raw(kafka_bootstrap, topics.requests, jobs[JOBS:])
                 await log.until(lambda: len(granted()) == JOBS + BACK_JOBS, timeout_s=180, check=tasks.check)
@@ -242,6 +249,9 @@ async def test_two_pools_decide_at_once_and_a_killed_pools_owner_is_replaced(
                 "kill_to_new_owner_processing_s": round(took_over - killed_at, 2),
                 "kill_to_first_pool_a_grant_s": round(first_after - killed_at, 2),
                 "restart_to_handed_back_processing_s": round(handed_back - back_at, 2),
+                "hand_back_undecided_s": round(handed_back - lock_moved, 2),
+                "home_lock_to_processing_s": round(handed_back - home_locked, 2),
+                "home_restored_to_processing_s": round(handed_back - home_restored, 2),
                 "granted_after_hand_back": len(after_back),
                 "duplicated": 0,
                 "lost": JOBS + BACK_JOBS - len(per_job),

@@ -147,10 +147,18 @@ class ChainStamper:
     # -- stamping ------------------------------------------------------------------------
 
     async def stamp(
-        self, topic: str, key: bytes, envelope: JsonObject, *, partition: int | None = None
+        self,
+        topic: str,
+        key: bytes,
+        envelope: JsonObject | bytes,
+        *,
+        partition: int | None = None,
+        source: str | None = None,
     ) -> Stamp:
         """The partition and headers of the next record of ``envelope``'s chain; advances the head.
 
+        ``envelope``: the record's JSON object, or its canonical bytes (the codec's, hashed as they are:
+        no parse and dump again per record) with its ``source``.
         ``partition``: the record's partition when the writer chose it (a pool's); None: the key's.
 
         Call with :attr:`lock` held, and queue the record before releasing it.
@@ -160,8 +168,10 @@ class ChainStamper:
             await self.refresh([topic])
         if partition is None:
             partition = partition_for(key, self._partitions[topic])
-        source = envelope.get("source")
-        chain = (topic, partition, source if isinstance(source, str) else "?")
+        if source is None and not isinstance(envelope, bytes):
+            found = envelope.get("source")
+            source = found if isinstance(found, str) else None
+        chain = (topic, partition, source if source is not None else "?")
         writer = self._heads.setdefault(chain, ChainWriter())
         headers = writer.headers_for(envelope)
         return Stamp(partition, tuple((k, v.encode()) for k, v in headers.items()))

@@ -137,9 +137,11 @@ from gangline.bus.records import (
 from gangline.bus.security import client_options
 from gangline.bus.settings import ProcessorSettings
 from gangline.bus.snapshots import SnapshotWriter
+from gangline.bus.trust import default_signer
 from gangline.events.base import Envelope
 from gangline.events.registry import Registry
 from gangline.telemetry import semconv
+from gangline.telemetry.light import LightTracer
 from gangline.telemetry.propagation import context_from_traceparent, extract_context
 from gangline.telemetry.tracing import get_tracer
 
@@ -308,6 +310,11 @@ class Processor:
         self._handler = handler
         self._registry = registry
         self._tracer = get_tracer(tracer_provider)
+        self._lazy_spans = isinstance(self._tracer, LightTracer)
+        """Spans record nothing here (:mod:`gangline.telemetry.light`): a record gets one only when it has
+        outputs to parent (its handler's own log lines then carry no trace id)."""
+        self._signer = default_signer()
+        """The environment's writer key, looked up once (not on every record sent)."""
         self._before_commit = before_commit
         self._dead_letter_outputs = dead_letter_outputs
         self._refusal = refusal
@@ -835,12 +842,30 @@ class Processor:
                             output,
                             headers=self._headers,
                             chain=self._chain,
+                            signer=self._signer,
                             partition=self._partition_of(topic, output),
                         )
                     )
             return sent
         envelope = outcome
         meta = RecordMeta.of(record)
+        if self._lazy_spans:
+            # The light tracer records nothing: a span only gives the outputs their parent, so one is made
+            # only for a record whose handler had some (most records are folded, deciding nothing).
+            try:
+                outputs = await self._call_handler(envelope, meta)
+            except Exception as error:
+                return [await self._after_handler_failure(producer, record, error)]
+            given.append(envelope)
+            refused = self._refusal(envelope, outputs) if self._refusal is not None else None
+            if not outputs and refused is None:
+                return []
+            with self._tracer.start_as_current_span(
+                f"process {record.topic}",
+                context=self._parent_context(record, envelope),
+                kind=SpanKind.CONSUMER,
+            ):
+                return await self._send_outputs(producer, record, envelope, outputs, refused)
         with self._tracer.start_as_current_span(
             f"process {record.topic}",
             context=self._parent_context(record, envelope),
@@ -856,26 +881,39 @@ class Processor:
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
                 return [await self._after_handler_failure(producer, record, error)]
             given.append(envelope)
-            deliveries = []
-            for topic, output in outputs:
-                caused = output.model_copy(update={"causationid": envelope.id})
-                deliveries.append(
-                    await send_envelope(
-                        producer,
-                        self._tracer,
-                        topic,
-                        caused,
-                        headers=self._headers,
-                        chain=self._chain,
-                        partition=self._partition_of(topic, caused),
-                    )
-                )
             refused = self._refusal(envelope, outputs) if self._refusal is not None else None
-            if refused is not None:
-                code, reason = refused
-                letter = dead_letter(record, code=code, reason=reason, source_service=self._settings.service)
-                deliveries.append(await self._send_dead_letter(producer, letter))
-            return deliveries
+            return await self._send_outputs(producer, record, envelope, outputs, refused)
+
+    async def _send_outputs(
+        self,
+        producer: AIOKafkaProducer,
+        record: KafkaRecord,
+        envelope: Envelope,
+        outputs: Sequence[Outgoing],
+        refused: tuple[str, str] | None,
+    ) -> list[asyncio.Future[Any]]:
+        """Send what the handler returned for ``envelope`` (each caused by it), and its dead letter when the
+        handler refused it; inside the record's CONSUMER span."""
+        deliveries = []
+        for topic, output in outputs:
+            caused = output.model_copy(update={"causationid": envelope.id})
+            deliveries.append(
+                await send_envelope(
+                    producer,
+                    self._tracer,
+                    topic,
+                    caused,
+                    headers=self._headers,
+                    chain=self._chain,
+                    signer=self._signer,
+                    partition=self._partition_of(topic, caused),
+                )
+            )
+        if refused is not None:
+            code, reason = refused
+            letter = dead_letter(record, code=code, reason=reason, source_service=self._settings.service)
+            deliveries.append(await self._send_dead_letter(producer, letter))
+        return deliveries
 
     async def _send_flushed(
         self, producer: AIOKafkaProducer, given: Sequence[Envelope]
@@ -902,6 +940,7 @@ class Processor:
                         output,
                         headers=self._headers,
                         chain=self._chain,
+                        signer=self._signer,
                         partition=self._partition_of(topic, output),
                     )
                 )
@@ -987,7 +1026,13 @@ class Processor:
         for topic, output in outputs:
             sent.append(
                 await send_envelope(
-                    producer, self._tracer, topic, output, headers=self._headers, chain=self._chain
+                    producer,
+                    self._tracer,
+                    topic,
+                    output,
+                    headers=self._headers,
+                    chain=self._chain,
+                    signer=self._signer,
                 )
             )
         return sent

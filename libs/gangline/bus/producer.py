@@ -8,9 +8,8 @@ so a consumer finds the producer span as its parent whether it reads headers or 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
@@ -20,7 +19,7 @@ from opentelemetry.trace import SpanKind
 from gangline.bus.chain import ChainStamper
 from gangline.bus.pools import PartitionOf, by_key
 from gangline.bus.security import KafkaSecurity, client_options
-from gangline.bus.trust import default_signer
+from gangline.bus.trust import WriterSigner, default_signer
 from gangline.events.base import Envelope
 from gangline.events.codec import encode
 from gangline.telemetry import semconv
@@ -59,6 +58,7 @@ async def send_envelope(
     headers: Sequence[tuple[str, bytes]] = (),
     chain: ChainStamper | None = None,
     partition: int | None = None,
+    signer: WriterSigner | Literal["environment"] | None = "environment",
 ) -> Any:
     """Queue one envelope on ``producer`` inside a PRODUCER span; returns aiokafka's delivery future.
 
@@ -67,6 +67,8 @@ async def send_envelope(
     headers and the partition the default partitioner would pick (:mod:`gangline.bus.chain`). When the
     environment gives this process a writer key, the record is signed (:mod:`gangline.bus.trust`).
     ``partition``: where the record goes (a pool's partition, :mod:`gangline.bus.pools`); None: the key's.
+    ``signer``: the writer key to sign with, when the caller looked it up once (a processor: not three
+    environment reads per record); by default the environment's (:func:`~gangline.bus.trust.default_signer`).
     """
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes=send_span_attributes(topic, envelope)
@@ -74,7 +76,8 @@ async def send_envelope(
         envelope = stamped(envelope)
         record_key = (key if key is not None else envelope.subject).encode()
         value = encode(envelope)
-        signer = default_signer()
+        if isinstance(signer, str):  # "environment"
+            signer = default_signer()
         if signer is not None:
             headers = [*headers, *signer.headers(topic, record_key, value)]
         if chain is None or not chain.chains(topic):
@@ -82,7 +85,8 @@ async def send_envelope(
                 topic, value=value, key=record_key, partition=partition, headers=with_trace_headers(headers)
             )
         async with chain.lock:
-            stamp = await chain.stamp(topic, record_key, json.loads(value), partition=partition)
+            # The codec's bytes are the canonical form the chain hashes: no parse and dump again.
+            stamp = await chain.stamp(topic, record_key, value, partition=partition, source=envelope.source)
             return await producer.send(
                 topic,
                 value=value,

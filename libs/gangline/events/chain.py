@@ -25,12 +25,13 @@ GENESIS = "0" * 64
 CHAINED_TOPICS = ("allocations.log",)
 
 
-def chain_hash(prev_hex: str, seq: int, envelope: JsonObject) -> str:
-    """The hash of a record at `seq` after `prev_hex` (see module docstring)."""
+def chain_hash(prev_hex: str, seq: int, envelope: JsonObject | bytes) -> str:
+    """The hash of a record at `seq` after `prev_hex` (see module docstring); ``envelope`` as an object or
+    as its canonical bytes already (``dumps`` of it: what the codec writes, hashed as it is)."""
     h = hashlib.sha256()
     h.update(bytes.fromhex(prev_hex))
     h.update(seq.to_bytes(8, "big"))
-    h.update(dumps(envelope))
+    h.update(envelope if isinstance(envelope, bytes) else dumps(envelope))
     return h.hexdigest()
 
 
@@ -48,7 +49,7 @@ class ChainWriter:
             return cls()
         return cls(seq=int(last_headers[SEQ_HEADER]) + 1, prev=last_headers[HASH_HEADER])
 
-    def headers_for(self, envelope: JsonObject) -> dict[str, str]:
+    def headers_for(self, envelope: JsonObject | bytes) -> dict[str, str]:
         """The chain headers of the next record, and advance."""
         h = chain_hash(self.prev, self.seq, envelope)
         out = {SEQ_HEADER: str(self.seq), PREV_HEADER: self.prev, HASH_HEADER: h}

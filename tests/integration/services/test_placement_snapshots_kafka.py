@@ -23,6 +23,7 @@ from gangline.events.base import Envelope, make_envelope
 from gangline.events.jobs import JobAdmitted, JobCompleted, JobSpec
 from gangline.events.types import JobId
 from gangline.fold.cluster import FOLDED_EVENTS
+from services.common import shell
 from services.common.env import processor_settings
 from services.common.select import select_types
 from services.common.shell import WarmStandby, read_to_end
@@ -252,3 +253,49 @@ async def test_a_warm_standby_keeps_its_state_read_to_the_logs_end_and_it_is_the
     cold, events = await rebuilt(settings, service_topics, snapshot=False)
     assert (tail, events) == (2, 10)
     assert saved(state) == saved(cold)
+
+
+class _LockClaimed(Exception):
+    """Ends the seat at its lock claim (the test needs nothing after it)."""
+
+
+async def test_a_home_seat_restores_to_the_logs_end_before_it_claims_its_lock(
+    kafka_bootstrap: str, service_topics: TopicNames, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home claim takes the lock from its holder at once (services.common.leader): the home seat reads
+    the snapshot and the log to its end first, so the pool waits for the fence and the tail only."""
+    claimed_with: list[int] = []
+
+    class Lock:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            assert kwargs["home"] is True
+            self.lost = asyncio.Event()
+
+        async def acquire(self) -> None:
+            claimed_with.append(len(state.jobs))
+            raise _LockClaimed
+
+        async def release(self) -> None:
+            pass
+
+    monkeypatch.setattr(shell, "Leadership", Lock)
+    topics = service_topics
+    settings = PlacementSettings(**on_topics(kafka_bootstrap, topics), gated=False)
+    async with EventProducer(kafka_bootstrap) as producer:
+        for k in range(5):
+            await producer.publish(topics.events, admitted(f"j{k}", k))
+    state = new_state(settings)
+    select = select_types(dict.fromkeys(FOLDED_EVENTS, True))
+    with pytest.raises(_LockClaimed):
+        await shell.restore_and_process(
+            processor_settings(settings, SERVICE, restore_topics(topics)),
+            state,
+            lambda envelope, meta: [],
+            restore_topics=restore_topics(topics),
+            select=select,
+            lock_topic=topics.inventory,
+            lock_home=True,
+            record_inputs=True,
+            snapshots=snapshots_of(state, settings, topics),
+        )
+    assert claimed_with == [5]

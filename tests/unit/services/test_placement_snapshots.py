@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pickle
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from svc_helpers import T0, admitted, cluster, env
 from test_placement import TOPICS
 
@@ -26,7 +28,7 @@ from gangline.events.base import Envelope
 from gangline.events.jobs import JobAdmitted, JobCancelRequested, JobCompleted, JobFailed, JobPending, JobSpec
 from gangline.events.nodes import GpuHealthChanged, NodeHeartbeat
 from gangline.events.types import AllocationId, JobId, NodeId
-from services.common.snapshots import StateSnapshots, decode_state, encode_state
+from services.common.snapshots import FrozenParts, StateSnapshots, decode_state, encode_state
 from services.placement.handlers import PlacementState, end_batch, fold_event
 
 RESTORE_ORDER = (TOPICS.inventory, TOPICS.health, TOPICS.operator, TOPICS.events, TOPICS.allocations)
@@ -133,10 +135,14 @@ def run(steps: list[tuple[int, int]], snapshot_at: int) -> tuple[Cluster, bytes,
         live.log.append((TOPICS.inventory, env(node)))
         live.state.restore(live.log[-1][1])
     payload, covered = b"", 0
+    # A snapshot after every batch, as a busy service takes them: each copies the frozen models the last
+    # one pickled (FrozenParts), and the one the restart loads is drawn.
+    parts = FrozenParts()
     for k, (kind, size) in enumerate(steps):
         position = live.batch(live.step(kind, size))
+        encoded = encode_state(live.state, parts)
         if k == snapshot_at % len(steps):
-            payload, covered = encode_state(live.state), position
+            payload, covered = encoded, position
     return live, payload, covered
 
 
@@ -322,3 +328,31 @@ def test_a_restore_in_topic_or_arrival_order_tells_each_waiting_job_its_reasons_
     forgetful.last_pending.clear()
     forgetful.cycle_due = True
     assert pending_told(first_batch(forgetful)) == pending_told(told)
+
+
+def test_a_snapshot_copies_the_frozen_models_the_last_one_pickled_and_pickles_only_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live, _, _ = run([(0, 1), (0, 2), (0, 3)], 0)
+    parts = FrozenParts()
+    first = encode_state(live.state, parts)
+    pickled: list[type] = []
+    getstate = BaseModel.__getstate__
+
+    def counted(model: BaseModel) -> dict[Any, Any]:
+        pickled.append(type(model))
+        return getstate(model)
+
+    monkeypatch.setattr(BaseModel, "__getstate__", counted)
+    assert encode_state(live.state, parts) == first
+    assert pickled == []  # nothing changed: every model's bytes copied
+    # A node registered again (a new object, other GPUs) is pickled anew, the others are copied.
+    node = next(iter(live.state.nodes))
+    again = live.state.nodes[node].model_copy(update={"gpus": live.state.nodes[node].gpus[:4]})
+    live.state.nodes[node] = again
+    payload = encode_state(live.state, parts)
+    assert pickled and set(pickled) <= {type(again), type(again.gpus[0])}
+    assert decode_state(payload, PlacementState.SNAPSHOT_FIELDS)["nodes"][node] == again
+    assert decode_state(payload, PlacementState.SNAPSHOT_FIELDS) == decode_state(
+        encode_state(live.state), PlacementState.SNAPSHOT_FIELDS
+    )
