@@ -404,6 +404,7 @@ def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_ove
             kept = lines.let_through(kept_ledger, kept_share, t, lambda j: options[j], explain=explain)
             fresh = fresh_gate(list(waiting.values()), fresh_ledger, fresh_share, t, options, explain)
             assert kept.admitted == fresh.admitted
+            assert kept.admitted_ties == [item for item, _ in kept.admitted]  # each job's id is its item
             assert kept.held == fresh.held
             assert kept.unexplained == fresh.unexplained
             for q in t.queue_names():
