@@ -47,6 +47,7 @@ from gangline.core.actions.queueing import (
     RunFacts,
     open_context,
     placement_cycle,
+    places_nothing,
 )
 from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
 from gangline.core.fairshare import Pending
@@ -294,9 +295,12 @@ class GatedPolicy:
             return
         self._cycle += 1
         snap = self.snapshot
+        waiting = list(self._placeable.values())
+        if places_nothing(snap, waiting, self.profile):
+            return  # it would only say why they wait, which nothing here reads (its number is used up)
         plan, decisions = placement_cycle(
             snap,
-            list(self._placeable.values()),
+            waiting,
             self._submitted,
             self.profile,
             lambda jobs: self._context(jobs, now),
