@@ -430,11 +430,17 @@ def places_nothing(snapshot: Snapshot, waiting: Sequence[Job], profile: Profile)
     if snapshot.preemptible_running or any(a.name not in TAKING_ACTIONS for a in profile.actions):
         return False
     models = range(len(snapshot.models))
-    return all(
-        job.kind is GpuMode.WHOLE
-        and whole_workers_fit(snapshot, models, job.gpus_per_worker) < job.fewest_workers
-        for job in waiting
-    )
+    fit: dict[int, int] = {}  # workers of so many GPUs the free GPUs hold: one count per size
+    for job in waiting:
+        if job.kind is not GpuMode.WHOLE:
+            return False
+        per = job.gpus_per_worker
+        n = fit.get(per)
+        if n is None:
+            n = fit[per] = whole_workers_fit(snapshot, models, per)
+        if n >= job.fewest_workers:
+            return False
+    return True
 
 
 def hold_for_preemptors(session: Session, ctx: QueueContext, decisions: QueueDecisions) -> None:
