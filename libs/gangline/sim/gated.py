@@ -65,7 +65,13 @@ from gangline.core.resize import apply_resize, may_grow
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.queues_file import Queues
-from gangline.sim.policies import DEFAULT_TIME_LIMIT_S, EASY_BACKFILL_YAML, CycleOutcome, job_gpus
+from gangline.sim.policies import (
+    DEFAULT_TIME_LIMIT_S,
+    EASY_BACKFILL_YAML,
+    CycleOutcome,
+    job_gpus,
+    reclaimed_by,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +200,7 @@ class GatedPolicy:
             tuple(out.partial),
             tuple(out.problems),
             tuple(out.resized),
+            tuple(out.reclaimed),
         )
 
     def _take(self, now: float, out: _Outcome) -> None:
@@ -315,6 +322,7 @@ class GatedPolicy:
             head=self.head,
             cycle=self._cycle,
         )
+        reclaimed = set(reclaimed_by(plan))
         for e in plan.evicted:
             r = snap.running.get(e.job_id)
             if r is not None:
@@ -323,6 +331,8 @@ class GatedPolicy:
                 self._inputs.append(_Released(self._release(e.job_id, now)))
                 self.submit(r.job, now)
                 out.evicted.append(e.job_id)
+                if e.job_id in reclaimed:
+                    out.reclaimed.append(e.job_id)
         out.problems += [s.message for s in apply_plan(snap, plan) if not s.ok]
         for p in plan.placed:
             job = p.job
@@ -381,6 +391,7 @@ class _Outcome:
     partial: list[JobId] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     resized: list[JobId] = field(default_factory=list)
+    reclaimed: list[JobId] = field(default_factory=list)
 
 
 class GatedEasyBackfill(GatedPolicy):

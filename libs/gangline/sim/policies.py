@@ -57,6 +57,7 @@ from gangline.core.actions.queueing import (
     request_for_order,
     run_queue_cycle,
 )
+from gangline.core.actions.reclaim import NAME as RECLAIM
 from gangline.core.defaults import placement_registry
 from gangline.core.fairshare import FairShare
 from gangline.core.framework.cycle import apply_plan, run_cycle
@@ -165,6 +166,14 @@ class CycleOutcome:
     problems: tuple[str, ...] = ()
     resized: tuple[JobId, ...] = ()
     """Elastic jobs whose allocation was replaced at another size (a shrink frees GPUs)."""
+    reclaimed: tuple[JobId, ...] = ()
+    """Those of ``evicted`` stopped by a reclaim (their cohort took back quota they borrowed), not for
+    priority: what the preemption service's ``job.preempting`` says (``preemption_reason``)."""
+
+
+def reclaimed_by(plan: Plan) -> list[JobId]:
+    """The plan's evictions the core's ``reclaim`` action made (its reason names the plugin)."""
+    return [e.job_id for e in plan.evicted if any(r.plugin == RECLAIM for r in e.reasons)]
 
 
 class Policy(Protocol):
@@ -572,7 +581,14 @@ class CorePolicy:
             self._held += job_gpus(p.job) * len(p.allocation.placements) / p.job.workers
             self._facts[p.job.id] = RunFacts(started_at=now)
             self._charge(p.job, p.allocation)
-        return CycleOutcome(tuple(started), tuple(evicted), tuple(partial), tuple(problems))
+        reclaimed = set(reclaimed_by(plan))
+        return CycleOutcome(
+            tuple(started),
+            tuple(evicted),
+            tuple(partial),
+            tuple(problems),
+            reclaimed=tuple(j for j in evicted if j in reclaimed),
+        )
 
 
 class EasyBackfill(CorePolicy):
