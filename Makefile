@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: k8s k8s-tools k8s-validate
-.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba simulate-policy bench-sim bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers test-brokers
+.PHONY: help venv browser screenshots lint typecheck imports check test test-unit schemas infra-up infra-down bench-core simulate-philly simulate-alibaba simulate-policy bench-sim bench-sim-core bench-sim-services up down run bench-e2e fuzz-api chaos test-analytics-restart fuzz bench-vs-slurm bench-restart chaos-brokers test-brokers
 
 help:
 	@echo "make run        start Kafka, PostgreSQL, every service and a simulated GPU cluster, and show it working"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench-core benchmark the scheduling core"
 	@echo "make simulate-philly  the Philly trace: Gangline vs baselines, report and plots in docs/sim/"
 	@echo "make bench-sim        time the simulator on the full Philly trace under contention (figures printed, not asserted)"
+	@echo "make bench-sim-core   time the core's gated simulator on 8,000 contended Philly jobs (3 runs, medians, grant digest)"
 	@echo "make bench-sim-services  time the services' own decisions on 3,000 contended Philly jobs (3 runs, medians)"
 	@echo "make simulate-alibaba the Alibaba 2023 GPU-sharing packing experiment, report in docs/sim/"
 	@echo "make simulate-policy  the default profile on held-out work (Philly's second half, a synthetic trace), issue 15's goals"
@@ -251,10 +252,22 @@ simulate-policy: venv
 		for policy in default default-shortest; do \
 			PYTHONPATH=libs $(PY) -m gangline.sim.goals $$report --policy $$policy || exit 1; done; done
 
-# Simulator speed under contention: the full trace, all three policies; sim_wall_s printed per policy.
+# Simulator speed under contention: the full trace, the baselines and the default profile; sim_wall_s
+# printed per policy. BENCH_SIM_ARGS="--baselines none" times the default profile alone (issue 15's 60 s).
+BENCH_SIM_ARGS ?=
 bench-sim: venv
 	time $(BIN)/gangline simulate --trace $(PHILLY) --cluster deploy/clusters/philly-contended.yaml \
-		--queues deploy/queues/philly-contended.yaml --no-progress --report /tmp/gangline-bench-sim.json
+		--queues deploy/queues/philly-contended.yaml --no-progress --report /tmp/gangline-bench-sim.json \
+		$(BENCH_SIM_ARGS)
+
+# The core's gated simulator (the default profile's row of gangline simulate) timed like the services
+# below: CPU and wall, the load, and a digest of every grant (job, allocation, nodes, GPUs, time), the
+# same before and after a speed-up (BENCH_SIM_CORE_ARGS="--runs 1" for the whole trace).
+BENCH_SIM_CORE_ARGS ?= --limit 8000 --runs 3
+bench-sim-core: venv
+	PYTHONPATH=libs:. $(PY) -m services.bench.sim_services --engine core --trace $(PHILLY) \
+		--cluster deploy/clusters/philly-contended.yaml --queues deploy/queues/philly-contended.yaml \
+		$(BENCH_SIM_CORE_ARGS)
 
 # The services' own decisions timed: 3 runs of the first 3,000 contended jobs (CPU and wall, medians,
 # load, and a digest of every grant: the same in every run and before and after a speed-up).

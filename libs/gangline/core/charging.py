@@ -337,9 +337,8 @@ class QuotaCharges(Generic[T]):
         if not held:
             return []
         gate = self.gate(root, at)
-        by_item = {id(p.item): p for p in held.values()}
-        for job, fit in gate.admitted:
-            p = by_item[id(job)]
+        for (_, fit), tie in zip(gate.admitted, gate.admitted_ties, strict=True):
+            p = held[tie]
             self.unhold(p.tie, p.queue)
             self._charge(JobId(p.tie), p.queue, fit, at)
         return gate.admitted

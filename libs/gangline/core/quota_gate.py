@@ -84,6 +84,8 @@ class Gate(Generic[T]):
     admitted: list[tuple[T, Flavour]] = field(default_factory=list)
     held: list[tuple[T, HoldReason]] = field(default_factory=list)
     unexplained: int = 0
+    admitted_ties: list[str] = field(default_factory=list)
+    """The ids (``Pending.tie``) of ``admitted``, in the same order."""
 
 
 Options = Callable[[T], tuple[Sequence[Flavour], Sequence[Reason]]]
@@ -183,11 +185,14 @@ class _Refusals:
     """Requests the ledger refused within one pass (where room only shrinks): each is refused again,
     and so is a larger one of the same single resource for the same queue."""
 
-    __slots__ = ("_smallest", "_vectors")
+    __slots__ = ("_smallest", "_vectors", "changes")
 
     def __init__(self) -> None:
         self._smallest: dict[tuple[QueueName, Resource], int] = {}
         self._vectors: set[tuple[QueueName, frozenset[tuple[Resource, int]]]] = set()
+        self.changes: dict[QueueName, int] = {}
+        """Per queue, how many of its refusals were added: what :meth:`known` answers for it changes only
+        when this grows."""
 
     def known(self, queue: QueueName, request: Mapping[Resource, int]) -> bool:
         if len(request) == 1:
@@ -197,6 +202,7 @@ class _Refusals:
         return (queue, frozenset(request.items())) in self._vectors
 
     def add(self, queue: QueueName, request: Mapping[Resource, int]) -> None:
+        self.changes[queue] = self.changes.get(queue, 0) + 1
         if len(request) == 1:
             ((r, n),) = request.items()
             self._smallest[(queue, r)] = min(n, self._smallest.get((queue, r), n))
@@ -436,11 +442,22 @@ class WaitingLines(Generic[T]):
         heads: dict[QueueName, list[Any]] = {}
         heap: list[tuple[int, float, float, str, QueueName]] = []
         starving: set[str] = set()
+        checked: dict[QueueName, int] = {}
+        """Per queue, its ``refusals.changes`` when its cursors were last cut to those not refused."""
 
         def push(queue: QueueName) -> None:
+            live = cursors[queue]
+            if not exact and checked.get(queue) != (changes := refusals.changes.get(queue, 0)):
+                # What is refused now is refused for the rest of the pass; until another refusal is
+                # added for the queue, the cursors kept are still all not refused.
+                live = cursors[queue] = [
+                    c
+                    for c in live
+                    if c[2] < len(c[0]) and (c[3] is None or not _refused(refusals, queue, c[3]))
+                ]
+                checked[queue] = changes
             best: _LineKey | None = None
             chosen: list[Any] | None = None
-            live = cursors[queue]
             for c in live:
                 keys, entries = c[0], c[1]
                 i = c[2]
@@ -450,19 +467,11 @@ class WaitingLines(Generic[T]):
                     c[2] = i
                 if i >= len(keys):
                     continue
-                if not exact and c[3] is not None and _refused(refusals, queue, c[3]):
-                    continue
                 k = keys[i]
                 if best is None or k < best:
                     best, chosen = k, c
             if best is None or chosen is None:
                 return
-            if not exact:  # what is refused now is refused for the rest of the pass
-                cursors[queue] = [
-                    c
-                    for c in live
-                    if c[2] < len(c[0]) and (c[3] is None or not _refused(refusals, queue, c[3]))
-                ]
             heads[queue] = chosen
             heapq.heappush(
                 heap, (best[0], serving_share(fair, queue, best[3], aged_before), best[3], best[4], queue)
@@ -505,6 +514,7 @@ class WaitingLines(Generic[T]):
                     ledger.admit(queue, fit.request)
                 fair.charge(queue, fit.request)
                 gate.admitted.append((p.item, fit))
+                gate.admitted_ties.append(p.tie)
             push(queue)
         gate.unexplained = len(self) - len(gate.admitted) - len(held)  # passed over whole, or refused
         return held

@@ -36,8 +36,9 @@ elastic job runs below its most workers, placement cycles even when nothing wait
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gangline.core.actions.queueing import (
     EarliestStart,
@@ -47,21 +48,30 @@ from gangline.core.actions.queueing import (
     RunFacts,
     open_context,
     placement_cycle,
+    places_nothing,
 )
 from gangline.core.charging import DEFAULT_HALF_LIFE_S, QuotaCharges
-from gangline.core.fairshare import Pending, job_line_work
+from gangline.core.defaults import placement_registry
+from gangline.core.fairshare import FairShare, Pending, job_line_work
 from gangline.core.framework.cycle import apply_plan
-from gangline.core.framework.profile import Profile
+from gangline.core.framework.profile import Profile, load_profile
+from gangline.core.framework.registry import Registry
 from gangline.core.gate_credit import CreditPolicy
 from gangline.core.hardware import GpuOffer, Hardware, NodeOffer, WorkerAsk
-from gangline.core.model import Allocation, AllocationId, GpuModel, Job, JobId, Node, QueueName
+from gangline.core.model import Allocation, AllocationId, GpuModel, Job, JobId, Node, QueueName, Seconds
 from gangline.core.queues import job_request
 from gangline.core.quota_gate import Flavour, held_flavours
 from gangline.core.resize import apply_resize, may_grow
 from gangline.core.snapshot import Snapshot
 from gangline.core.waiting import FRONT_OF_LINE
 from gangline.queues_file import Queues
-from gangline.sim.policies import CycleOutcome, job_gpus
+from gangline.sim.policies import (
+    DEFAULT_TIME_LIMIT_S,
+    EASY_BACKFILL_YAML,
+    CycleOutcome,
+    job_gpus,
+    reclaimed_by,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +106,9 @@ class GatedPolicy:
     half_life_s: float = DEFAULT_HALF_LIFE_S
     head: int = FRONT_OF_LINE
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    fair: bool = True
+    """False: no fair share orders placement's line (every share 0), so it is priority, then submit
+    time, as priority FIFO reads it (``easy-backfill``)."""
     snapshot: Snapshot = field(init=False)
     granted: list[Grant] = field(init=False, default_factory=list)
     """Every grant, in order (what allocations.log would hold)."""
@@ -188,6 +201,7 @@ class GatedPolicy:
             tuple(out.partial),
             tuple(out.problems),
             tuple(out.resized),
+            tuple(out.reclaimed),
         )
 
     def _take(self, now: float, out: _Outcome) -> None:
@@ -281,6 +295,8 @@ class GatedPolicy:
         )
         ctx.explain = False
         ctx.start_memo = self._starts
+        if not self.fair:
+            ctx.fair = FairShare(capacity={}, weights={}, allocation={})
         return ctx
 
     def _place(self, now: float, out: _Outcome) -> None:
@@ -315,15 +331,19 @@ class GatedPolicy:
             return
         self._cycle += 1
         snap = self.snapshot
+        waiting = list(self._placeable.values())
+        if places_nothing(snap, waiting, self.profile):
+            return  # it would only say why they wait, which nothing here reads (its number is used up)
         plan, decisions = placement_cycle(
             snap,
-            list(self._placeable.values()),
+            waiting,
             self._submitted,
             self.profile,
             lambda jobs: self._context(jobs, now),
             head=self.head,
             cycle=self._cycle,
         )
+        reclaimed = set(reclaimed_by(plan))
         for e in plan.evicted:
             r = snap.running.get(e.job_id)
             if r is not None:
@@ -332,6 +352,8 @@ class GatedPolicy:
                 self._inputs.append(_Released(self._release(e.job_id, now)))
                 self.submit(r.job, now)
                 out.evicted.append(e.job_id)
+                if e.job_id in reclaimed:
+                    out.reclaimed.append(e.job_id)
         out.problems += [s.message for s in apply_plan(snap, plan) if not s.ok]
         for p in plan.placed:
             job = p.job
@@ -390,3 +412,33 @@ class _Outcome:
     partial: list[JobId] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     resized: list[JobId] = field(default_factory=list)
+    reclaimed: list[JobId] = field(default_factory=list)
+
+
+class GatedEasyBackfill(GatedPolicy):
+    """``easy-backfill`` on placement's cycle (:func:`~gangline.core.actions.queueing.placement_cycle`,
+    what the placement service runs): the profile ``EASY_BACKFILL_YAML``, no quota gate, priority FIFO
+    (no fair share), each job's time limit as its duration hint (its trace's, else the default, never
+    its run time) and nothing preemptible (EASY has no preemption); see `gangline.sim.policies`."""
+
+    def __init__(
+        self,
+        name: str,
+        nodes: Sequence[Node],
+        *,
+        registry: Registry | None = None,
+        time_limits: Mapping[JobId, float] | None = None,
+        default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    ) -> None:
+        profile = load_profile(EASY_BACKFILL_YAML, registry or placement_registry())
+        super().__init__(name, profile, nodes, None, fair=False)
+        self._limits = dict(time_limits or {})
+        self.default_time_limit_s = default_time_limit_s
+
+    def time_limit(self, job_id: JobId) -> float:
+        """The time limit ``job_id`` runs under: its trace's, or the default."""
+        return self._limits.get(job_id, self.default_time_limit_s)
+
+    def submit(self, job: Job, now: float) -> None:
+        hint = Seconds(max(1, math.ceil(self.time_limit(job.id))))
+        super().submit(replace(job, duration_hint_s=hint, preemptible=False), now)

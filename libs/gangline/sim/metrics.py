@@ -54,6 +54,8 @@ class JobRecord:
     preemptions: int
     lost_gpu_hours: float
     timed_out: bool = False
+    reclaims: int = 0
+    """Of ``preemptions``, those by a reclaim (its cohort took back quota it borrowed), not priority."""
     """Stopped at its time limit (the live system's ``job.failed`` code time_limit), not completed."""
     gpu_hours: float = 0.0
     """GPU-time its ended runs held, at the GPUs each ran on (an elastic job's resizes followed)."""
@@ -259,6 +261,7 @@ class Recorder:
         self.end: dict[JobId, float] = {}
         self.info: dict[JobId, TraceJob] = {}
         self.preemptions: dict[JobId, int] = {}
+        self.reclaims: dict[JobId, int] = {}
         self.lost: dict[JobId, float] = {}
         self.timed_out: set[JobId] = set()
         self.run_gpus: dict[JobId, float] = {}
@@ -336,8 +339,11 @@ class Recorder:
         self.running -= gpus
         self.q_running[job.queue] -= gpus
 
-    def preempted(self, job: TraceJob, t: float, *, lost_s: float) -> None:
+    def preempted(self, job: TraceJob, t: float, *, lost_s: float, reclaim: bool = False) -> None:
+        """``job`` was stopped and waits again; ``reclaim``: by a reclaim of borrowed quota."""
         self.preemptions[job.id] = self.preemptions.get(job.id, 0) + 1
+        if reclaim:
+            self.reclaims[job.id] = self.reclaims.get(job.id, 0) + 1
         gpus = self._stop(job, t)
         self.lost[job.id] = self.lost.get(job.id, 0.0) + lost_s * gpus / 3600.0
         self.running -= gpus
@@ -418,6 +424,7 @@ class Recorder:
                 start=self.start.get(jid),
                 end=self.end.get(jid),
                 preemptions=self.preemptions.get(jid, 0),
+                reclaims=self.reclaims.get(jid, 0),
                 lost_gpu_hours=self.lost.get(jid, 0.0),
                 timed_out=jid in self.timed_out,
                 gpu_hours=self.gpu_s.get(jid, 0.0) / 3600.0,
@@ -481,6 +488,7 @@ def summarize(r: RunResult) -> dict[str, object]:
             "p99_jct_s": qc["p99"],
             "gpu_hours": sum(j.gpu_hours for j in qs),
             "preemptions": sum(j.preemptions for j in qs),
+            "reclaims": sum(j.reclaims for j in qs),
         }
     return {
         "policy": r.policy,
@@ -507,6 +515,7 @@ def summarize(r: RunResult) -> dict[str, object]:
         else 0.0,
         "jain": r.jain_weighted / r.jain_time_s if r.jain_time_s > 0 else 1.0,
         "preemptions": sum(j.preemptions for j in r.jobs),
+        "reclaims": sum(j.reclaims for j in r.jobs),
         "lost_gpu_hours": sum(j.lost_gpu_hours for j in r.jobs),
         "partial_gangs": r.partial_jobs,
         "partial_gpu_hours": r.partial_gpu_s / 3600.0,

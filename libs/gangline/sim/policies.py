@@ -1,8 +1,10 @@
 """The scheduling policies the simulator compares: three baselines, and the core under a profile.
 
 `gangline simulate` runs Gangline's profiles as the services decide them (`gangline.sim.gated`: the
-quota gate charging at let-through, then placement's cycle); `CorePolicy` here is the core's cycle
-the baselines are built from (`fifo-gang-best-fit`, `easy-backfill`).
+quota gate charging at let-through, then placement's cycle), and `easy-backfill` on placement's cycle
+too (`gangline.sim.gated.GatedEasyBackfill`: no gate, no fair share); `CorePolicy` here is the core's
+cycle `fifo-gang-best-fit` is built from, and `EasyBackfill` the same EASY rule on it (the reference
+the placement-cycle run is tested against: the same starts when each instant has one input).
 
 * `CorePolicy` runs Gangline's own core, unchanged: each cycle is `run_cycle` (or, when the
   cluster has queues, `run_queue_cycle` with the quota ledger and fair shares) over the pending
@@ -55,6 +57,7 @@ from gangline.core.actions.queueing import (
     request_for_order,
     run_queue_cycle,
 )
+from gangline.core.actions.reclaim import NAME as RECLAIM
 from gangline.core.defaults import placement_registry
 from gangline.core.fairshare import FairShare
 from gangline.core.framework.cycle import apply_plan, run_cycle
@@ -163,6 +166,14 @@ class CycleOutcome:
     problems: tuple[str, ...] = ()
     resized: tuple[JobId, ...] = ()
     """Elastic jobs whose allocation was replaced at another size (a shrink frees GPUs)."""
+    reclaimed: tuple[JobId, ...] = ()
+    """Those of ``evicted`` stopped by a reclaim (their cohort took back quota they borrowed), not for
+    priority: what the preemption service's ``job.preempting`` says (``preemption_reason``)."""
+
+
+def reclaimed_by(plan: Plan) -> list[JobId]:
+    """The plan's evictions the core's ``reclaim`` action made (its reason names the plugin)."""
+    return [e.job_id for e in plan.evicted if any(r.plugin == RECLAIM for r in e.reasons)]
 
 
 class Policy(Protocol):
@@ -574,7 +585,14 @@ class CorePolicy:
             self._held += job_gpus(p.job) * len(p.allocation.placements) / p.job.workers
             self._facts[p.job.id] = RunFacts(started_at=now)
             self._charge(p.job, p.allocation)
-        return CycleOutcome(tuple(started), tuple(evicted), tuple(partial), tuple(problems))
+        reclaimed = set(reclaimed_by(plan))
+        return CycleOutcome(
+            tuple(started),
+            tuple(evicted),
+            tuple(partial),
+            tuple(problems),
+            reclaimed=tuple(j for j in evicted if j in reclaimed),
+        )
 
 
 class EasyBackfill(CorePolicy):
@@ -834,27 +852,24 @@ def make_policy(
     *,
     pod_workers: Mapping[JobId, int] | None = None,
     registry: Registry | None = None,
-    jobs: Sequence[Job] = (),
     time_limits: Mapping[JobId, float] | None = None,
     default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Policy:
     """A baseline by name (`BASELINES`); Gangline's profiles run as the services decide them
     (`gangline.sim.gated.GatedPolicy`).
 
-    `easy-backfill` needs the `jobs` it will see (for its unlimited quota tree), and takes their
-    time limits (`time_limits`, else `default_time_limit_s`).
+    `easy-backfill` runs on placement's cycle (`gangline.sim.gated.GatedEasyBackfill`: what the
+    placement service runs, the same decisions as `EasyBackfill`, the core's cycle, when each instant
+    has one input) with the jobs' time limits (`time_limits`, else `default_time_limit_s`).
     """
     if name == "k8s-first-fit":
         return PodFirstFit(name, nodes, pod_workers)
     if name == "easy-backfill":
-        tree = unlimited_tree({j.queue for j in jobs}, charged_resources(jobs, nodes))
-        return EasyBackfill(
-            name,
-            nodes,
-            tree,
-            registry=registry,
-            time_limits=time_limits,
-            default_time_limit_s=default_time_limit_s,
+        # On placement's cycle, as the profiles run (imported here: `gangline.sim.gated` imports this).
+        from gangline.sim.gated import GatedEasyBackfill
+
+        return GatedEasyBackfill(
+            name, nodes, registry=registry, time_limits=time_limits, default_time_limit_s=default_time_limit_s
         )
     if name == "fifo-gang-best-fit":
         return CorePolicy(

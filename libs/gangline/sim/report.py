@@ -24,6 +24,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("end free", "end_free_gpus", "{:.1f}"),
     ("end frag", "end_frag_gpus", "{:.1f}"),
     ("preempt", "preemptions", "{}"),
+    ("reclaim", "reclaims", "{}"),
     ("partial", "partial_gangs", "{}"),
     ("unfinished", "unfinished", "{}"),
     ("sim s", "sim_wall_s", "{:.1f}"),

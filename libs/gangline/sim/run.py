@@ -132,7 +132,6 @@ def run_campaign(
     if not opts.entitlement:
         opts = replace(opts, entitlement=entitlement_weights(quota_specs(queues)[0] if queues else (), jobs))
     pod_workers = {JobId(j.id): j.pod_workers for j in jobs if j.pod_workers != 1}
-    core_jobs = [j.to_job() for j in jobs]
     time_limits = {JobId(j.id): j.time_limit_s for j in jobs if j.time_limit_s is not None}
     results: list[RunResult] = []
     gate = queues_of(queues) if queues is not None else None
@@ -148,7 +147,6 @@ def run_campaign(
                 nodes,
                 pod_workers=pod_workers,
                 registry=registry or placement_registry(),
-                jobs=core_jobs,
                 time_limits=time_limits,
                 default_time_limit_s=default_time_limit_s,
             )

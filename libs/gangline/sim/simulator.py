@@ -154,6 +154,7 @@ class Simulator:
             follow_ups = 0
             while (arrived or released) and (rec.waiting or _may_grow(policy)):
                 out = policy.cycle(t, None if released else arrived)
+                reclaimed = set(out.reclaimed)
                 for jid in out.evicted:
                     lv = live[jid]
                     ran = t - lv.started_at
@@ -164,7 +165,7 @@ class Simulator:
                     )
                     lv.remaining = max(1.0, lv.remaining - kept)
                     lv.epoch += 1
-                    rec.preempted(lv.job, t, lost_s=ran - kept)
+                    rec.preempted(lv.job, t, lost_s=ran - kept, reclaim=jid in reclaimed)
                     elastic.pop(jid, None)
                 for jid in out.started:
                     lv = live[jid]

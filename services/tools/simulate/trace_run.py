@@ -36,12 +36,13 @@ from gangline.core.framework.profile import load_profile_file
 from gangline.core.model import GpuMode, Job, JobId, QueueName
 from gangline.events.allocations import AllocationGranted, AllocationReleased
 from gangline.events.ids import derived_id
-from gangline.events.jobs import MAX_TIME_LIMIT_S, JobRejected, JobRequested, Topology
+from gangline.events.jobs import MAX_TIME_LIMIT_S, JobPreempting, JobRejected, JobRequested, Topology
 from gangline.events.nodes import NodeRegistered
 from gangline.sim.metrics import Recorder, RunResult
 from gangline.sim.run import entitlement_weights
 from gangline.sim.trace import TraceJob
 from services.common.queues import Queues, QueuesFile, load_queues, queues_of
+from services.preemption.handlers import preemption_reason
 from services.tools.simulate.engine import (
     HeartbeatMode,
     NodeOptions,
@@ -137,6 +138,8 @@ class _Measure:
         self.waiting: dict[JobId, None] = {}
         self.live: dict[str, str] = {}
         """Live allocation → its job."""
+        self.reclaiming: set[str] = set()
+        """Live allocations preemption asked to checkpoint for a reclaim (``preemption_reason``)."""
         self.rejected = 0
         self.cycle = 0
         topics = sim.topics
@@ -164,11 +167,13 @@ class _Measure:
                     if job_id is None:
                         continue
                     job = self.info[job_id]
+                    reclaim = data.allocation_id in self.reclaiming
+                    self.reclaiming.discard(data.allocation_id)
                     if data.reason == "resized":
                         continue  # the run goes on in the grant that resizes it
                     if data.reason in ("preempted", "node_failed"):
                         lost = self.sim.sim_nodes.lost_s.get(data.allocation_id, 0.0)
-                        rec.preempted(job, t, lost_s=lost)
+                        rec.preempted(job, t, lost_s=lost, reclaim=reclaim)
                         self.waiting[job.id] = None
                     else:
                         rec.finished(job, t)
@@ -179,6 +184,13 @@ class _Measure:
                     self.waiting[job.id] = None
             elif topic == self._events and isinstance(data, JobRejected):
                 self.rejected += 1
+            elif (
+                topic == self._events
+                and isinstance(data, JobPreempting)
+                and preemption_reason(data) == "reclaim"
+                and data.allocation_id in self.live
+            ):
+                self.reclaiming.add(data.allocation_id)
 
     def step(self) -> None:
         """After each input's cascade: a cycle counted, the state sampled."""

@@ -417,6 +417,7 @@ def test_lines_kept_across_changes_decide_every_pass_as_the_plain_fair_order_ove
                 list(waiting.values()), fresh_ledger, fresh_share, t, options, explain, aged_before
             )
             assert kept.admitted == fresh.admitted
+            assert kept.admitted_ties == [item for item, _ in kept.admitted]  # each job's id is its item
             assert kept.held == fresh.held
             assert kept.unexplained == fresh.unexplained
             for q in t.queue_names():

@@ -10,6 +10,7 @@ import pytest
 
 from gangline.cluster_spec import ClusterSpec, NodeGroup, Topology
 from gangline.core.model import GpuModel, JobId, QueueName
+from gangline.sim.gated import GatedEasyBackfill
 from gangline.sim.metrics import RunResult, summarize
 from gangline.sim.policies import EasyBackfill, charged_resources, unlimited_tree
 from gangline.sim.run import PolicyRun, run_campaign
@@ -128,8 +129,8 @@ def _trace(n: int, seed: int) -> list[TraceJob]:
     return jobs
 
 
-def _easy(prune: bool, jobs: Sequence[TraceJob], cycle_s: float) -> RunResult:
-    spec = ClusterSpec(
+def _mixed() -> ClusterSpec:
+    return ClusterSpec(
         name="mixed",
         topology=Topology(nodes_per_leaf=3),
         groups=(
@@ -137,6 +138,10 @@ def _easy(prune: bool, jobs: Sequence[TraceJob], cycle_s: float) -> RunResult:
             NodeGroup(name="f", count=4, gpus_per_node=4, gpu_model=A100, memory_mib=40960),
         ),
     )
+
+
+def _easy(prune: bool, jobs: Sequence[TraceJob], cycle_s: float) -> RunResult:
+    spec = _mixed()
     nodes = spec.build_nodes()
     core = [j.to_job() for j in jobs]
     policy = EasyBackfill(
@@ -192,3 +197,25 @@ def test_simulate_tables_compare_easy_backfill(tmp_path: Path, capsys: pytest.Ca
         line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
     ]
     assert rows[:5] == ["policy", "k8s-first-fit", "fifo-gang-best-fit", "easy-backfill", "default"]
+
+
+def _gated_easy(jobs: Sequence[TraceJob], cycle_s: float) -> RunResult:
+    nodes = _mixed().build_nodes()
+    policy = GatedEasyBackfill(
+        "easy-backfill",
+        nodes,
+        time_limits={j.id: j.time_limit_s for j in jobs if j.time_limit_s is not None},
+        default_time_limit_s=3600.0,
+    )
+    return Simulator(jobs, policy, float(_mixed().total_gpus), SimOptions(cycle_s=cycle_s)).run()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_on_placements_cycle_easy_backfill_decides_what_the_cores_cycle_decides(seed: int) -> None:
+    # The gated path (placement's cycle, no gate, no fair share) starts every job when the core's own
+    # EASY cycle over every waiting job does. (With periodic cycles they differ: the gated path takes an
+    # instant's inputs one by one, as the services do, the core's simulator all in one cycle.)
+    jobs = _trace(400, seed)
+    full = _easy(False, jobs, 0.0)
+    gated = _gated_easy(jobs, 0.0)
+    assert {j.id: (j.start, j.end) for j in gated.jobs} == {j.id: (j.start, j.end) for j in full.jobs}

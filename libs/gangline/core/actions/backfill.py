@@ -93,15 +93,29 @@ def _hold(session: Session, reservation: Reservation, job: Job) -> list[Slot]:
     return held
 
 
+class Beyond:
+    """:func:`earliest_start`'s answer when the gang fits by none of the ends up to ``until`` and the
+    rest are known: its start, if any, is later than ``until`` and finite."""
+
+    __slots__ = ()
+
+
+BEYOND = Beyond()
+
+
 def earliest_start(
-    session: Session, ctx: QueueContext, job: Job
-) -> tuple[float, Candidate, list[RunningJob]] | None:
+    session: Session, ctx: QueueContext, job: Job, *, until: float | None = None
+) -> tuple[float, Candidate, list[RunningJob]] | Beyond | None:
     """When and where ``job`` could start if running jobs end as expected; None if it never fits.
 
     Returns the start time, the placement, and the lower-priority preemptible jobs it would take
     when that start is *now*. Running jobs with no known end (no duration hint) count as ending
     after all the others, so the start is ``inf`` when the gang needs their GPUs: the reservation
     still holds the GPUs it will use, as they free up.
+
+    ``until``: the caller reads only a start at or before it, or an unknown (``inf``) one: once every
+    running job expected to end by then is released and the gang still does not fit, with only known
+    ends left, the search stops there and answers :data:`BEYOND` (a later finite start, or none at all).
     """
     snap = session.snapshot
     memo = ctx.start_memo
@@ -150,7 +164,10 @@ def earliest_start(
             got = place(job)
             if got is not None:
                 return ctx.now, got, now_free
+        stop_after = until if until is not None and not unknown else math.inf
         for end, _, r in timeline:
+            if end > stop_after:
+                return BEYOND  # no fit by ``until``, and every later start is known and later
             snap.release(r.job.id)
             if most_over(snap.total_free, models) < need:
                 continue
@@ -223,7 +240,9 @@ class Reserve:
                 if self.start_ahead:
                     allocate_one(session, job)
                 continue  # else allocate will place it
-            found = earliest_start(session, ctx, job)
+            found = earliest_start(session, ctx, job, until=self._until(session, ctx, job))
+            if isinstance(found, Beyond):
+                continue  # beyond the horizon, or it never fits: either way nothing is held for it
             if found is None:
                 decisions.explain(job.id, "blocked, and would not fit even on idle GPUs: no reservation")
                 continue
@@ -261,6 +280,21 @@ class Reserve:
             session.set_aside.add(job.id)
             holds.append(_Held(job, tuple(_hold(session, reservation, job))))
 
+    def _until(self, session: Session, ctx: QueueContext, job: Job) -> float | None:
+        """How far ahead ``job``'s earliest start matters to this action, when only its being further
+        off than the horizon is read (None: its start is read whatever it is). A cycle that writes why
+        jobs wait needs the whole answer: a gang that never fits is told so, not that its start is far."""
+        if self.horizon_s is None or ctx.explain or starving(session, ctx, job):
+            return None
+        return ctx.now + self.horizon_s
+
+
+def starving(session: Session, ctx: QueueContext, job: Job) -> bool:
+    """Whether ``job`` has waited past the profile's ``starvation_s``."""
+    starvation = session.profile.settings.starvation_s
+    submitted = ctx.submit_time.get(job.id)
+    return starvation is not None and submitted is not None and submitted <= ctx.now - starvation
+
 
 def beyond_horizon(
     session: Session, ctx: QueueContext, job: Job, start: float, horizon_s: float | None
@@ -277,9 +311,7 @@ def beyond_horizon(
     """
     if horizon_s is None or math.isinf(start) or start <= ctx.now + horizon_s:
         return False
-    starvation = session.profile.settings.starvation_s
-    submitted = ctx.submit_time.get(job.id)
-    return not (starvation is not None and submitted is not None and submitted <= ctx.now - starvation)
+    return not starving(session, ctx, job)
 
 
 class Backfill:

@@ -28,7 +28,8 @@ from gangline.core.framework.plan import Plan
 from gangline.core.framework.profile import Profile
 from gangline.core.framework.state import StateKey
 from gangline.core.framework.status import Reason, ReasonCode, Status, StatusCode
-from gangline.core.model import GpuId, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.model import GpuId, GpuMode, GpuModel, Job, JobId, QueueName, WorkerPlacement
+from gangline.core.placement import whole_workers_fit
 from gangline.core.queues import (
     QueueSpec,
     QuotaLedger,
@@ -437,6 +438,32 @@ def placement_cycle(
     line = waiting_line(waiting, admitted_at, short_first_weight=profile.settings.short_first_weight)
     jobs = cycle_jobs(snapshot, line, head)
     return run_queue_cycle(snapshot, jobs, profile, context(jobs), cycle=cycle, allocation_id=allocation_id)
+
+
+TAKING_ACTIONS = frozenset({"allocate", "reserve", "backfill"})
+"""Actions that only take free GPUs for waiting jobs (reserve evicts only preemptible running jobs)."""
+
+
+def places_nothing(snapshot: Snapshot, waiting: Sequence[Job], profile: Profile) -> bool:
+    """Whether a cycle of ``profile`` over ``waiting`` on ``snapshot`` is sure to place and evict nothing:
+    its actions only take free GPUs (:data:`TAKING_ACTIONS`), no preemptible job runs (so reserve has
+    no victim), and no waiting job is a whole-GPU gang whose fewest workers the free GPUs could hold
+    (:func:`~gangline.core.placement.whole_workers_fit`, the bound allocate itself skips on). Such a
+    cycle only explains why the jobs wait; a caller that reads nothing else may leave it out."""
+    if snapshot.preemptible_running or any(a.name not in TAKING_ACTIONS for a in profile.actions):
+        return False
+    models = range(len(snapshot.models))
+    fit: dict[int, int] = {}  # workers of so many GPUs the free GPUs hold: one count per size
+    for job in waiting:
+        if job.kind is not GpuMode.WHOLE:
+            return False
+        per = job.gpus_per_worker
+        n = fit.get(per)
+        if n is None:
+            n = fit[per] = whole_workers_fit(snapshot, models, per)
+        if n >= job.fewest_workers:
+            return False
+    return True
 
 
 def hold_for_preemptors(session: Session, ctx: QueueContext, decisions: QueueDecisions) -> None:
