@@ -122,6 +122,7 @@ class World:
         self.jobs: list[JobId] = []
         self.queued: dict[JobId, int] = {}
         self.granted: dict[JobId, int] = {}
+        self.failed: set[JobId] = set()
         self.clock = 0.0
         for node in NODES:
             self.send(TOPICS.inventory, node)
@@ -164,6 +165,8 @@ class World:
         if not self.jobs:
             return
         job = self.jobs[op[1] % len(self.jobs)]
+        if job in self.failed:
+            return  # a failed job runs no more (its GPUs were released with the failure)
         attempt = self.queued.get(job, 0)
         allocation = AllocationId(f"{job}.{attempt}")
         if kind == "grant" and attempt > self.granted.get(job, 0):
@@ -185,8 +188,12 @@ class World:
                 requeued = JobRequeued(job_id=job, reason="preempted", attempt=attempt + 1)
                 self.send(TOPICS.events, requeued, same_time=True)
         elif kind == "fail":
-            self.send(TOPICS.events, JobFailed(job_id=job, code="worker_exit", reason="it died"))
-            if self.granted.get(job, 0) == attempt > 0:  # placement takes its GPUs back
+            # The agent names the allocation that failed when the job holds one (libs/gangline/agent).
+            held = allocation if self.granted.get(job, 0) == attempt > 0 else None
+            self.failed.add(job)
+            failed = JobFailed(job_id=job, allocation_id=held, code="worker_exit", reason="it died")
+            self.send(TOPICS.events, failed)
+            if held is not None:  # placement takes its GPUs back
                 self.granted[job] = -attempt
                 released = AllocationReleased(job_id=job, allocation_id=allocation, reason="failed")
                 self.send(TOPICS.allocations, released)
