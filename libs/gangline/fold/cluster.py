@@ -282,7 +282,9 @@ class ClusterFold:
         self.fold(envelope)
 
     def fold(self, envelope: Envelope) -> bool:
-        """Apply one fact; True when it may let a waiting job run (new capacity or a new job)."""
+        """Apply one fact; True when it may let a waiting job run: new capacity, a new job, or capacity
+        lost (a failed node or GPU, a cordon), which may leave a reserved gang no way to fit and so free
+        the GPUs it held back for the jobs behind it."""
         data = envelope.data
         if isinstance(data, NodeRegistered):
             latest = self.registered_at.get(data.node)
@@ -313,11 +315,11 @@ class ClusterFold:
             if not self.cordons.fold(envelope):
                 return False
             self._snapshot = None
-            return isinstance(data, NodeUncordoned)  # back in service: room for waiting jobs
+            return True  # back in service: room; cordoned: a reservation on it may have to move
         if isinstance(data, NodeFailed):
             self.failed_at[data.node] = max(envelope.time, self.failed_at.get(data.node, envelope.time))
             self._snapshot = None
-            return False
+            return True  # a reservation on the node may have to move, or no longer hold anything back
         if isinstance(data, GpuHealthChanged):
             if data.previous == data.state:
                 return False  # a repeated-error report for node_health's windows, not a change of state
@@ -338,7 +340,7 @@ class ClusterFold:
             elif data.state == "degraded":
                 degraded.add(data.gpu)
             self._snapshot = None
-            return bool(data.state == "healthy")
+            return True  # healthy: room; failed or degraded: a reservation may no longer fit there
         job_event = JobAdmitted | JobRouted | JobQueued | JobRequeued | JobCompleted | JobFailed
         if isinstance(data, job_event) and data.job_id in self.retired:
             return False  # finished and released: nothing about it can change any more
