@@ -14,6 +14,7 @@ from gangline.agent.settings import AgentTopics, NodeAgentSettings
 from gangline.bus.producer import EventProducer
 from gangline.events.allocations import AllocationReleased
 from gangline.events.jobs import JobCheckpointed, JobCompleted, JobFailed, JobStarted, WorkerExited
+from gangline.events.nodes import NodeRegistered
 from gangline.nvml.spec import load_builtin_spec
 from gangline.nvml.standin import NvmlStandIn
 
@@ -45,7 +46,6 @@ async def test_a_job_at_its_time_limit_is_signalled_stopped_and_fails_with_time_
         tasks = Tasks()
         agent: NodeAgent | None = None
         try:
-            start_pipeline(tasks, env)
             async with EventProducer(kafka_bootstrap, client_id="limit-node") as producer:
                 settings = NodeAgentSettings(
                     node="lim-0",
@@ -65,6 +65,14 @@ async def test_a_job_at_its_time_limit_is_signalled_stopped_and_fails_with_time_
                     producer=producer,
                 )
                 await agent.start()
+                # The node's registration on the log before the services start: each restores the
+                # inventory before it reads a request (admission would refuse one for a cluster with no
+                # node; the agent's registration is sent by its publish loop, after start() returns).
+                async with LogReader(kafka_bootstrap, [topics.inventory]) as inventory:
+                    await inventory.until(
+                        lambda: bool(inventory.of(topics.inventory, NodeRegistered)), timeout_s=60
+                    )
+                start_pipeline(tasks, env)
                 request = request_bytes(
                     "limited",
                     queue="default",
