@@ -834,18 +834,7 @@ class Processor:
             sent = [await self._send_dead_letter(producer, outcome)]
             if self._dead_letter_outputs is not None:
                 for topic, output in self._dead_letter_outputs(outcome):
-                    sent.append(
-                        await send_envelope(
-                            producer,
-                            self._tracer,
-                            topic,
-                            output,
-                            headers=self._headers,
-                            chain=self._chain,
-                            signer=self._signer,
-                            partition=self._partition_of(topic, output),
-                        )
-                    )
+                    sent.append(await self._send(producer, topic, output))
             return sent
         envelope = outcome
         meta = RecordMeta.of(record)
@@ -897,18 +886,7 @@ class Processor:
         deliveries = []
         for topic, output in outputs:
             caused = output.model_copy(update={"causationid": envelope.id})
-            deliveries.append(
-                await send_envelope(
-                    producer,
-                    self._tracer,
-                    topic,
-                    caused,
-                    headers=self._headers,
-                    chain=self._chain,
-                    signer=self._signer,
-                    partition=self._partition_of(topic, caused),
-                )
-            )
+            deliveries.append(await self._send(producer, topic, caused))
         if refused is not None:
             code, reason = refused
             letter = dead_letter(record, code=code, reason=reason, source_service=self._settings.service)
@@ -932,18 +910,7 @@ class Processor:
                 kind=SpanKind.INTERNAL,
                 attributes={semconv.EVENT_TYPE: output.type, semconv.EVENT_SUBJECT: output.subject},
             ):
-                deliveries.append(
-                    await send_envelope(
-                        producer,
-                        self._tracer,
-                        topic,
-                        output,
-                        headers=self._headers,
-                        chain=self._chain,
-                        signer=self._signer,
-                        partition=self._partition_of(topic, output),
-                    )
-                )
+                deliveries.append(await self._send(producer, topic, output))
         return deliveries
 
     async def _send_snapshot(
@@ -1024,18 +991,25 @@ class Processor:
             log.error("the outputs of a dead letter cannot be built; it goes alone", exc_info=failure)
             return sent
         for topic, output in outputs:
-            sent.append(
-                await send_envelope(
-                    producer,
-                    self._tracer,
-                    topic,
-                    output,
-                    headers=self._headers,
-                    chain=self._chain,
-                    signer=self._signer,
-                )
-            )
+            sent.append(await self._send(producer, topic, output, routed=False))
         return sent
+
+    async def _send(
+        self, producer: AIOKafkaProducer, topic: str, output: Envelope, *, routed: bool = True
+    ) -> asyncio.Future[Any]:
+        """Queue one output in the transaction: the processor's headers, hash chain and writer key, on the
+        partition ``partition_of`` gives it (``routed``; else the producer's partitioner's)."""
+        future: asyncio.Future[Any] = await send_envelope(
+            producer,
+            self._tracer,
+            topic,
+            output,
+            headers=self._headers,
+            chain=self._chain,
+            signer=self._signer,
+            partition=self._partition_of(topic, output) if routed else None,
+        )
+        return future
 
     async def _send_dead_letter(self, producer: AIOKafkaProducer, letter: DeadLetter) -> asyncio.Future[Any]:
         self.stats.dead_lettered += 1
