@@ -79,7 +79,8 @@ def kubernetes(swagger: Path, out: Path, kinds: list[str]) -> None:
             doc["properties"]["apiVersion"] = {"type": "string", "enum": [api_version]}
             doc["properties"]["kind"] = {"type": "string", "enum": [gvk["kind"]]}
             doc["$schema"] = "http://json-schema.org/schema#"
-            suffix = f"-{gvk['group'].split('.')[0]}-{gvk['version']}" if gvk["group"] else f"-{gvk['version']}"
+            group = f"-{gvk['group'].split('.')[0]}" if gvk["group"] else ""
+            suffix = f"{group}-{gvk['version']}"
             write(out / f"{gvk['kind'].lower()}{suffix}.json", doc)
     if wanted:
         sys.exit(f"not in {swagger}: {sorted(wanted.values())}")
